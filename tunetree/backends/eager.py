@@ -1,0 +1,44 @@
+"""Eager PyTorch: the module's own forward. The baseline every candidate is compared with."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..graph import Graph, GraphKey
+from .base import Backend, Runner, original_forward
+
+
+class EagerRunner(Runner):
+    """Calls the module's original forward."""
+
+    def __init__(self, backend: Backend, module: nn.Module) -> None:
+        super().__init__(backend)
+        self.forward = original_forward(module)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Eager(Backend):
+    """Run the module unchanged. When eager wins, tunetree leaves the module unwrapped."""
+
+    kind: ClassVar[str] = "eager"
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        return EagerRunner(self, module)
+
+    def load(
+        self,
+        module: nn.Module,
+        key: GraphKey,
+        directory: Path,
+        description: dict[str, Any],
+        device: torch.device,
+    ) -> Runner:
+        return EagerRunner(self, module)

@@ -1,0 +1,148 @@
+"""Output comparison against eager, with per-dtype tolerances.
+
+A candidate keeps results when, on every recorded sample, its output has the same
+structure and container types as eager's, every tensor has the same dtype and shape,
+every non-tensor leaf is equal, and every floating-point element satisfies
+``|candidate - eager| <= atol + rtol * |eager|`` (NaN only where eager has NaN).
+Integer and boolean tensors must be equal.
+
+Default tolerances (see :data:`DEFAULT_TOLERANCES`) admit the reordering of
+floating-point reductions that fused or compiled kernels do, and reject reduced
+precision: bf16 arithmetic on a float32 model differs from eager by about 1e-2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .graph import dtype_name, flatten
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Allowed difference ``atol + rtol * |reference|`` for one dtype."""
+
+    atol: float
+    rtol: float
+
+
+DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(atol=1e-7, rtol=1e-6),
+    torch.float32: Tolerance(atol=1e-4, rtol=1e-3),
+    torch.float16: Tolerance(atol=1e-2, rtol=1e-2),
+    torch.bfloat16: Tolerance(atol=2e-2, rtol=2e-2),
+}
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Per-dtype tolerances. ``Tolerances.uniform(atol, rtol)`` sets one for every float dtype,
+    e.g. for an opt-in reduced-precision candidate whose error the user accepts."""
+
+    by_dtype: Mapping[torch.dtype, Tolerance] = field(
+        default_factory=lambda: dict(DEFAULT_TOLERANCES)
+    )
+
+    @classmethod
+    def uniform(cls, atol: float, rtol: float) -> Tolerances:
+        tol = Tolerance(atol, rtol)
+        return cls({dt: tol for dt in DEFAULT_TOLERANCES})
+
+    def for_dtype(self, dtype: torch.dtype) -> Tolerance:
+        return self.by_dtype.get(dtype, Tolerance(0.0, 0.0))
+
+    def describe(self) -> dict[str, dict[str, float]]:
+        return {
+            dtype_name(dt): {"atol": t.atol, "rtol": t.rtol} for dt, t in self.by_dtype.items()
+        }
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcome of comparing a candidate's outputs with eager's."""
+
+    ok: bool
+    max_abs_diff: float = 0.0
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return "match" if self.ok else self.reason
+
+
+def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None) -> Comparison:
+    """Compare one output with eager's output of the same call."""
+    tolerances = tolerances or Tolerances()
+    ref_leaves, ref_spec = flatten(reference)
+    cand_leaves, cand_spec = flatten(candidate)
+    if ref_spec != cand_spec:
+        return Comparison(False, math.inf, f"output structure differs: {cand_spec} vs eager {ref_spec}")
+    worst = 0.0
+    for i, (ref, cand) in enumerate(zip(ref_leaves, cand_leaves, strict=True)):
+        if isinstance(ref, torch.Tensor) != isinstance(cand, torch.Tensor):
+            return Comparison(False, math.inf, f"output {i}: tensor vs non-tensor")
+        if not isinstance(ref, torch.Tensor):
+            if ref != cand:
+                return Comparison(False, math.inf, f"output {i}: {cand!r} != eager {ref!r}")
+            continue
+        if ref.dtype != cand.dtype or ref.shape != cand.shape:
+            return Comparison(
+                False,
+                math.inf,
+                f"output {i}: {dtype_name(cand.dtype)}{list(cand.shape)} "
+                f"vs eager {dtype_name(ref.dtype)}{list(ref.shape)}",
+            )
+        ok, diff = _close(ref, cand.to(ref.device), tolerances.for_dtype(ref.dtype))
+        worst = max(worst, diff)
+        if not ok:
+            tol = tolerances.for_dtype(ref.dtype)
+            return Comparison(
+                False,
+                worst,
+                f"output {i} differs from eager: max abs diff {diff:.3g} "
+                f"(tolerance {dtype_name(ref.dtype)} atol={tol.atol:g} rtol={tol.rtol:g})",
+            )
+    return Comparison(True, worst)
+
+
+def _close(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance) -> tuple[bool, float]:
+    if ref.numel() == 0:
+        return True, 0.0
+    if not (ref.is_floating_point() or ref.is_complex()):
+        equal = bool(torch.equal(ref, cand))
+        return equal, 0.0 if equal else math.inf
+    ref64, cand64 = ref.double(), cand.double()
+    nan_ref, nan_cand = torch.isnan(ref64), torch.isnan(cand64)
+    if not torch.equal(nan_ref, nan_cand):
+        return False, math.inf
+    ref64 = torch.where(nan_ref, 0.0, ref64)
+    cand64 = torch.where(nan_cand, 0.0, cand64)
+    inf_ref = torch.isinf(ref64)
+    if not torch.equal(ref64[inf_ref], cand64[inf_ref]):
+        return False, math.inf
+    ref64 = torch.where(inf_ref, 0.0, ref64)
+    cand64 = torch.where(inf_ref, 0.0, cand64)
+    diff = (ref64 - cand64).abs()
+    max_diff = float(diff.max())
+    if not math.isfinite(max_diff):
+        return False, math.inf
+    ok = bool((diff <= tol.atol + tol.rtol * ref64.abs()).all())
+    return ok, max_diff
+
+
+def compare_all(
+    references: list[Any], candidates: list[Any], tolerances: Tolerances | None = None
+) -> Comparison:
+    """Compare outputs of every recorded sample; the first mismatch decides."""
+    worst = 0.0
+    for i, (ref, cand) in enumerate(zip(references, candidates, strict=True)):
+        result = compare(ref, cand, tolerances)
+        if not result.ok:
+            prefix = f"sample {i}: " if len(references) > 1 else ""
+            return Comparison(False, result.max_abs_diff, prefix + result.reason)
+        worst = max(worst, result.max_abs_diff)
+    return Comparison(True, worst)

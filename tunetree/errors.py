@@ -1,0 +1,31 @@
+"""Typed errors. Every error tunetree raises derives from :class:`TunetreeError`."""
+
+from __future__ import annotations
+
+
+class TunetreeError(Exception):
+    """Base class of every error raised by tunetree."""
+
+
+class InvalidInputError(TunetreeError, ValueError):
+    """The model, dataset or an argument cannot be used as given."""
+
+
+class BackendUnavailableError(TunetreeError):
+    """A backend cannot run here (package missing, wrong device); the message names the fix."""
+
+
+class BackendError(TunetreeError):
+    """A backend failed while building, running, saving or loading a runner."""
+
+
+class CheckpointError(TunetreeError):
+    """A checkpoint file is corrupt, truncated, hostile or otherwise unreadable."""
+
+
+class IncompatibleCheckpointError(CheckpointError):
+    """A checkpoint was written by another format version or tuned in another environment."""
+
+
+class CacheError(TunetreeError):
+    """The tuning cache cannot be used (unwritable directory, bad configuration)."""

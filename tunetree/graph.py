@@ -1,0 +1,207 @@
+"""Input signatures (graph keys), samples and helpers over nested tensor structures.
+
+A *graph* is one input signature of one module: the structure of its positional
+and keyword arguments, the dtype and shape of every tensor in it, and the value of
+every non-tensor leaf. A module called two ways has two graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from .errors import InvalidInputError
+
+Args = tuple[Any, ...]
+Kwargs = dict[str, Any]
+
+_DTYPE_SHORT = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """Short readable dtype name, e.g. ``f32``."""
+    return _DTYPE_SHORT.get(dtype, str(dtype).replace("torch.", ""))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Dtype and shape of one tensor in a signature."""
+
+    dtype: str
+    shape: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(str(s) for s in self.shape)}]"
+
+
+def _leaf_signature(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return TensorSpec(dtype_name(value.dtype), tuple(value.shape))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return ("const", type(value).__name__, value)
+    if isinstance(value, torch.dtype | torch.device):
+        return ("const", type(value).__name__, str(value))
+    if isinstance(value, tuple | list):
+        return (type(value).__name__, tuple(_leaf_signature(v) for v in value))
+    if isinstance(value, Mapping):
+        return ("dict", tuple((str(k), _leaf_signature(v)) for k, v in value.items()))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = tuple(
+            (f.name, _leaf_signature(getattr(value, f.name))) for f in dataclasses.fields(value)
+        )
+        return (type(value).__qualname__, fields)
+    # Unknown objects: keyed by type only, so two calls with the same kind of object share a graph.
+    return ("object", type(value).__qualname__)
+
+
+@dataclass(frozen=True)
+class GraphKey:
+    """A hashable input signature: structure, dtypes, shapes and constant values."""
+
+    args: tuple[Any, ...]
+    kwargs: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, args: Args, kwargs: Kwargs) -> GraphKey:
+        """Signature of one call."""
+        return cls(
+            tuple(_leaf_signature(a) for a in args),
+            tuple(sorted((k, _leaf_signature(v)) for k, v in kwargs.items())),
+        )
+
+    def digest(self) -> str:
+        """Stable 16-hex-digit id of this signature (the same in every process)."""
+        return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
+
+    def __str__(self) -> str:
+        parts = [_format_sig(a) for a in self.args]
+        parts += [f"{k}={_format_sig(v)}" for k, v in self.kwargs]
+        return "(" + ", ".join(parts) + ")"
+
+
+def _format_sig(sig: Any) -> str:
+    if isinstance(sig, TensorSpec):
+        return str(sig)
+    if isinstance(sig, tuple) and sig and sig[0] == "const":
+        return repr(sig[2])
+    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] in ("tuple", "list"):
+        inner = ", ".join(_format_sig(s) for s in sig[1])
+        return f"({inner})" if sig[0] == "tuple" else f"[{inner}]"
+    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "dict":
+        return "{" + ", ".join(f"{k}: {_format_sig(v)}" for k, v in sig[1]) + "}"
+    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "object":
+        return f"<{sig[1]}>"
+    if isinstance(sig, tuple) and len(sig) == 2:
+        return f"{sig[0]}(...)"
+    return repr(sig)
+
+
+@dataclass
+class Sample:
+    """One call of a module: positional and keyword arguments."""
+
+    args: Args
+    kwargs: Kwargs = field(default_factory=dict)
+
+    @property
+    def key(self) -> GraphKey:
+        return GraphKey.of(self.args, self.kwargs)
+
+    def to(self, device: torch.device | str) -> Sample:
+        """A copy with every tensor moved to ``device``."""
+        return Sample(to_device(self.args, device), to_device(self.kwargs, device))
+
+
+@dataclass
+class Graph:
+    """One input signature of one module, with the samples recorded for it and eager's outputs."""
+
+    key: GraphKey
+    samples: list[Sample]
+    outputs: list[Any]
+
+    def __str__(self) -> str:
+        return str(self.key)
+
+
+def as_sample(item: Any) -> Sample:
+    """Turn a dataset item into a call: a tensor is one positional argument, a tuple or list
+    are positional arguments, a dict holds keyword arguments (Hugging Face style)."""
+    if isinstance(item, Sample):
+        return item
+    if isinstance(item, torch.Tensor):
+        return Sample((item,), {})
+    if isinstance(item, tuple | list):
+        return Sample(tuple(item), {})
+    if isinstance(item, Mapping):
+        if not all(isinstance(k, str) for k in item):
+            raise InvalidInputError("a dict dataset item must have string keys (keyword arguments)")
+        return Sample((), dict(item))
+    raise InvalidInputError(
+        f"cannot call a model with a dataset item of type {type(item).__name__}: "
+        "give a tensor, a tuple/list of positional arguments, or a dict of keyword arguments"
+    )
+
+
+def as_samples(dataset: Iterable[Any]) -> list[Sample]:
+    """Every dataset item as a :class:`Sample`; refuses an empty dataset."""
+    if isinstance(dataset, torch.Tensor | Mapping):
+        raise InvalidInputError(
+            "the dataset is a list of model inputs; wrap a single input in a list: [x]"
+        )
+    samples = [as_sample(item) for item in dataset]
+    if not samples:
+        raise InvalidInputError("the dataset is empty: give at least one real model input")
+    return samples
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
+    """Apply ``fn`` to every tensor in a nested structure (tuples, lists, dicts, dataclasses,
+    Hugging Face ``ModelOutput``), keeping the structure and container types."""
+    return pytree.tree_map_only(torch.Tensor, fn, tree)
+
+
+def to_device(tree: Any, device: torch.device | str) -> Any:
+    """A copy of ``tree`` with every tensor on ``device``."""
+    return map_tensors(lambda t: t.to(device), tree)
+
+
+def detach_clone(tree: Any) -> Any:
+    """A copy of ``tree`` whose tensors own their memory and carry no autograd history."""
+    return map_tensors(lambda t: t.detach().clone(), tree)
+
+
+def flatten(tree: Any) -> tuple[list[Any], pytree.TreeSpec]:
+    """Leaves and structure of a nested output, for backends that return flat lists."""
+    return pytree.tree_flatten(tree)
+
+
+def unflatten(leaves: list[Any], spec: pytree.TreeSpec) -> Any:
+    """Rebuild a nested output (same container types) from its leaves."""
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def batch_size(sample: Sample) -> int:
+    """Size of the leading axis of the first tensor in a sample (1 when it has none)."""
+    leaves, _ = flatten((sample.args, sample.kwargs))
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            return int(leaf.shape[0])
+    return 1
