@@ -92,7 +92,9 @@ class GraphKey:
 
     def __str__(self) -> str:
         parts = [_format_sig(a) for a in self.args]
-        parts += [f"{k}={_format_sig(v)}" for k, v in self.kwargs]
+        parts += [
+            f"{k}={_format_sig(v)}" for k, v in self.kwargs if v != ("const", "NoneType", None)
+        ]
         return "(" + ", ".join(parts) + ")"
 
 

@@ -5,11 +5,20 @@ from __future__ import annotations
 
 import torch
 
+from .autocast import Autocast
 from .base import Backend, Runner, original_forward
+from .device_graph import DeviceGraph
 from .eager import Eager
 from .inductor import Inductor
+from .torchao import TorchAO
 
-BACKEND_TYPES: tuple[type[Backend], ...] = (Eager, Inductor)
+BACKEND_TYPES: tuple[type[Backend], ...] = (
+    Eager,
+    Inductor,
+    DeviceGraph,
+    Autocast,
+    TorchAO,
+)
 """Every backend class tunetree knows, used to rebuild a backend from a checkpoint."""
 
 
@@ -28,18 +37,21 @@ def default_backends(device: torch.device) -> list[Backend]:
     """The result-preserving candidates tried by default on ``device``, in order.
     Backends that cannot run there are kept; the strategy drops them with one log line."""
     if device.type == "cuda":
-        return [Inductor(), Eager()]
+        return [Inductor(), Inductor(mode="reduce-overhead"), DeviceGraph(), Eager()]
     if device.type == "xpu":
-        return [Inductor(), Eager()]
+        return [Inductor(), DeviceGraph(), Eager()]
     return [Inductor(), Eager()]
 
 
 __all__ = [
     "BACKEND_TYPES",
+    "Autocast",
     "Backend",
+    "DeviceGraph",
     "Eager",
     "Inductor",
     "Runner",
+    "TorchAO",
     "backend_type",
     "default_backends",
     "original_forward",

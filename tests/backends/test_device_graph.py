@@ -1,0 +1,232 @@
+"""DeviceGraph: availability and signature rebuilding everywhere; capture and replay on a GPU."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tunetree.backends import (
+    BACKEND_TYPES,
+    DeviceGraph,
+    Eager,
+    Inductor,
+    backend_type,
+    default_backends,
+)
+from tunetree.backends.device_graph import sample_from_key
+from tunetree.compare import Tolerances, compare_all
+from tunetree.errors import BackendError, InvalidInputError
+from tunetree.graph import Graph, GraphKey, Sample, flatten
+
+CUDA = torch.device("cuda")
+
+
+# --------------------------------------------------------------------------- everywhere
+
+
+def test_unavailable_on_cpu() -> None:
+    assert DeviceGraph().unavailable_reason(torch.device("cpu")) == (
+        "device graphs need a CUDA or XPU device"
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reason given without CUDA")
+def test_unavailable_without_cuda() -> None:
+    reason = DeviceGraph().unavailable_reason(CUDA)
+    assert reason is not None and "CUDA is not available" in reason
+
+
+def test_build_on_cpu_fails_with_backend_error() -> None:
+    module = nn.Linear(4, 4).eval()
+    x = torch.randn(2, 4)
+    graph = Graph(key=Sample((x,)).key, samples=[Sample((x,))], outputs=[module(x)])
+    with pytest.raises(BackendError, match="CUDA or XPU"):
+        DeviceGraph().build(module, graph, torch.device("cpu"))
+
+
+def test_config_and_registration() -> None:
+    assert DeviceGraph in BACKEND_TYPES and backend_type("device-graph") is DeviceGraph
+    assert DeviceGraph.preserves_results
+    backend = DeviceGraph(clone_outputs=False)
+    assert backend.name == "device-graph(clone_outputs=False)"
+    assert DeviceGraph(**backend.config()) == backend
+    with pytest.raises(InvalidInputError, match="nested"):
+        DeviceGraph(compile=True, compile_mode="reduce-overhead")
+
+
+def test_default_backends_order() -> None:
+    cuda = default_backends(CUDA)
+    assert cuda[:3] == [Inductor(), Inductor(mode="reduce-overhead"), DeviceGraph()]
+    assert cuda[-1] == Eager()
+    xpu = default_backends(torch.device("xpu"))
+    assert xpu[:2] == [Inductor(), DeviceGraph()] and xpu[-1] == Eager()
+    assert DeviceGraph() not in default_backends(torch.device("cpu"))
+
+
+def test_sample_from_key_round_trip() -> None:
+    sample = Sample(
+        (torch.randn(2, 3), torch.randint(0, 9, (2, 5))),
+        {
+            "mask": torch.ones(2, 5, dtype=torch.bool),
+            "pair": (torch.randn(4, dtype=torch.float16), [torch.zeros(1, dtype=torch.int32)]),
+            "extra": {"scale": 0.5, "name": "x", "none": None},
+            "dtype": torch.bfloat16,
+            "flag": True,
+        },
+    )
+    rebuilt = sample_from_key(sample.key, "cpu")
+    assert rebuilt.key == sample.key
+    assert torch.equal(rebuilt.args[0], torch.ones(2, 3))
+    assert torch.equal(rebuilt.args[1], torch.zeros(2, 5, dtype=torch.int64))
+    assert not rebuilt.kwargs["mask"].any()
+    assert rebuilt.kwargs["dtype"] is torch.bfloat16 and rebuilt.kwargs["flag"] is True
+
+
+def test_sample_from_key_refuses_opaque_objects() -> None:
+    class Opaque:
+        pass
+
+    key = GraphKey.of((torch.randn(2), Opaque()), {})
+    with pytest.raises(BackendError, match="Opaque"):
+        sample_from_key(key, "cpu")
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+
+@pytest.fixture
+def no_tf32() -> Iterator[None]:
+    """Eager and the graph run the same kernels; TF32 off keeps the reference exact fp32."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _mlp() -> tuple[nn.Module, list[Sample]]:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(4):
+        layers += [nn.Linear(1024, 1024), nn.ReLU()]
+    module = nn.Sequential(*layers[:-1]).eval().to(CUDA)
+    return module, [Sample((torch.randn(32, 1024, device=CUDA),)) for _ in range(2)]
+
+
+def _encoder() -> tuple[nn.Module, list[Sample]]:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(256, 8, dim_feedforward=1024, batch_first=True)
+    module = nn.TransformerEncoder(layer, 4, enable_nested_tensor=False).eval().to(CUDA)
+    return module, [Sample((torch.randn(8, 128, 256, device=CUDA),)) for _ in range(2)]
+
+
+def _bert() -> tuple[nn.Module, list[Sample]]:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=1000,
+        hidden_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=1024,
+        max_position_embeddings=256,
+    )
+    module = transformers.BertModel(config).eval().to(CUDA)
+    samples = []
+    for pad in (0, 17):  # one sample without padding, one with
+        ids = torch.randint(0, 1000, (8, 128), device=CUDA)
+        mask = torch.ones(8, 128, dtype=torch.int64, device=CUDA)
+        mask[:, 128 - pad :] = 0
+        samples.append(Sample((), {"input_ids": ids, "attention_mask": mask}))
+    return module, samples
+
+
+MODELS = {"mlp": _mlp, "encoder": _encoder, "bert": _bert}
+
+
+def _graph(module: nn.Module, samples: list[Sample]) -> Graph:
+    with torch.no_grad():
+        outputs = [module(*s.args, **s.kwargs) for s in samples]
+    return Graph(key=samples[0].key, samples=samples, outputs=outputs)
+
+
+def _run_all(runner: Any, samples: list[Sample]) -> list[Any]:
+    with torch.no_grad():
+        return [runner(*s.args, **s.kwargs) for s in samples]
+
+
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [x for x in flatten(tree)[0] if isinstance(x, torch.Tensor)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.usefixtures("no_tf32")
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_matches_eager_and_round_trips(model: str, tmp_path: Path) -> None:
+    module, samples = MODELS[model]()
+    graph = _graph(module, samples)
+    backend = DeviceGraph()
+    assert backend.unavailable_reason(CUDA) is None
+    runner = backend.build(module, graph, CUDA)
+
+    outputs = _run_all(runner, samples)
+    result = compare_all(graph.outputs, outputs, Tolerances())
+    assert result.ok, result.reason
+    assert type(outputs[0]) is type(graph.outputs[0])
+
+    # Outputs are clones: the second call (other data) leaves the first result alone.
+    first = _run_all(runner, samples[:1])[0]
+    kept = [t.clone() for t in _tensors(first)]
+    _run_all(runner, samples[1:])
+    assert all(torch.equal(a, b) for a, b in zip(kept, _tensors(first), strict=True))
+
+    # Save writes nothing but a description; load captures again from placeholder inputs.
+    description = runner.save(tmp_path)
+    assert not any(tmp_path.iterdir())
+    loaded = backend.load(module, graph.key, tmp_path, description, CUDA)
+    result = compare_all(graph.outputs, _run_all(loaded, samples), Tolerances())
+    assert result.ok, result.reason
+
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.usefixtures("no_tf32")
+def test_without_clones_the_next_replay_overwrites() -> None:
+    module, samples = _mlp()
+    graph = _graph(module, samples)
+    runner = DeviceGraph(clone_outputs=False).build(module, graph, CUDA)
+    with torch.no_grad():
+        first = runner(*samples[0].args)
+        second = runner(*samples[1].args)
+    assert first.data_ptr() == second.data_ptr()
+    assert compare_all(graph.outputs[1:], [first]).ok
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_other_shape_is_refused() -> None:
+    module, samples = _mlp()
+    runner = DeviceGraph().build(module, _graph(module, samples), CUDA)
+    with pytest.raises(BackendError, match="static shapes"):
+        runner(torch.randn(16, 1024, device=CUDA))
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.usefixtures("no_tf32")
+def test_captures_the_compiled_forward() -> None:
+    module, samples = _encoder()
+    graph = _graph(module, samples)
+    backend = DeviceGraph(compile=True, compile_mode=None)
+    assert backend.unavailable_reason(CUDA) is None
+    runner = backend.build(module, graph, CUDA)
+    result = compare_all(graph.outputs, _run_all(runner, samples), Tolerances())
+    assert result.ok, result.reason

@@ -1,0 +1,134 @@
+"""Mixed precision through ``torch.autocast``: an opt-in candidate that changes results.
+
+Matrix products and convolutions run in bf16 (or fp16 on CUDA) while precision-sensitive
+ops stay in float32, which is several times faster where the device has bf16 units
+(large matmuls on a GPU, AVX-512 bf16 on CPUs). Outputs differ from eager by about 1e-2,
+so the backend is never chosen by default and is checked with its own, looser tolerances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..compare import Tolerances
+from ..errors import BackendError, InvalidInputError
+from ..graph import Graph, GraphKey, dtype_name, flatten, unflatten
+from .base import Backend, Runner, original_forward
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _output_dtypes(output: Any) -> list[str | None]:
+    """dtype name of every output leaf (None for non-tensors), in flattening order."""
+    leaves, _ = flatten(output)
+    return [dtype_name(x.dtype) if isinstance(x, torch.Tensor) else None for x in leaves]
+
+
+class AutocastRunner(Runner):
+    """Runs the original (optionally compiled) forward under ``torch.autocast`` and casts
+    floating-point outputs back to the dtypes eager returned, so callers see eager's types."""
+
+    def __init__(
+        self,
+        backend: Autocast,
+        module: nn.Module,
+        device: torch.device,
+        output_dtypes: list[str | None],
+    ) -> None:
+        super().__init__(backend)
+        self.device_type = device.type
+        self.dtype = _DTYPES[backend.dtype]
+        forward: Callable[..., Any] = original_forward(module)
+        self.forward = torch.compile(forward, dynamic=False) if backend.compile else forward
+        self.output_dtypes = output_dtypes
+        by_name = {dtype_name(dt): dt for dt in (torch.float64, torch.float32, *_DTYPES.values())}
+        self._targets = [by_name.get(name) if name else None for name in output_dtypes]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            out = self.forward(*args, **kwargs)
+        leaves, spec = flatten(out)
+        if len(leaves) != len(self._targets):
+            raise BackendError(
+                f"the forward returned {len(leaves)} outputs under autocast but "
+                f"{len(self._targets)} when tuned; tune this input again"
+            )
+        cast = [
+            x.to(target)
+            if isinstance(x, torch.Tensor) and target is not None and x.dtype != target
+            else x
+            for x, target in zip(leaves, self._targets, strict=True)
+        ]
+        return unflatten(cast, spec)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        # Nothing to write: the runner is the module's forward under a context manager.
+        return {"output_dtypes": self.output_dtypes}
+
+
+@dataclasses.dataclass(frozen=True)
+class Autocast(Backend):
+    """``torch.autocast(device_type, dtype)`` around the original forward.
+
+    ``dtype`` is ``"bf16"`` (CPU and GPUs) or ``"fp16"`` (CUDA only); ``compile=True`` also
+    ``torch.compile``-s the forward. Changes results: checked against eager with
+    ``Tolerances.uniform(atol, rtol)`` and only tried when asked for.
+    """
+
+    kind: ClassVar[str] = "autocast"
+    preserves_results: ClassVar[bool] = False
+    dtype: str = "bf16"
+    compile: bool = False
+    atol: float = 5e-2
+    rtol: float = 5e-2
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise InvalidInputError(
+                f"Autocast dtype must be one of {', '.join(_DTYPES)}, not {self.dtype!r}"
+            )
+
+    def tolerances(self) -> Tolerances:
+        return Tolerances.uniform(self.atol, self.rtol)
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                return "CUDA is not available here (torch.cuda.is_available() is False)"
+            if self.dtype == "bf16" and not torch.cuda.is_bf16_supported():
+                return "this GPU has no bf16 support; use Autocast(dtype='fp16')"
+        elif device.type == "cpu":
+            if self.dtype == "fp16":
+                return "fp16 autocast is offered on CUDA only; use Autocast(dtype='bf16') on CPU"
+        elif not torch.amp.is_autocast_available(device.type):
+            return f"torch.autocast does not support device type {device.type!r}"
+        if self.compile and device.type == "cuda":
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                return "compile=True on CUDA needs triton (pip install triton)"
+        return None
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        if not graph.outputs:
+            raise BackendError("Autocast needs eager's output of one sample to know its dtypes")
+        return AutocastRunner(self, module, device, _output_dtypes(graph.outputs[0]))
+
+    def load(
+        self,
+        module: nn.Module,
+        key: GraphKey,
+        directory: Path,
+        description: dict[str, Any],
+        device: torch.device,
+    ) -> Runner:
+        dtypes = description.get("output_dtypes")
+        if not isinstance(dtypes, list):
+            raise BackendError("the saved Autocast runner lacks its output dtypes; tune again")
+        return AutocastRunner(self, module, device, dtypes)

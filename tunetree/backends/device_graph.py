@@ -1,0 +1,255 @@
+"""Device graph capture: record one call's kernel launches once, then replay them.
+
+On a GPU at small batch most of a forward's time is the CPU launching kernels, not
+the kernels themselves. A CUDA graph (XPU graph on Intel GPUs) records the launches
+of one call and replays them with a single launch, so results are the same kernels
+on the same data: only the launch overhead goes. The price is that everything is
+static: the input shapes, every non-tensor argument, and the memory the inputs and
+outputs live in. The runner therefore copies each call's inputs into static buffers
+made when it captured, replays, and (by default) clones the outputs, because the next
+replay writes into the same output memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import BackendError, InvalidInputError
+from ..graph import _DTYPE_SHORT, Graph, GraphKey, Sample, TensorSpec, detach_clone, flatten
+from ..graph import unflatten as unflatten_tree
+from .base import Backend, Runner, original_forward
+
+_CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""torch.compile modes that capture CUDA graphs themselves; nesting them in ours fails."""
+
+_DTYPE_BY_NAME = {name: dtype for dtype, name in _DTYPE_SHORT.items()}
+
+
+def _dtype_from_name(name: str) -> torch.dtype:
+    dtype = _DTYPE_BY_NAME.get(name) or getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise BackendError(f"unknown dtype {name!r} in a graph signature")
+    return dtype
+
+
+def _dummy_value(sig: Any, device: torch.device) -> Any:
+    """One argument rebuilt from its signature (see ``graph._leaf_signature``)."""
+    if isinstance(sig, TensorSpec):
+        dtype = _dtype_from_name(sig.dtype)
+        # Floats get ones (no log(0) or 0/0 during warm-up); integers and booleans get zeros,
+        # which are valid token ids, indices and masks.
+        fill = torch.ones if dtype.is_floating_point or dtype.is_complex else torch.zeros
+        return fill(sig.shape, dtype=dtype, device=device)
+    if isinstance(sig, tuple) and len(sig) == 3 and sig[0] == "const":
+        _, type_name, value = sig
+        if type_name == "dtype":
+            return _dtype_from_name(str(value).replace("torch.", ""))
+        if type_name == "device":
+            return torch.device(value)
+        return value
+    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] in ("tuple", "list"):
+        items = [_dummy_value(s, device) for s in sig[1]]
+        return tuple(items) if sig[0] == "tuple" else items
+    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "dict":
+        return {k: _dummy_value(v, device) for k, v in sig[1]}
+    what = sig[1] if isinstance(sig, tuple) and sig and sig[0] == "object" else sig[0]
+    raise BackendError(
+        f"cannot rebuild an input of type {what} from its signature alone; "
+        "tune this module again instead of loading the saved runner"
+    )
+
+
+def sample_from_key(key: GraphKey, device: torch.device | str) -> Sample:
+    """A call with ``key``'s signature made of placeholder tensors on ``device``.
+
+    Floating-point tensors are ones, integer and boolean tensors zeros (valid token ids and
+    indices); constants take their recorded values. Used where a runner must be rebuilt
+    without the recorded samples, e.g. when loading a checkpoint. Raises
+    :class:`BackendError` for arguments that a signature does not describe fully
+    (dataclasses and arbitrary objects).
+    """
+    device = torch.device(device)
+    args = tuple(_dummy_value(sig, device) for sig in key.args)
+    kwargs = {name: _dummy_value(sig, device) for name, sig in key.kwargs}
+    return Sample(args, kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _GraphApi:
+    """The handful of per-device-type calls that capture needs (CUDA and XPU differ in name)."""
+
+    graph: Callable[[], Any]
+    capture: Callable[..., Any]
+    stream: Callable[..., Any]
+    use_stream: Callable[[Any], Any]
+    current_stream: Callable[..., Any]
+    device_guard: Callable[[Any], Any]
+
+
+def _graph_api(device: torch.device) -> _GraphApi:
+    if device.type == "cuda":
+        return _GraphApi(
+            torch.cuda.CUDAGraph,
+            torch.cuda.graph,
+            torch.cuda.Stream,
+            torch.cuda.stream,
+            torch.cuda.current_stream,
+            torch.cuda.device,
+        )
+    if device.type == "xpu" and hasattr(torch, "xpu") and hasattr(torch.xpu, "XPUGraph"):
+        return _GraphApi(
+            torch.xpu.XPUGraph,
+            torch.xpu.graph,
+            torch.xpu.Stream,
+            torch.xpu.stream,
+            torch.xpu.current_stream,
+            torch.xpu.device,
+        )
+    raise BackendError(f"device graphs need a CUDA or XPU device, not {device}")
+
+
+class DeviceGraphRunner(Runner):
+    """Replays a graph captured from one call.
+
+    Each call copies its tensors into the static input buffers, replays, and returns the
+    static outputs, cloned unless the backend says ``clone_outputs=False`` (then every
+    replay overwrites the tensors the previous call returned). Non-tensor arguments are
+    baked in at capture. Parameters are read from their memory at replay, so in-place
+    updates of the weights are seen; replacing a parameter object is not.
+    """
+
+    def __init__(
+        self,
+        backend: DeviceGraph,
+        module: nn.Module,
+        sample: Sample,
+        device: torch.device,
+        warmup: int = 3,
+    ) -> None:
+        super().__init__(backend)
+        self.clone_outputs = backend.clone_outputs
+        api = _graph_api(device)
+        forward: Callable[..., Any] = original_forward(module)
+        if backend.compile:
+            forward = torch.compile(forward, mode=backend.compile_mode, dynamic=False)
+
+        leaves, self.spec = flatten((sample.args, sample.kwargs))
+        self.static_leaves: list[Any] = [
+            leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves
+        ]
+        self.tensor_slots = [
+            (i, leaf)
+            for i, leaf in enumerate(self.static_leaves)
+            if isinstance(leaf, torch.Tensor)
+        ]
+        args, kwargs = unflatten_tree(self.static_leaves, self.spec)
+
+        with api.device_guard(device), torch.no_grad():
+            # Warm up on a side stream: lazy initialisation (cuBLAS handles, Inductor's first
+            # compile, autotuning) must not happen inside the capture.
+            side = api.stream()
+            side.wait_stream(api.current_stream())
+            with api.use_stream(side):
+                for _ in range(warmup):
+                    forward(*args, **kwargs)
+            api.current_stream().wait_stream(side)
+            self.graph = api.graph()
+            try:
+                with api.capture(self.graph):
+                    self.static_out = forward(*args, **kwargs)
+            except Exception as exc:
+                raise BackendError(
+                    f"could not capture a device graph: {type(exc).__name__}: {exc}. "
+                    "The forward must not synchronise with the CPU (.item(), .tolist(), "
+                    "printing tensors, data-dependent shapes); use another backend for it"
+                ) from exc
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, spec = flatten((args, kwargs))
+        if spec != self.spec:
+            raise BackendError(
+                "a device graph replays one input structure only; this call's arguments are "
+                "structured differently from the captured call (tune with this input too)"
+            )
+        for i, static in self.tensor_slots:
+            leaf = leaves[i]
+            if not isinstance(leaf, torch.Tensor):
+                raise BackendError(f"input {i}: expected a tensor, got {type(leaf).__name__}")
+            if leaf.shape != static.shape or leaf.dtype != static.dtype:
+                raise BackendError(
+                    f"input {i} is {leaf.dtype}{list(leaf.shape)} but the device graph was "
+                    f"captured for {static.dtype}{list(static.shape)}: device graphs have static "
+                    "shapes; tune with this input shape too"
+                )
+            if leaf.data_ptr() != static.data_ptr():
+                static.copy_(leaf)
+        self.graph.replay()
+        return detach_clone(self.static_out) if self.clone_outputs else self.static_out
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        # A captured graph holds device addresses and cannot be written to disk; load captures
+        # again from placeholder inputs of the same signature.
+        return {"recapture_on_load": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceGraph(Backend):
+    """Capture the module's forward in a CUDA graph (XPU graph on Intel GPUs) and replay it.
+
+    Keeps results: the replay runs the very kernels eager runs. Static shapes only, one
+    capture per graph. ``compile=True`` captures the Inductor-compiled forward
+    (``torch.compile(mode=compile_mode)``, a mode that does not capture graphs itself)
+    instead of eager. ``clone_outputs=False`` returns the static output tensors
+    themselves: faster, but the next call overwrites them.
+    """
+
+    kind: ClassVar[str] = "device-graph"
+    compile: bool = False
+    compile_mode: str | None = "max-autotune-no-cudagraphs"
+    clone_outputs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.compile_mode in _CUDA_GRAPH_MODES:
+            raise InvalidInputError(
+                f"compile_mode={self.compile_mode!r} captures CUDA graphs itself and cannot be "
+                "nested in a device graph; use 'max-autotune-no-cudagraphs' or None"
+            )
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                return "CUDA is not available here (torch.cuda.is_available() is False)"
+        elif device.type == "xpu":
+            if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+                return "XPU is not available here (torch.xpu.is_available() is False)"
+            if not hasattr(torch.xpu, "XPUGraph"):
+                return "this PyTorch has no torch.xpu.XPUGraph; XPU graphs need a newer PyTorch"
+        else:
+            return "device graphs need a CUDA or XPU device"
+        if self.compile and device.type == "cuda":
+            try:
+                import triton  # noqa: F401
+            except ImportError:
+                return "compile=True on CUDA needs triton (pip install triton)"
+        return None
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        if not graph.samples:
+            raise BackendError("a device graph needs one recorded sample to capture")
+        return DeviceGraphRunner(self, module, graph.samples[0], device)
+
+    def load(
+        self,
+        module: nn.Module,
+        key: GraphKey,
+        directory: Path,
+        description: dict[str, Any],
+        device: torch.device,
+    ) -> Runner:
+        return DeviceGraphRunner(self, module, sample_from_key(key, device), device)

@@ -1,0 +1,156 @@
+"""Build one candidate for one graph, check it against eager, and measure candidates.
+
+A failing backend never breaks tuning: every outcome becomes a :class:`CandidateRow`
+with a status and, when it is not usable, the reason.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ._table import format_seconds
+from .backends.base import Backend, Runner
+from .compare import Tolerances, compare_all
+from .graph import Graph, batch_size
+from .measure import MeasureConfig, Timing, cycle_calls, measure
+from .progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+class Status(str, enum.Enum):
+    """What happened to a candidate."""
+
+    OK = "ok"
+    UNAVAILABLE = "unavailable"
+    FAILED = "failed"
+    REJECTED = "rejected"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class CandidateRow:
+    """One backend's outcome on one graph."""
+
+    backend: Backend
+    status: Status
+    reason: str = ""
+    build_s: float | None = None
+    max_abs_diff: float | None = None
+    timing: Timing | None = None
+    batch: int = 1
+    max_batch_size: int | None = None
+    runner: Runner | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def latency_s(self) -> float | None:
+        return self.timing.median_s if self.timing else None
+
+    @property
+    def throughput(self) -> float | None:
+        """Samples per second at the measured batch size."""
+        return self.batch / self.timing.median_s if self.timing else None
+
+    @property
+    def usable(self) -> bool:
+        return self.status is Status.OK and self.runner is not None
+
+    def describe(self) -> str:
+        """Status and reason in one cell."""
+        note = "" if self.backend.preserves_results else " (changes results, opt-in)"
+        return f"{self.status}{note}" + (f": {self.reason}" if self.reason else "")
+
+    def latency_text(self) -> str:
+        return str(self.timing) if self.timing else format_seconds(None)
+
+
+@dataclass
+class GraphSession:
+    """Everything a strategy needs to evaluate candidates for one graph of one module."""
+
+    module: nn.Module
+    path: str
+    graph: Graph
+    device: torch.device
+    tolerances: Tolerances = field(default_factory=Tolerances)
+    measure_config: MeasureConfig = field(default_factory=MeasureConfig)
+    progress: Progress = field(default_factory=lambda: Progress(False))
+    on_build: Callable[[Backend], None] | None = None
+    """Called before every backend build (the cache and tests count builds with it)."""
+
+    def evaluate(self, backend: Backend) -> CandidateRow:
+        """Availability, build and first run, then comparison with eager on every sample."""
+        where = self.path or "<model>"
+        reason = backend.unavailable_reason(self.device)
+        if reason:
+            return CandidateRow(backend, Status.UNAVAILABLE, reason)
+        self.progress(where, self.graph, backend.name, "building")
+        if self.on_build is not None:
+            self.on_build(backend)
+        start = time.perf_counter()
+        try:
+            runner = backend.build(self.module, self.graph, self.device)
+        except Exception as exc:  # any backend error becomes a row
+            log.debug("build of %s failed:\n%s", backend.name, traceback.format_exc())
+            return CandidateRow(backend, Status.FAILED, f"build: {_short(exc)}")
+        try:
+            with torch.no_grad():
+                outputs = [runner(*s.args, **s.kwargs) for s in self.graph.samples]
+        except Exception as exc:
+            log.debug("run of %s failed:\n%s", backend.name, traceback.format_exc())
+            return CandidateRow(backend, Status.FAILED, f"run: {_short(exc)}")
+        build_s = time.perf_counter() - start
+        tolerances = backend.tolerances() or self.tolerances
+        comparison = compare_all(self.graph.outputs, outputs, tolerances)
+        if not comparison.ok:
+            return CandidateRow(
+                backend, Status.REJECTED, comparison.reason, build_s, comparison.max_abs_diff
+            )
+        return CandidateRow(
+            backend,
+            Status.OK,
+            build_s=build_s,
+            max_abs_diff=comparison.max_abs_diff,
+            batch=batch_size(self.graph.samples[0]),
+            runner=runner,
+        )
+
+    def measure(self, rows: list[CandidateRow]) -> None:
+        """Time every usable row, interleaved, and store each row's :class:`Timing`."""
+        usable = [r for r in rows if r.usable]
+        if not usable:
+            return
+        self.progress(self.path or "<model>", self.graph, f"measuring {len(usable)} candidates")
+        calls: dict[str, Callable[[], object]] = {}
+        for i, row in enumerate(usable):
+            assert row.runner is not None
+            calls[f"{i}"] = cycle_calls(row.runner, self.graph.samples)
+        try:
+            timings = measure(calls, self.device, self.measure_config)
+        except Exception as exc:  # a runner that fails only when timed: measure one by one
+            log.debug("interleaved measurement failed: %s", exc)
+            timings = {}
+            for name, fn in calls.items():
+                try:
+                    timings.update(measure({name: fn}, self.device, self.measure_config))
+                except Exception as one_exc:
+                    row = usable[int(name)]
+                    row.status, row.reason = Status.FAILED, f"measure: {_short(one_exc)}"
+        for name, timing in timings.items():
+            usable[int(name)].timing = timing
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,289 @@
+"""Inspect a model: which modules run, at which depth, how often, for how long, with which inputs.
+
+Depth counts executed-module hops below the root: the model is depth 0, a module it
+calls is depth 1, and so on. Containers that are never called themselves
+(``nn.ModuleList``, ``nn.ModuleDict``) are transparent. Nothing is wrapped here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._table import format_table
+from .errors import InvalidInputError
+from .graph import Graph, GraphKey, Sample, as_samples, detach_clone, to_device
+
+CallFn = Callable[..., Any]
+"""``call(model, *args, **kwargs)``: how to run a model that is not itself a module."""
+
+
+@dataclass
+class ModuleRecord:
+    """One executed module."""
+
+    path: str
+    type_name: str
+    depth: int
+    parent: str | None
+    children: list[str] = field(default_factory=list)
+    calls: int = 0
+    total_s: float = 0.0
+    self_s: float = 0.0
+    graphs: dict[GraphKey, Graph] = field(default_factory=dict)
+
+    @property
+    def is_leaf(self) -> bool:
+        """True when this module calls no other module."""
+        return not self.children
+
+
+@dataclass(frozen=True)
+class DepthSummary:
+    """What a cut at one depth wraps."""
+
+    depth: int
+    modules: int
+    graphs: int
+    time_share: float
+
+
+@dataclass
+class ModelInfo:
+    """The result of :func:`inspect`: executed modules in execution order, and eager outputs."""
+
+    modules: dict[str, ModuleRecord]
+    samples: list[Sample]
+    outputs: list[Any]
+    total_s: float
+    device: torch.device
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest depth that has modules."""
+        return max((m.depth for m in self.modules.values()), default=0)
+
+    def cut(self, depth: int) -> list[str]:
+        """Paths a tune at ``depth`` wraps: every executed module at ``depth`` plus every
+        executed leaf shallower than it, so the cut covers the whole forward."""
+        if depth < 0:
+            raise InvalidInputError(f"depth must be >= 0, got {depth}")
+        return [
+            m.path
+            for m in self.modules.values()
+            if m.depth == depth or (m.depth < depth and m.is_leaf)
+        ]
+
+    def summary(self, depth: int) -> DepthSummary:
+        paths = self.cut(depth)
+        graphs = sum(len(self.modules[p].graphs) for p in paths)
+        share = sum(self.modules[p].total_s for p in paths) / self.total_s if self.total_s else 0
+        return DepthSummary(depth, len(paths), graphs, share)
+
+    def summaries(self) -> list[DepthSummary]:
+        return [self.summary(d) for d in range(self.max_depth + 1)]
+
+    def __str__(self) -> str:
+        total = self.total_s or 1.0
+        tree = format_table(
+            ["module", "type", "depth", "calls", "graphs", "total %", "self %"],
+            [
+                [
+                    ("  " * m.depth) + (m.path or "<model>"),
+                    m.type_name,
+                    m.depth,
+                    m.calls,
+                    len(m.graphs),
+                    f"{100 * m.total_s / total:.1f}",
+                    f"{100 * m.self_s / total:.1f}",
+                ]
+                for m in self.modules.values()
+            ],
+            title=f"Executed modules ({len(self.modules)}, {len(self.samples)} samples)",
+        )
+        cuts = format_table(
+            ["depth", "modules wrapped", "graphs", "time covered %"],
+            [[s.depth, s.modules, s.graphs, f"{100 * s.time_share:.1f}"] for s in self.summaries()],
+            title="Cuts",
+        )
+        return tree + "\n\n" + cuts
+
+
+def resolve_device(model: Any, device: torch.device | str | None) -> torch.device:
+    """The device tuning runs on: the one given, else the device of the model's first
+    parameter or buffer, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    for module in root_modules(model).values():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            return tensor.device
+    return torch.device("cpu")
+
+
+def root_modules(model: Any) -> dict[str, nn.Module]:
+    """The modules a model is made of, by path prefix: ``{"": model}`` for a module, or
+    ``{attribute: module}`` for a plain object holding modules (a pipeline)."""
+    if isinstance(model, nn.Module):
+        return {"": model}
+    found = {
+        name: value
+        for name, value in sorted(vars(model).items())
+        if isinstance(value, nn.Module) and not name.startswith("_")
+    }
+    if not found:
+        raise InvalidInputError(
+            f"{type(model).__name__} is neither an nn.Module nor an object whose attributes "
+            "hold modules"
+        )
+    return found
+
+
+def find_module(model: Any, path: str) -> nn.Module:
+    """The module at a full dotted ``path`` (as :func:`inspect` reports it)."""
+    roots = root_modules(model)
+    if "" in roots:
+        return roots[""].get_submodule(path) if path else roots[""]
+    head, _, rest = path.partition(".")
+    if head not in roots:
+        raise InvalidInputError(f"no module at path {path!r}")
+    return roots[head].get_submodule(rest) if rest else roots[head]
+
+
+def module_paths(model: Any) -> Iterator[tuple[str, nn.Module]]:
+    """Every (full path, module) pair of a model or pipeline."""
+    for prefix, root in root_modules(model).items():
+        for name, module in root.named_modules():
+            yield ".".join(p for p in (prefix, name) if p), module
+
+
+def run_model(model: Any, sample: Sample, call: CallFn | None) -> Any:
+    """Call the model (or pipeline) on one sample."""
+    if call is not None:
+        return call(model, *sample.args, **sample.kwargs)
+    if not isinstance(model, nn.Module):
+        raise InvalidInputError(
+            f"{type(model).__name__} is not an nn.Module: pass call=lambda model, *args, "
+            "**kwargs: ... that runs it"
+        )
+    return model(*sample.args, **sample.kwargs)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work so host timers measure it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu" and hasattr(torch, "xpu"):
+        torch.xpu.synchronize(device)
+
+
+class _Recorder:
+    """Forward hooks that build :class:`ModuleRecord` s during eager calls."""
+
+    def __init__(self, device: torch.device, max_samples_per_graph: int) -> None:
+        self.device = device
+        self.max_samples = max_samples_per_graph
+        self.records: dict[str, ModuleRecord] = {}
+        self.stack: list[tuple[str, float, float]] = []  # path, start, time in children
+        self.pending: list[tuple[GraphKey, Sample] | None] = []
+
+    def pre(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        parent = self.stack[-1][0] if self.stack else None
+        record = self.records.get(path)
+        if record is None:
+            record = ModuleRecord(path, type(module).__name__, len(self.stack), parent)
+            self.records[path] = record
+            if parent is not None and path not in self.records[parent].children:
+                self.records[parent].children.append(path)
+        record.depth = min(record.depth, len(self.stack))
+        sample = Sample(tuple(args), dict(kwargs))
+        key = sample.key
+        graph = record.graphs.get(key)
+        keep = graph is None or len(graph.samples) < self.max_samples
+        self.pending.append((key, detach_clone(sample)) if keep else None)
+        synchronize(self.device)
+        self.stack.append((path, time.perf_counter(), 0.0))
+
+    def post(self, path: str, output: Any) -> None:
+        synchronize(self.device)
+        end = time.perf_counter()
+        top, start, in_children = self.stack.pop()
+        assert top == path, f"module calls did not nest: {top} vs {path}"
+        elapsed = end - start
+        if self.stack:
+            parent, pstart, pchildren = self.stack[-1]
+            self.stack[-1] = (parent, pstart, pchildren + elapsed)
+        record = self.records[path]
+        record.calls += 1
+        record.total_s += elapsed
+        record.self_s += elapsed - in_children
+        pending = self.pending.pop()
+        if pending is not None:
+            key, sample = pending
+            graph = record.graphs.setdefault(key, Graph(key, [], []))
+            graph.samples.append(sample)
+            graph.outputs.append(detach_clone(output))
+
+    @contextmanager
+    def hooks(self, model: Any) -> Iterator[None]:
+        handles = []
+        seen: set[int] = set()
+        for path, module in module_paths(model):
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            handles.append(
+                module.register_forward_pre_hook(
+                    lambda m, a, k, p=path: self.pre(p, m, a, k), with_kwargs=True
+                )
+            )
+            handles.append(
+                module.register_forward_hook(
+                    lambda m, a, k, o, p=path: self.post(p, o), with_kwargs=True
+                )
+            )
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def inspect(
+    model: Any,
+    dataset: Iterable[Any],
+    *,
+    call: CallFn | None = None,
+    device: torch.device | str | None = None,
+    max_samples_per_graph: int = 4,
+) -> ModelInfo:
+    """Run ``model`` once per dataset item with forward hooks and record every executed module.
+
+    ``dataset`` items are what the model is called with: a tensor, a tuple/list of
+    positional arguments, or a dict of keyword arguments. ``model`` may also be a plain
+    object whose attributes hold modules, run by ``call(model, *args, **kwargs)``.
+    ``print()`` the result for the module tree and, per depth, how many modules a cut wraps.
+    """
+    samples = as_samples(dataset)
+    dev = resolve_device(model, device)
+    samples = [s.to(dev) for s in samples]
+    recorder = _Recorder(dev, max_samples_per_graph)
+    with torch.no_grad():
+        run_model(model, samples[0], call)  # untimed: first calls pay one-off costs
+        outputs = []
+        with recorder.hooks(model):
+            start = time.perf_counter()
+            for sample in samples:
+                outputs.append(detach_clone(run_model(model, sample, call)))
+            synchronize(dev)
+            total = time.perf_counter() - start
+    if not recorder.records:
+        raise InvalidInputError("no module ran: check the model and the call function")
+    return ModelInfo(
+        recorder.records, samples, [to_device(o, dev) for o in outputs], total, dev
+    )

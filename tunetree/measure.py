@@ -1,0 +1,146 @@
+"""Honest timing: warm-up, device synchronisation, interleaved repeated trials, medians, spread.
+
+Every strategy and :func:`tunetree.auto_tune` time through :func:`measure`. Candidates
+are measured in *blocks* of calls (each block long enough for the host timer, and
+preceded by one untimed call, because runtimes disturb each other: a runtime's thread
+pool still spinning from the previous candidate slows the next one). Blocks of all
+candidates are interleaved round by round in a rotating order, so a slow drift of the
+machine (clock ramp-up, a neighbour process) touches every candidate alike. The result
+is the median per-call time over blocks, with the interquartile range as spread.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from ._table import format_seconds
+from .inspection import synchronize
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How long and how often to measure.
+
+    ``warmup_s``: untimed calls per candidate before timing (at least ``min_warmup_calls``).
+    ``block_s``: target duration of one timed block of calls.
+    ``trials``: timed blocks per candidate (fewer when ``max_s_per_candidate`` would be
+    exceeded, but never fewer than ``min_trials``).
+    """
+
+    warmup_s: float = 0.2
+    min_warmup_calls: int = 2
+    block_s: float = 0.05
+    trials: int = 11
+    min_trials: int = 3
+    max_s_per_candidate: float = 3.0
+
+    @classmethod
+    def quick(cls) -> MeasureConfig:
+        """Short measurements for tests and dry runs (less precise)."""
+        return cls(warmup_s=0.02, block_s=0.005, trials=5, min_trials=3, max_s_per_candidate=0.5)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call latency statistics over timed blocks."""
+
+    median_s: float
+    q1_s: float
+    q3_s: float
+    min_s: float
+    trials: int
+    calls_per_trial: int
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median."""
+        return (self.q3_s - self.q1_s) / self.median_s if self.median_s > 0 else 0.0
+
+    def __str__(self) -> str:
+        return f"{format_seconds(self.median_s)} ±{100 * self.spread / 2:.1f}%"
+
+
+def _stats(per_call: list[float], calls: int) -> Timing:
+    ordered = sorted(per_call)
+    if len(ordered) >= 2:
+        q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive")
+    else:
+        q1 = q3 = ordered[0]
+    return Timing(statistics.median(ordered), q1, q3, ordered[0], len(ordered), calls)
+
+
+def _warm_up(fn: Callable[[], object], device: torch.device, config: MeasureConfig) -> float:
+    """Run ``fn`` untimed; return an estimate of one call's duration."""
+    durations: list[float] = []
+    deadline = time.perf_counter() + config.warmup_s
+    while len(durations) < config.min_warmup_calls or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        durations.append(time.perf_counter() - start)
+        if len(durations) >= 1000:
+            break
+    tail = durations[len(durations) // 2 :]
+    return max(statistics.median(tail), 1e-7)
+
+
+def measure(
+    candidates: Mapping[str, Callable[[], object]],
+    device: torch.device | str = "cpu",
+    config: MeasureConfig | None = None,
+) -> dict[str, Timing]:
+    """Time each zero-argument callable; returns a :class:`Timing` per name.
+
+    Calls run under ``torch.no_grad()`` with device synchronisation around every block.
+    """
+    config = config or MeasureConfig()
+    dev = torch.device(device)
+    names = list(candidates)
+    if not names:
+        return {}
+    with torch.no_grad():
+        estimates = {name: _warm_up(candidates[name], dev, config) for name in names}
+        calls = {name: max(1, math.ceil(config.block_s / estimates[name])) for name in names}
+        trials = {
+            name: max(
+                config.min_trials,
+                min(
+                    config.trials,
+                    int(config.max_s_per_candidate / (estimates[name] * (calls[name] + 1))),
+                ),
+            )
+            for name in names
+        }
+        per_call: dict[str, list[float]] = {name: [] for name in names}
+        for round_index in range(max(trials.values())):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                if len(per_call[name]) >= trials[name]:
+                    continue
+                fn = candidates[name]
+                fn()  # untimed: lets the previous runtime's threads settle into this one
+                synchronize(dev)
+                start = time.perf_counter()
+                for _ in range(calls[name]):
+                    fn()
+                synchronize(dev)
+                per_call[name].append((time.perf_counter() - start) / calls[name])
+    return {name: _stats(per_call[name], calls[name]) for name in names}
+
+
+def cycle_calls(fn: Callable[..., object], samples: list) -> Callable[[], object]:
+    """A zero-argument callable that calls ``fn`` on each sample in turn."""
+    state = {"i": 0}
+
+    def call() -> object:
+        sample = samples[state["i"] % len(samples)]
+        state["i"] += 1
+        return fn(*sample.args, **sample.kwargs)
+
+    return call

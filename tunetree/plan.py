@@ -1,0 +1,54 @@
+"""The plan: which runner serves which graph of which module path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .backends.base import Backend, Runner
+from .graph import GraphKey
+
+
+@dataclass
+class PlanEntry:
+    """The chosen runner for one graph of one module."""
+
+    path: str
+    key: GraphKey
+    backend: Backend
+    runner: Runner = field(repr=False)
+    latency_s: float | None = None
+    eager_latency_s: float | None = None
+
+
+@dataclass
+class Plan:
+    """Every chosen runner of a tuned model, and the cut depth it came from."""
+
+    entries: list[PlanEntry] = field(default_factory=list)
+    depth: int | None = None
+
+    def runners(self) -> dict[str, dict[GraphKey, Runner]]:
+        """Runners to install, by path. Paths whose every graph chose eager are left out:
+        they keep their original forward with no dispatch cost."""
+        by_path: dict[str, dict[GraphKey, Runner]] = {}
+        for entry in self.entries:
+            by_path.setdefault(entry.path, {})[entry.key] = entry.runner
+        return {
+            path: runners
+            for path, runners in by_path.items()
+            if any(r.backend.kind != "eager" for r in runners.values())
+        }
+
+    def describe(self) -> list[dict[str, Any]]:
+        """JSON-friendly rows: path, graph, backend, latency."""
+        return [
+            {
+                "path": e.path,
+                "graph": str(e.key),
+                "backend": e.backend.name,
+                "latency_s": e.latency_s,
+                "eager_latency_s": e.eager_latency_s,
+            }
+            for e in self.entries
+        ]

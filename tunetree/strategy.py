@@ -1,0 +1,240 @@
+"""Strategies: which candidates to build for a graph and how to pick the winner.
+
+Every graph gets its own strategy instance (:meth:`Strategy.copy`), so no state is
+shared between graphs or between tunes. A strategy returns a row for every candidate,
+not only the winner.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ._table import format_table
+from .backends import Backend, default_backends
+from .errors import InvalidInputError
+from .evaluate import CandidateRow, GraphSession, Status
+from .graph import Graph, Sample, flatten, unflatten
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StrategyOutcome:
+    """Every candidate's row and the winning row (None when no candidate is usable)."""
+
+    rows: list[CandidateRow]
+    winner: CandidateRow | None
+
+
+class Strategy:
+    """Base class: holds candidate backends in the order they are tried."""
+
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        if not backends:
+            raise InvalidInputError(f"{type(self).__name__} needs at least one backend")
+        for backend in backends:
+            if not isinstance(backend, Backend):
+                raise InvalidInputError(
+                    f"{backend!r} is not a backend: use e.g. tt.backends.Inductor()"
+                )
+        self.backends: list[Backend] = list(backends)
+
+    def copy(self) -> Strategy:
+        """An independent instance for one graph."""
+        return copy.deepcopy(self)
+
+    def run(self, session: GraphSession) -> StrategyOutcome:
+        """Evaluate candidates for the session's graph and choose a winner."""
+        rows = [session.evaluate(b) for b in self.backends]
+        session.measure(rows)
+        measured = [r for r in rows if r.usable and r.timing is not None]
+        return StrategyOutcome(rows, self.select(measured) if measured else None)
+
+    def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        """Pick the winner among measured, correct rows (in backend order)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def __str__(self) -> str:
+        return format_table(
+            ["#", "backend", "keeps results", "config"],
+            [
+                [i + 1, b.name, "yes" if b.preserves_results else "no (opt-in)", b.config()]
+                for i, b in enumerate(self.backends)
+            ],
+            title=self.describe(),
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}([{', '.join(b.name for b in self.backends)}])"
+
+
+class FirstWinsStrategy(Strategy):
+    """The first candidate, in the given order, that builds and matches eager wins.
+    Later candidates are not built (cheapest tuning)."""
+
+    def run(self, session: GraphSession) -> StrategyOutcome:
+        rows: list[CandidateRow] = []
+        winner = None
+        for backend in self.backends:
+            if winner is not None:
+                rows.append(CandidateRow(backend, Status.SKIPPED, "an earlier candidate won"))
+                continue
+            row = session.evaluate(backend)
+            rows.append(row)
+            if row.usable:
+                session.measure([row])
+                winner = row if row.timing is not None else None
+        return StrategyOutcome(rows, winner)
+
+
+class OneBackendStrategy(FirstWinsStrategy):
+    """Use exactly one backend; the module keeps its forward if that backend fails."""
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__([backend])
+
+
+class MinLatencyStrategy(Strategy):
+    """Measure every candidate; the lowest median latency wins."""
+
+    def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        return min(measured, key=lambda r: r.latency_s or float("inf"))
+
+
+class HighestThroughputStrategy(Strategy):
+    """Measure every candidate; the highest throughput (samples per second) wins.
+
+    With ``search_max_batch_size=True`` each usable candidate is also rebuilt at doubled
+    batch sizes (along axis 0) until throughput grows by less than 5 % or memory runs
+    out; the largest useful batch is reported per row and throughput is compared there.
+    The tuned plan still serves the graph that was recorded. Off by default.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        *,
+        search_max_batch_size: bool = False,
+        max_batch_size: int = 1024,
+    ) -> None:
+        super().__init__(backends)
+        self.search_max_batch_size = search_max_batch_size
+        self.max_batch_size = max_batch_size
+
+    def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        return max(measured, key=lambda r: r.throughput or 0.0)
+
+    def run(self, session: GraphSession) -> StrategyOutcome:
+        outcome = super().run(session)
+        if not self.search_max_batch_size or outcome.winner is None:
+            return outcome
+        best: dict[int, float] = {}
+        for i, row in enumerate(outcome.rows):
+            if row.usable and row.throughput is not None:
+                best[i] = self._search(session, row)
+        winner_index = max(best, key=lambda i: best[i])
+        return StrategyOutcome(outcome.rows, outcome.rows[winner_index])
+
+    def _search(self, session: GraphSession, row: CandidateRow) -> float:
+        throughput = row.throughput or 0.0
+        row.max_batch_size = row.batch
+        factor = 2
+        while row.batch * factor <= self.max_batch_size:
+            try:
+                graph = _scaled_graph(session.module, session.graph, factor)
+            except Exception as exc:
+                log.info("batch search stopped for %s: %s", row.backend.name, exc)
+                break
+            scaled = GraphSession(
+                session.module,
+                session.path,
+                graph,
+                session.device,
+                session.tolerances,
+                session.measure_config,
+                session.progress,
+            )
+            candidate = scaled.evaluate(row.backend)
+            if candidate.usable:
+                scaled.measure([candidate])
+            if candidate.throughput is None or candidate.throughput < throughput * 1.05:
+                break
+            throughput = candidate.throughput
+            row.max_batch_size = candidate.batch
+            factor *= 2
+            if session.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return throughput
+
+    def describe(self) -> str:
+        extra = " (max batch size search)" if self.search_max_batch_size else ""
+        return f"HighestThroughputStrategy{extra}"
+
+
+class LatencyBudgetStrategy(Strategy):
+    """The first candidate, in the given order, whose median latency is within
+    ``budget_ms``; when none is, the fastest one."""
+
+    def __init__(self, budget_ms: float, backends: Sequence[Backend]) -> None:
+        if budget_ms <= 0:
+            raise InvalidInputError("budget_ms must be positive")
+        super().__init__(backends)
+        self.budget_ms = budget_ms
+
+    def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        for row in measured:
+            if row.latency_s is not None and row.latency_s * 1e3 <= self.budget_ms:
+                return row
+        fastest = min(measured, key=lambda r: r.latency_s or float("inf"))
+        log.info("no candidate within %.3g ms; using the fastest, %s", self.budget_ms, fastest)
+        return fastest
+
+    def describe(self) -> str:
+        return f"LatencyBudgetStrategy({self.budget_ms:g} ms)"
+
+
+def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:
+    """Highest throughput over every registered backend that runs on ``device`` and keeps
+    the model's results. Backends that cannot run here are left out with one log line
+    naming what to install."""
+    dev = torch.device(device)
+    chosen = []
+    for backend in default_backends(dev):
+        if not backend.preserves_results:
+            continue
+        reason = backend.unavailable_reason(dev)
+        if reason:
+            log.info("default strategy on %s leaves out %s: %s", dev, backend.name, reason)
+            continue
+        chosen.append(backend)
+    return HighestThroughputStrategy(chosen)
+
+
+def _scaled_graph(module: torch.nn.Module, graph: Graph, factor: int) -> Graph:
+    """The graph with every sample's tensors repeated ``factor`` times along axis 0, and
+    eager's outputs for them."""
+
+    def scale(sample: Sample) -> Sample:
+        leaves, spec = flatten((sample.args, sample.kwargs))
+        scaled = [
+            torch.cat([leaf] * factor) if isinstance(leaf, torch.Tensor) and leaf.dim() else leaf
+            for leaf in leaves
+        ]
+        args, kwargs = unflatten(scaled, spec)
+        return Sample(tuple(args), dict(kwargs))
+
+    samples = [scale(s) for s in graph.samples[:1]]
+    from .backends.base import original_forward
+
+    forward = original_forward(module)
+    with torch.no_grad():
+        outputs = [forward(*s.args, **s.kwargs) for s in samples]
+    return Graph(samples[0].key, samples, outputs)

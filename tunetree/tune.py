@@ -1,0 +1,252 @@
+"""tune(): wrap one cut of a model with the best candidate per graph."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ._table import format_seconds, format_table
+from .backends.base import Backend
+from .compare import Tolerances
+from .errors import InvalidInputError
+from .evaluate import CandidateRow, GraphSession
+from .graph import Graph
+from .inspection import CallFn, ModelInfo, find_module, inspect, resolve_device
+from .measure import MeasureConfig
+from .plan import Plan, PlanEntry
+from .progress import Progress
+from .strategy import Strategy, default_strategy
+from .wrap import unwrap, wrap, wrapped_paths
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GraphResult:
+    """Every candidate's row for one graph of one module, and the winner."""
+
+    path: str
+    graph: Graph = field(repr=False)
+    rows: list[CandidateRow]
+    winner: CandidateRow | None
+    strategy: str = ""
+
+    @property
+    def eager_latency_s(self) -> float | None:
+        for row in self.rows:
+            if row.backend.kind == "eager" and row.timing is not None:
+                return row.timing.median_s
+        return None
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` did. ``result.model`` is always the thing to call."""
+
+    model: Any
+    depth: int
+    plan: Plan
+    graphs: list[GraphResult]
+    info: ModelInfo = field(repr=False)
+    dry_run: bool = False
+    original: Any = field(default=None, repr=False)
+
+    def undo(self) -> Any:
+        """Remove every wrap this tune installed; returns the untuned model."""
+        unwrap(self.original)
+        return self.original
+
+    def table(self) -> str:
+        rows = []
+        for g in self.graphs:
+            eager = g.eager_latency_s
+            for row in g.rows:
+                mark = "*" if row is g.winner else ""
+                ratio = (
+                    f"{eager / row.latency_s:.2f}x"
+                    if eager and row.latency_s and row.timing is not None
+                    else "-"
+                )
+                rows.append(
+                    [
+                        g.path or "<model>",
+                        str(g.graph.key),
+                        mark + row.backend.name,
+                        row.describe(),
+                        row.latency_text(),
+                        ratio,
+                        format_seconds(row.build_s),
+                        "-" if row.max_abs_diff is None else f"{row.max_abs_diff:.2g}",
+                    ]
+                )
+        return format_table(
+            ["module", "graph", "backend", "status", "latency", "vs eager", "build", "max diff"],
+            rows,
+        )
+
+    def __str__(self) -> str:
+        if self.dry_run:
+            s = self.info.summary(self.depth)
+            return (
+                f"Dry run at depth {self.depth}: would tune {s.modules} modules, "
+                f"{s.graphs} graphs ({100 * s.time_share:.1f}% of eager time). Nothing was tuned."
+            )
+        chosen = sum(1 for g in self.graphs if g.winner is not None)
+        head = (
+            f"Tuned depth {self.depth}: {len(self.graphs)} graphs in "
+            f"{len({g.path for g in self.graphs})} modules, {chosen} with a usable candidate "
+            "(* = winner)"
+        )
+        return head + "\n" + self.table()
+
+
+GraphMemo = dict[tuple[str, Any], GraphResult]
+"""Graphs already tuned, by (path, graph key): reused instead of tuned twice."""
+
+
+class GraphCache(Protocol):
+    """What :func:`tune_cut` asks of a persistent tuning cache (see ``tunetree.cache``)."""
+
+    def lookup(self, session: GraphSession, strategy: Strategy) -> GraphResult | None:
+        """A validated earlier result for this graph, or None (a miss or an invalid entry)."""
+
+    def store(self, session: GraphSession, strategy: Strategy, result: GraphResult) -> None:
+        """Record a fresh result; must never raise for I/O problems (log them instead)."""
+
+
+def tune_cut(
+    model: Any,
+    info: ModelInfo,
+    depth: int,
+    *,
+    strategy: Strategy | None,
+    tolerances: Tolerances,
+    measure_config: MeasureConfig,
+    progress: Progress,
+    memo: GraphMemo | None = None,
+    on_build: Callable[[Backend], None] | None = None,
+    cache: GraphCache | None = None,
+) -> list[GraphResult]:
+    """Run the strategy on every graph of every module in the cut at ``depth``.
+    The model must be unwrapped; nothing is wrapped here."""
+    base = strategy or default_strategy(info.device)
+    results = []
+    for path in info.cut(depth):
+        module = find_module(model, path)
+        for key, graph in info.modules[path].graphs.items():
+            if memo is not None and (path, key) in memo:
+                progress(f"depth {depth}", path or "<model>", graph, "reused")
+                results.append(memo[(path, key)])
+                continue
+            session = GraphSession(
+                module,
+                path,
+                graph,
+                info.device,
+                tolerances,
+                measure_config,
+                progress,
+                on_build,
+            )
+            own = base.copy()
+            cached = cache.lookup(session, own) if cache is not None else None
+            if cached is not None:
+                result = cached
+            else:
+                outcome = own.run(session)
+                result = GraphResult(path, graph, outcome.rows, outcome.winner, own.describe())
+                if cache is not None:
+                    cache.store(session, own, result)
+            winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
+            progress(f"depth {depth}", path or "<model>", graph, f"winner: {winner}")
+            if memo is not None:
+                memo[(path, key)] = result
+            results.append(result)
+    return results
+
+
+def plan_from(results: list[GraphResult], depth: int) -> Plan:
+    """The plan made of every graph's winner."""
+    entries = [
+        PlanEntry(
+            g.path,
+            g.graph.key,
+            g.winner.backend,
+            g.winner.runner,
+            g.winner.latency_s,
+            g.eager_latency_s,
+        )
+        for g in results
+        if g.winner is not None and g.winner.runner is not None
+    ]
+    return Plan(entries, depth)
+
+
+def check_untuned(model: Any) -> None:
+    """Refuse a model that still carries dispatchers from an earlier tune."""
+    already = wrapped_paths(model)
+    if already:
+        raise InvalidInputError(
+            f"the model is already tuned ({len(already)} wrapped modules, e.g. "
+            f"{already[0] or '<model>'}); call result.undo() or tt.unwrap(model) first"
+        )
+
+
+def check_device(model: Any, device: torch.device | str | None) -> torch.device:
+    """The tuning device; refuses a device other than where the model's weights are."""
+    here = resolve_device(model, None)
+    dev = resolve_device(model, device)
+    if device is not None and dev.type != here.type:
+        raise InvalidInputError(
+            f"the model's weights are on {here} but device={dev} was asked for: "
+            f"move the model first (model.to({str(dev)!r}))"
+        )
+    return dev
+
+
+def tune(
+    model: Any,
+    dataset: Iterable[Any],
+    *,
+    depth: int = 0,
+    strategy: Strategy | None = None,
+    device: torch.device | str | None = None,
+    call: CallFn | None = None,
+    tolerances: Tolerances | None = None,
+    measure_config: MeasureConfig | None = None,
+    dry_run: bool = False,
+    verbose: bool = True,
+    info: ModelInfo | None = None,
+) -> TuneResult:
+    """Tune the modules of one cut: every executed module at ``depth`` plus executed
+    leaves shallower than it. Each graph (input signature) of each module gets its own
+    copy of ``strategy`` (default: :func:`default_strategy` for the device).
+
+    Returns a :class:`TuneResult`; call ``result.model``. At depth 0 that is a new wrapper
+    sharing the model's parameters and the object given in stays untuned; at deeper cuts
+    the modules inside ``model`` are wrapped in place (``result.undo()`` reverts).
+    """
+    check_untuned(model)
+    dev = check_device(model, device)
+    progress = Progress(verbose)
+    if info is None:
+        progress("inspecting the model")
+        info = inspect(model, dataset, call=call, device=dev)
+    if dry_run:
+        return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
+    graphs = tune_cut(
+        model,
+        info,
+        depth,
+        strategy=strategy,
+        tolerances=tolerances or Tolerances(),
+        measure_config=measure_config or MeasureConfig(),
+        progress=progress,
+    )
+    plan = plan_from(graphs, depth)
+    tuned = wrap(model, plan.runners())
+    return TuneResult(tuned, depth, plan, graphs, info, original=model)

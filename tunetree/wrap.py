@@ -1,0 +1,93 @@
+"""Swap a module's forward for a dispatcher that routes each call to the runner of its graph.
+
+The dispatcher is set as the module's *instance* attribute ``forward``: the class, its
+parameters, buffers, ``state_dict`` keys, hooks and ``.to()`` are untouched, and
+deleting the attribute undoes the wrap. A call whose input signature was not tuned
+runs the original forward (logged once per signature), never crashes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from .backends.base import Runner, original_forward
+from .errors import InvalidInputError
+from .graph import GraphKey
+from .inspection import find_module, module_paths
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """Replaces ``module.forward``: picks the runner for the call's graph."""
+
+    def __init__(self, module: nn.Module, path: str, runners: Mapping[GraphKey, Runner]) -> None:
+        self.path = path
+        self.runners = dict(runners)
+        self.original = original_forward(module)
+        self._warned: set[GraphKey] = set()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = GraphKey.of(args, kwargs)
+        runner = self.runners.get(key)
+        if runner is None:
+            if key not in self._warned:
+                self._warned.add(key)
+                log.warning(
+                    "%s: input signature %s was not seen while tuning; running the original "
+                    "forward (tune with an input like this one to speed it up)",
+                    self.path or "<model>",
+                    key,
+                )
+            return self.original(*args, **kwargs)
+        return runner(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        backends = sorted({r.backend.name for r in self.runners.values()})
+        return f"Dispatcher({self.path or '<model>'}: {', '.join(backends)})"
+
+
+def dispatcher_of(module: nn.Module) -> Dispatcher | None:
+    """The dispatcher wrapping ``module``, or None."""
+    forward = module.__dict__.get("forward")
+    return forward if isinstance(forward, Dispatcher) else None
+
+
+def wrapped_paths(model: Any) -> list[str]:
+    """Paths of every wrapped module in a model or pipeline."""
+    return [path for path, module in module_paths(model) if dispatcher_of(module) is not None]
+
+
+def wrap(model: Any, runners: Mapping[str, Mapping[GraphKey, Runner]]) -> Any:
+    """Wrap every module path in ``runners`` and return the model to call.
+
+    Modules inside the model are wrapped in place. The root module itself (path ``""``)
+    is never changed: a shallow copy that shares its parameters is wrapped and returned,
+    so the object given in stays untuned.
+    """
+    if "" in runners and isinstance(model, nn.Module):
+        model = copy.copy(model)  # shares parameters, buffers, submodules and hooks
+        model.__dict__.pop("forward", None)
+    for path, graph_runners in runners.items():
+        module = model if path == "" else find_module(model, path)
+        if dispatcher_of(module) is not None:
+            raise InvalidInputError(
+                f"{path or '<model>'} is already wrapped: undo the previous tune first"
+            )
+        module.__dict__["forward"] = Dispatcher(module, path, graph_runners)
+    return model
+
+
+def unwrap(model: Any) -> list[str]:
+    """Remove every dispatcher from ``model``; returns the paths that were unwrapped."""
+    undone = []
+    for path, module in module_paths(model):
+        if dispatcher_of(module) is not None:
+            del module.__dict__["forward"]
+            undone.append(path)
+    return undone
