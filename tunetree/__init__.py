@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import backends
+from .auto import AutoTuneResult, DepthRow, auto_tune
 from .compare import Tolerance, Tolerances
 from .errors import (
     BackendError,
@@ -11,6 +12,7 @@ from .errors import (
     CheckpointError,
     IncompatibleCheckpointError,
     InvalidInputError,
+    MissingDependencyError,
     TunetreeError,
 )
 from .evaluate import CandidateRow, Status
@@ -33,39 +35,43 @@ from .wrap import unwrap
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoTuneResult",
+    "BackendError",
+    "BackendUnavailableError",
+    "CacheError",
     "CandidateRow",
+    "CheckpointError",
+    "DepthRow",
     "FirstWinsStrategy",
+    "Graph",
+    "GraphKey",
     "GraphResult",
     "HighestThroughputStrategy",
+    "IncompatibleCheckpointError",
+    "InvalidInputError",
     "LatencyBudgetStrategy",
     "MeasureConfig",
     "MinLatencyStrategy",
+    "MissingDependencyError",
     "ModelInfo",
     "ModuleRecord",
     "OneBackendStrategy",
     "Plan",
     "PlanEntry",
+    "Sample",
     "Status",
     "Strategy",
     "Timing",
+    "Tolerance",
+    "Tolerances",
     "TuneResult",
+    "TunetreeError",
+    "__version__",
+    "auto_tune",
+    "backends",
     "default_strategy",
     "inspect",
     "measure",
     "tune",
     "unwrap",
-    "BackendError",
-    "BackendUnavailableError",
-    "CacheError",
-    "CheckpointError",
-    "Graph",
-    "GraphKey",
-    "IncompatibleCheckpointError",
-    "InvalidInputError",
-    "Sample",
-    "Tolerance",
-    "Tolerances",
-    "TunetreeError",
-    "__version__",
-    "backends",
 ]

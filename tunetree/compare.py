@@ -57,9 +57,7 @@ class Tolerances:
         return self.by_dtype.get(dtype, Tolerance(0.0, 0.0))
 
     def describe(self) -> dict[str, dict[str, float]]:
-        return {
-            dtype_name(dt): {"atol": t.atol, "rtol": t.rtol} for dt, t in self.by_dtype.items()
-        }
+        return {dtype_name(dt): {"atol": t.atol, "rtol": t.rtol} for dt, t in self.by_dtype.items()}
 
 
 @dataclass(frozen=True)
@@ -80,7 +78,9 @@ def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None
     ref_leaves, ref_spec = flatten(reference)
     cand_leaves, cand_spec = flatten(candidate)
     if ref_spec != cand_spec:
-        return Comparison(False, math.inf, f"output structure differs: {cand_spec} vs eager {ref_spec}")
+        return Comparison(
+            False, math.inf, f"output structure differs: {cand_spec} vs eager {ref_spec}"
+        )
     worst = 0.0
     for i, (ref, cand) in enumerate(zip(ref_leaves, cand_leaves, strict=True)):
         if isinstance(ref, torch.Tensor) != isinstance(cand, torch.Tensor):

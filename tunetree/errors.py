@@ -29,3 +29,7 @@ class IncompatibleCheckpointError(CheckpointError):
 
 class CacheError(TunetreeError):
     """The tuning cache cannot be used (unwritable directory, bad configuration)."""
+
+
+class MissingDependencyError(TunetreeError, ImportError):
+    """An optional package is needed for this call; the message names the extra to install."""

@@ -7,6 +7,7 @@ every non-tensor leaf. A module called two ways has two graphs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
@@ -90,12 +91,60 @@ class GraphKey:
         """Stable 16-hex-digit id of this signature (the same in every process)."""
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
 
+    def to_json(self) -> dict[str, Any]:
+        """This signature as JSON data (tuples become lists, a :class:`TensorSpec` a
+        ``{"dtype", "shape"}`` object); :meth:`from_json` restores an equal key."""
+        return {"args": _sig_to_json(self.args), "kwargs": _sig_to_json(self.kwargs)}
+
+    @classmethod
+    def from_json(cls, data: Any) -> GraphKey:
+        """The key that :meth:`to_json` described. Raises ValueError for anything else, so
+        a damaged checkpoint or cache entry is refused instead of never matching a call."""
+        if not isinstance(data, dict) or set(data) != {"args", "kwargs"}:
+            raise ValueError("a graph key is an object with exactly 'args' and 'kwargs'")
+        args, kwargs = _sig_from_json(data["args"]), _sig_from_json(data["kwargs"])
+        if not isinstance(args, tuple) or not isinstance(kwargs, tuple):
+            raise ValueError("graph key 'args' and 'kwargs' must be lists")
+        if not all(
+            isinstance(kw, tuple) and len(kw) == 2 and isinstance(kw[0], str) for kw in kwargs
+        ):
+            raise ValueError("graph key 'kwargs' must be a list of [name, signature] pairs")
+        return cls(args, kwargs)
+
     def __str__(self) -> str:
         parts = [_format_sig(a) for a in self.args]
         parts += [
             f"{k}={_format_sig(v)}" for k, v in self.kwargs if v != ("const", "NoneType", None)
         ]
         return "(" + ", ".join(parts) + ")"
+
+
+def _sig_to_json(sig: Any) -> Any:
+    if isinstance(sig, TensorSpec):
+        return {"dtype": sig.dtype, "shape": list(sig.shape)}
+    if isinstance(sig, tuple):
+        return [_sig_to_json(s) for s in sig]
+    if sig is None or isinstance(sig, bool | int | float | str):
+        return sig
+    raise ValueError(f"a graph signature cannot hold a {type(sig).__name__}")
+
+
+def _sig_from_json(data: Any) -> Any:
+    if isinstance(data, dict):
+        dtype, shape = data.get("dtype"), data.get("shape")
+        if (
+            set(data) != {"dtype", "shape"}
+            or not isinstance(dtype, str)
+            or not isinstance(shape, list)
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape)
+        ):
+            raise ValueError(f"not a tensor signature: {data!r}")
+        return TensorSpec(dtype, tuple(shape))
+    if isinstance(data, list):
+        return tuple(_sig_from_json(d) for d in data)
+    if data is None or isinstance(data, bool | int | float | str):
+        return data
+    raise ValueError(f"a graph signature cannot hold a {type(data).__name__}")
 
 
 def _format_sig(sig: Any) -> str:
@@ -177,6 +226,7 @@ def as_samples(dataset: Iterable[Any]) -> list[Sample]:
 def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
     """Apply ``fn`` to every tensor in a nested structure (tuples, lists, dicts, dataclasses,
     Hugging Face ``ModelOutput``), keeping the structure and container types."""
+    _register_dataclasses(tree)
     return pytree.tree_map_only(torch.Tensor, fn, tree)
 
 
@@ -190,8 +240,31 @@ def detach_clone(tree: Any) -> Any:
     return map_tensors(lambda t: t.detach().clone(), tree)
 
 
+def _register_dataclasses(tree: Any) -> None:
+    """Teach torch's pytree about plain dataclass outputs met in ``tree`` (Hugging Face
+    ``ModelOutput`` and the builtin containers are known to it already), so that they are
+    flattened into their fields instead of being treated as opaque leaves."""
+    if isinstance(tree, torch.Tensor) or tree is None:
+        return
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        cls = type(tree)
+        if cls not in pytree.SUPPORTED_NODES and not isinstance(tree, Mapping):
+            # ValueError: registered meanwhile; TypeError: not constructible from its fields.
+            with contextlib.suppress(ValueError, TypeError):
+                pytree.register_dataclass(cls)
+        for f in dataclasses.fields(tree):
+            _register_dataclasses(getattr(tree, f.name, None))
+    elif isinstance(tree, tuple | list):
+        for item in tree:
+            _register_dataclasses(item)
+    elif isinstance(tree, Mapping):
+        for item in tree.values():
+            _register_dataclasses(item)
+
+
 def flatten(tree: Any) -> tuple[list[Any], pytree.TreeSpec]:
     """Leaves and structure of a nested output, for backends that return flat lists."""
+    _register_dataclasses(tree)
     return pytree.tree_flatten(tree)
 
 

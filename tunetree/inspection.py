@@ -284,6 +284,4 @@ def inspect(
             total = time.perf_counter() - start
     if not recorder.records:
         raise InvalidInputError("no module ran: check the model and the call function")
-    return ModelInfo(
-        recorder.records, samples, [to_device(o, dev) for o in outputs], total, dev
-    )
+    return ModelInfo(recorder.records, samples, [to_device(o, dev) for o in outputs], total, dev)

@@ -89,6 +89,10 @@ class Backend(ABC):
     def __str__(self) -> str:
         return self.name
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Backend:
+        # Backends are immutable configurations: copying a strategy shares them.
+        return self
+
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):

@@ -1,0 +1,38 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Each sets up .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-slow lint examples clean
+
+setup: $(STAMP)
+
+# torch first, pinned: on these machines 2.13.0 installs a CPU build from a local file in
+# seconds, while an unpinned torch would pull a CUDA build of several GB.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[openvino,onnx,ao,plot,dev]' 'torch==2.13.0'
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m tunetree.demo
+
+test: setup
+	$(PY) -m pytest
+
+test-slow: setup
+	$(PY) -m pytest -m slow
+
+lint: setup
+	$(VENV)/bin/ruff check tunetree tests examples benchmarks
+	$(VENV)/bin/ruff format --check tunetree tests examples benchmarks
+	$(VENV)/bin/mypy tunetree
+
+examples: setup
+	@set -e; for script in examples/*/run.py; do echo "== $$script"; $(PY) $$script; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

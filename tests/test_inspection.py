@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import tunetree as tt
+
+
+def encoder(d: int = 32, layers: int = 4) -> nn.Module:
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d, 4, 2 * d, batch_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
+
+
+def test_encoder_depth_counts() -> None:
+    info = tt.inspect(encoder(), [torch.randn(2, 8, 32) for _ in range(2)])
+    counts = [s.modules for s in info.summaries()]
+    assert counts == [1, 4, 32]
+    assert info.cut(1) == [f"layers.{i}" for i in range(4)]
+    assert info.modules["layers.0.linear1"].depth == 2
+    assert info.modules["layers.0"].calls == 2
+    assert "layers.0.self_attn" in str(info)
+
+
+def test_cut_includes_shallower_leaves() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.ReLU())).eval()
+    info = tt.inspect(model, [torch.randn(2, 4)])
+    assert info.cut(0) == [""]
+    assert info.cut(1) == ["0", "1"]
+    assert info.cut(2) == ["0", "1.0", "1.1"]
+
+
+def test_time_shares_are_consistent() -> None:
+    info = tt.inspect(encoder(), [torch.randn(2, 8, 32)])
+    root = info.modules[""]
+    assert 0 < root.total_s <= info.total_s * 1.01
+    assert all(m.self_s <= m.total_s + 1e-9 for m in info.modules.values())
+
+
+def test_multiple_graphs_per_module() -> None:
+    model = encoder(layers=2)
+    data = [torch.randn(2, 8, 32), torch.randn(2, 16, 32), torch.randn(2, 8, 32)]
+    info = tt.inspect(model, data)
+    graphs = info.modules["layers.0"].graphs
+    assert len(graphs) == 2
+    assert sorted(len(g.samples) for g in graphs.values()) == [1, 2]
+    assert info.summary(1).graphs == 4
+
+
+def test_dict_kwargs_dataset_and_hf_model() -> None:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    model = transformers.BertModel(config).eval()
+    data = [
+        {
+            "input_ids": torch.randint(0, 100, (2, 12)),
+            "attention_mask": torch.ones(2, 12, dtype=torch.long),
+        }
+    ]
+    info = tt.inspect(model, data)
+    assert info.summary(0).modules == 1
+    assert info.cut(1) == ["embeddings", "encoder", "pooler"]
+    depth2 = info.cut(2)
+    assert "embeddings.word_embeddings" in depth2
+    assert "encoder.layer.0" in depth2 and "encoder.layer.1" in depth2
+    assert "pooler.dense" in depth2
+    # The recorded eager output keeps its Hugging Face type.
+    assert type(info.outputs[0]).__name__ == "BaseModelOutputWithPoolingAndCrossAttentions"
+    root_graph = next(iter(info.modules[""].graphs.values()))
+    assert "input_ids=i64[2,12]" in str(root_graph.key)
+
+
+def test_pipeline_object_with_call_function() -> None:
+    class Pipeline:
+        def __init__(self) -> None:
+            torch.manual_seed(0)
+            self.encode = nn.Linear(4, 8)
+            self.decode = nn.Sequential(nn.ReLU(), nn.Linear(8, 2))
+
+    pipe = Pipeline()
+    info = tt.inspect(pipe, [torch.randn(3, 4)], call=lambda p, x: p.decode(p.encode(x)))
+    assert info.cut(0) == ["encode", "decode"]
+    assert info.cut(1) == ["encode", "decode.0", "decode.1"]
+
+
+def test_bad_inputs_raise_typed_errors() -> None:
+    model = nn.Linear(2, 2)
+    with pytest.raises(tt.InvalidInputError, match="empty"):
+        tt.inspect(model, [])
+    with pytest.raises(tt.InvalidInputError, match="wrap a single input"):
+        tt.inspect(model, torch.randn(2, 2))
+    with pytest.raises(tt.InvalidInputError, match="dataset item"):
+        tt.inspect(model, [object()])
+    with pytest.raises(tt.InvalidInputError, match=r"neither an nn\.Module"):
+        tt.inspect(object.__new__(type("P", (), {})), [torch.randn(1)])

@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import tunetree as tt
+from tests.fakes import Delayed, Failing, Wrong, mlp
+from tunetree.wrap import dispatcher_of
+
+QUICK = tt.MeasureConfig.quick()
+
+
+def tune(model, data, backends, depth=0, **kw):
+    strategy = tt.HighestThroughputStrategy(backends)
+    return tt.tune(
+        model, data, depth=depth, strategy=strategy, measure_config=QUICK, verbose=False, **kw
+    )
+
+
+def test_winner_wraps_and_outputs_match() -> None:
+    model = mlp()
+    data = [torch.randn(4, 16) for _ in range(2)]
+    result = tune(model, data, [Delayed(0.003, "slow"), Delayed(0.0, "fast"), tt.backends.Eager()])
+    graph = result.graphs[0]
+    assert len(graph.rows) == 3
+    assert graph.rows[1].latency_s < graph.rows[0].latency_s
+    assert graph.winner is not None and graph.winner is not graph.rows[0]
+    # Without eager among the candidates the fast one must win and wrap the model.
+    result = tune(model, data, [Delayed(0.003, "slow"), Delayed(0.0, "fast")])
+    graph = result.graphs[0]
+    assert graph.winner is graph.rows[1] and all(r.timing is not None for r in graph.rows)
+    fast = result.model
+    assert fast is not model  # depth 0 wraps a shallow copy
+    assert dispatcher_of(model) is None
+    with torch.no_grad():
+        assert torch.equal(fast(data[0]), model(data[0]))
+    text = str(result)
+    assert "*fake-delayed" in text and "vs eager" in text
+
+
+def test_failing_backends_become_rows_and_module_keeps_forward() -> None:
+    model = mlp()
+    data = [torch.randn(4, 16)]
+    result = tune(model, data, [Failing("build"), Failing("run")], depth=1)
+    rows = [r for g in result.graphs for r in g.rows]
+    assert {r.status for r in rows} == {tt.Status.FAILED}
+    assert any("exploded while building" in r.reason for r in rows)
+    assert any(r.reason.startswith("run: RuntimeError") for r in rows)
+    assert result.plan.entries == []
+    assert all(dispatcher_of(m) is None for m in model.modules())
+    assert "failed: build: RuntimeError" in str(result)
+
+
+def test_wrong_numbers_are_rejected_with_the_difference() -> None:
+    model = mlp()
+    result = tune(model, [torch.randn(4, 16)], [Wrong(0.1), tt.backends.Eager()])
+    wrong = result.graphs[0].rows[0]
+    assert wrong.status is tt.Status.REJECTED
+    assert "max abs diff 0.1" in wrong.reason
+    assert result.graphs[0].winner.backend.kind == "eager"
+
+
+def test_unseen_signature_falls_back_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    model = mlp()
+    result = tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=1)
+    tuned = result.model
+    with caplog.at_level(logging.WARNING, logger="tunetree.wrap"), torch.no_grad():
+        out = tuned(torch.randn(7, 16))
+        tuned(torch.randn(7, 16))
+    assert out.shape == (7, 16)
+    warnings = [r for r in caplog.records if "was not seen while tuning" in r.getMessage()]
+    assert len(warnings) == 3  # one per wrapped module (two Linear, one ReLU), not per call
+
+
+def test_wrapping_keeps_state_dict_hooks_and_can_be_undone() -> None:
+    model = mlp()
+    keys = list(model.state_dict())
+    seen = []
+    model[0].register_forward_hook(lambda m, a, o: seen.append(o.shape))
+    result = tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=1)
+    assert result.model is model
+    assert dispatcher_of(model[0]) is not None
+    assert list(model.state_dict()) == keys
+    with torch.no_grad():
+        model(torch.randn(4, 16))
+    assert seen and seen[-1] == (4, 16)
+    assert sorted(tt.unwrap(model)) == ["0", "1", "2"]
+    assert all(dispatcher_of(m) is None for m in model.modules())
+    with pytest.raises(tt.InvalidInputError, match="already tuned"):
+        tune(
+            tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=1).model,
+            [torch.randn(4, 16)],
+            [Delayed(0.0)],
+        )
+
+
+def test_result_undo_restores_forward() -> None:
+    model = mlp()
+    result = tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=2)
+    assert result.undo() is model
+    assert all(dispatcher_of(m) is None for m in model.modules())
+
+
+def test_dry_run_tunes_nothing() -> None:
+    model = mlp()
+    backend = Delayed(0.0)
+    result = tt.tune(
+        model,
+        [torch.randn(4, 16)],
+        depth=1,
+        strategy=tt.FirstWinsStrategy([backend]),
+        dry_run=True,
+        verbose=False,
+    )
+    assert backend.builds == []
+    assert "would tune 3 modules, 3 graphs" in str(result)
+
+
+def test_each_graph_gets_its_own_strategy_instance() -> None:
+    instances = []
+
+    class Recording(tt.MinLatencyStrategy):
+        def run(self, session):
+            instances.append(self)
+            return super().run(session)
+
+    user_strategy = Recording([tt.backends.Eager()])
+    tt.tune(
+        mlp(),
+        [torch.randn(4, 16)],
+        depth=1,
+        strategy=user_strategy,
+        measure_config=QUICK,
+        verbose=False,
+    )
+    assert len(instances) == 3
+    assert len({id(s) for s in instances}) == 3
+    assert user_strategy not in instances
+
+
+def test_kwargs_module_and_progress_output(capsys: pytest.CaptureFixture[str]) -> None:
+    class KW(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor, *, scale: float = 1.0, mask: torch.Tensor | None = None):
+            y = self.lin(x) * scale
+            return {"y": y, "masked": y if mask is None else y * mask}
+
+    model = KW().eval()
+    data = [{"x": torch.randn(2, 4), "scale": 2.0, "mask": torch.ones(2, 4)}]
+    result = tt.tune(
+        model, data, strategy=tt.OneBackendStrategy(Delayed(0.0)), measure_config=QUICK
+    )
+    assert "[tunetree" in capsys.readouterr().err
+    with torch.no_grad():
+        out = result.model(**data[0])
+        assert torch.equal(out["y"], model(**data[0])["y"])
+
+
+def test_device_mismatch_is_refused() -> None:
+    with pytest.raises(tt.InvalidInputError, match="move the model first"):
+        tt.tune(mlp(), [torch.randn(4, 16)], device="meta", verbose=False)
