@@ -38,8 +38,8 @@ def test_min_latency_picks_the_fastest() -> None:
 
 
 def test_latency_budget_prefers_the_first_within_budget() -> None:
-    backends = [Delayed(0.004, "slow"), Delayed(0.002, "ok"), Delayed(0.0, "fastest")]
-    graph = run(tt.LatencyBudgetStrategy(3.0, backends))
+    backends = [Delayed(0.012, "slow"), Delayed(0.004, "ok"), Delayed(0.0, "fastest")]
+    graph = run(tt.LatencyBudgetStrategy(8.0, backends))
     assert graph.winner.backend.label == "ok"
     graph = run(tt.LatencyBudgetStrategy(0.00001, backends))
     assert graph.winner.backend.label == "fastest"

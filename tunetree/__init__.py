@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from . import backends
 from .auto import AutoTuneResult, DepthRow, auto_tune
+from .cache import TuningCache
+from .checkpoint import load, save
 from .compare import Tolerance, Tolerances
 from .errors import (
     BackendError,
@@ -66,12 +68,15 @@ __all__ = [
     "Tolerances",
     "TuneResult",
     "TunetreeError",
+    "TuningCache",
     "__version__",
     "auto_tune",
     "backends",
     "default_strategy",
     "inspect",
+    "load",
     "measure",
+    "save",
     "tune",
     "unwrap",
 ]

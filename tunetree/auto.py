@@ -8,6 +8,7 @@ shallowest wins; when no depth beats the untuned model, the model stays untuned.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from ._table import format_seconds, format_table
+from .cache import open_cache
 from .compare import Tolerances, compare_all
 from .errors import InvalidInputError, MissingDependencyError
 from .graph import Sample
@@ -202,7 +204,7 @@ def auto_tune(
     tolerances: Tolerances | None = None,
     measure_config: MeasureConfig | None = None,
     verbose: bool = True,
-    cache: GraphCache | None = None,
+    cache: GraphCache | str | os.PathLike[str] | bool | None = None,
 ) -> AutoTuneResult:
     """Tune every distinct cut from ``min_depth`` to ``max_depth``, measure each end to end
     on ``dataset``, and keep the fastest (the shallowest within ``tie_tolerance``), or the
@@ -213,7 +215,8 @@ def auto_tune(
     wraps the same module with the same graph. ``time_budget`` (seconds, counted from the
     call) stops new depths from starting; the depth in progress finishes. ``dry_run``
     reports what each depth would wrap and tunes nothing. Progress goes to stderr unless
-    ``verbose=False``.
+    ``verbose=False``. ``cache`` is the tuning cache consulted per graph, as in
+    :func:`tunetree.tune` (None: the default directory; False: none).
     """
     if min_depth < 0 or (max_depth is not None and max_depth < min_depth):
         raise InvalidInputError(f"need 0 <= min_depth <= max_depth, got {min_depth}, {max_depth}")
@@ -238,6 +241,7 @@ def auto_tune(
             row.status = "dry run"
         return AutoTuneResult(model, None, rows, None, info=info, dry_run=True, original=model)
 
+    graph_cache = open_cache(cache)
     devices = _tensor_devices(model)
     progress("measuring the untuned model")
     before = _measure_model(model, info, call, config)
@@ -267,7 +271,7 @@ def auto_tune(
                 measure_config=config,
                 progress=progress,
                 memo=memo,
-                cache=cache,
+                cache=graph_cache,
             )
             _restore_devices(devices)
             graphs[row.depth] = results

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -11,6 +12,7 @@ import torch
 
 from ._table import format_seconds, format_table
 from .backends.base import Backend
+from .cache import open_cache
 from .compare import Tolerances
 from .errors import InvalidInputError
 from .evaluate import CandidateRow, GraphSession
@@ -221,6 +223,7 @@ def tune(
     dry_run: bool = False,
     verbose: bool = True,
     info: ModelInfo | None = None,
+    cache: GraphCache | str | os.PathLike[str] | bool | None = None,
 ) -> TuneResult:
     """Tune the modules of one cut: every executed module at ``depth`` plus executed
     leaves shallower than it. Each graph (input signature) of each module gets its own
@@ -229,6 +232,11 @@ def tune(
     Returns a :class:`TuneResult`; call ``result.model``. At depth 0 that is a new wrapper
     sharing the model's parameters and the object given in stays untuned; at deeper cuts
     the modules inside ``model`` are wrapped in place (``result.undo()`` reverts).
+
+    ``cache``: graphs tuned before (same module structure, graph, strategy, environment)
+    are loaded from the tuning cache instead of built; None or True uses
+    ``$TUNETREE_CACHE_DIR`` or ``~/.cache/tunetree``, a path another directory, False none
+    (see :class:`tunetree.TuningCache`).
     """
     check_untuned(model)
     dev = check_device(model, device)
@@ -246,6 +254,7 @@ def tune(
         tolerances=tolerances or Tolerances(),
         measure_config=measure_config or MeasureConfig(),
         progress=progress,
+        cache=open_cache(cache),
     )
     plan = plan_from(graphs, depth)
     tuned = wrap(model, plan.runners())

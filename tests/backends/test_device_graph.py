@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,14 @@ from tunetree.backends import (
     Inductor,
     backend_type,
     default_backends,
+    device_graph,
 )
 from tunetree.backends.device_graph import sample_from_key
 from tunetree.compare import Tolerances, compare_all
 from tunetree.errors import BackendError, InvalidInputError
 from tunetree.graph import Graph, GraphKey, Sample, flatten
 
+CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
 
 
@@ -94,6 +97,148 @@ def test_sample_from_key_refuses_opaque_objects() -> None:
     key = GraphKey.of((torch.randn(2), Opaque()), {})
     with pytest.raises(BackendError, match="Opaque"):
         sample_from_key(key, "cpu")
+
+
+# ------------------------------------------------- the runner's plumbing on CPU, with a fake graph
+
+
+class _FakeGraph:
+    """Stands in for ``torch.cuda.CUDAGraph`` on CPU: capture records the call, and replay runs
+    it again and writes the results into the captured output tensors, as a real replay does."""
+
+    recording: _FakeGraph | None = None
+
+    def __init__(self) -> None:
+        self.call: tuple[Any, tuple[Any, ...], dict[str, Any], Any] | None = None
+
+    def replay(self) -> None:
+        assert self.call is not None
+        forward, args, kwargs, out = self.call
+        for static, new in zip(_tensors(out), _tensors(forward(*args, **kwargs)), strict=True):
+            static.copy_(new)
+
+
+class _FakeStream:
+    def wait_stream(self, other: Any) -> None:
+        pass
+
+
+@contextmanager
+def _fake_capture(graph: _FakeGraph) -> Iterator[None]:
+    _FakeGraph.recording = graph
+    try:
+        yield
+    finally:
+        _FakeGraph.recording = None
+
+
+@pytest.fixture
+def fake_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = device_graph._GraphApi(
+        graph=_FakeGraph,
+        capture=_fake_capture,
+        stream=_FakeStream,
+        use_stream=lambda stream: nullcontext(),
+        current_stream=_FakeStream,
+        device_guard=lambda device: nullcontext(),
+    )
+    real_forward = device_graph.original_forward
+
+    def recording_forward(module: nn.Module) -> Any:
+        forward = real_forward(module)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = forward(*args, **kwargs)
+            if _FakeGraph.recording is not None:
+                _FakeGraph.recording.call = (forward, args, kwargs, out)
+            return out
+
+        return call
+
+    monkeypatch.setattr(device_graph, "_graph_api", lambda device: api)
+    monkeypatch.setattr(device_graph, "original_forward", recording_forward)
+
+
+class _KwargModel(nn.Module):
+    """Keyword tensor inputs, a constant, and a dict output: the Hugging Face shape of things."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 8)
+        self.proj = nn.Linear(8, 4)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, scale: float = 1.0
+    ) -> dict[str, torch.Tensor]:
+        hidden = self.proj(self.embed(input_ids)) * attention_mask[..., None] * scale
+        return {"hidden": hidden, "pooled": hidden.mean(1)}
+
+
+def _kwarg_samples() -> list[Sample]:
+    return [
+        Sample(
+            (),
+            {
+                "input_ids": torch.randint(0, 10, (2, 5)),
+                "attention_mask": torch.ones(2, 5),
+                "scale": 2.0,
+            },
+        )
+        for _ in range(2)
+    ]
+
+
+@pytest.mark.usefixtures("fake_graphs")
+def test_replay_plumbing_with_keyword_inputs(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    module = _KwargModel().eval()
+    samples = _kwarg_samples()
+    graph = _graph(module, samples)
+    backend = DeviceGraph()
+    runner = backend.build(module, graph, CPU)
+    outputs = _run_all(runner, samples)
+    assert compare_all(graph.outputs, outputs, Tolerances()).ok
+    # Outputs are clones: a later call leaves an earlier result alone.
+    assert not torch.equal(outputs[0]["hidden"], outputs[1]["hidden"])
+    assert compare_all(graph.outputs[:1], outputs[:1], Tolerances()).ok
+    # Keyword order does not matter; a sample rebuilt from the key has them sorted.
+    swapped = {k: samples[1].kwargs[k] for k in reversed(list(samples[1].kwargs))}
+    with torch.no_grad():
+        assert compare_all(graph.outputs[1:], [runner(**swapped)]).ok
+    loaded = backend.load(module, graph.key, tmp_path, runner.save(tmp_path), CPU)
+    assert compare_all(graph.outputs, _run_all(loaded, samples), Tolerances()).ok
+    with pytest.raises(BackendError, match="static shapes"):
+        runner(
+            input_ids=torch.zeros(3, 5, dtype=torch.int64),
+            attention_mask=torch.ones(3, 5),
+            scale=2.0,
+        )
+
+
+@pytest.mark.usefixtures("fake_graphs")
+def test_replay_plumbing_with_nested_inputs() -> None:
+    module = nn.Bilinear(3, 4, 2).eval()
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = module
+
+        def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return self.inner(*pair)
+
+    pair_module = Pair().eval()
+    samples = [Sample(((torch.randn(5, 3), torch.randn(5, 4)),)) for _ in range(2)]
+    graph = _graph(pair_module, samples)
+    runner = DeviceGraph(clone_outputs=False).build(pair_module, graph, CPU)
+    assert runner.top_slots is None  # nested: the general path
+    with torch.no_grad():
+        first = runner(*samples[0].args)
+        second = runner(*samples[1].args)
+    assert first is second  # without clones the next replay overwrites
+    assert compare_all(graph.outputs[1:], [second]).ok
+    with pytest.raises(BackendError, match="structured differently"):
+        runner(samples[0].args[0][0])
 
 
 # --------------------------------------------------------------------------- on a GPU
@@ -192,7 +337,6 @@ def test_matches_eager_and_round_trips(model: str, tmp_path: Path) -> None:
     loaded = backend.load(module, graph.key, tmp_path, description, CUDA)
     result = compare_all(graph.outputs, _run_all(loaded, samples), Tolerances())
     assert result.ok, result.reason
-
 
 
 @pytest.mark.gpu

@@ -10,6 +10,8 @@ from .base import Backend, Runner, original_forward
 from .device_graph import DeviceGraph
 from .eager import Eager
 from .inductor import Inductor
+from .onnxruntime import OnnxRuntime
+from .openvino import OpenVINO, OpenVINOBf16
 from .torchao import TorchAO
 
 BACKEND_TYPES: tuple[type[Backend], ...] = (
@@ -18,6 +20,9 @@ BACKEND_TYPES: tuple[type[Backend], ...] = (
     DeviceGraph,
     Autocast,
     TorchAO,
+    OpenVINO,
+    OpenVINOBf16,
+    OnnxRuntime,
 )
 """Every backend class tunetree knows, used to rebuild a backend from a checkpoint."""
 
@@ -37,10 +42,10 @@ def default_backends(device: torch.device) -> list[Backend]:
     """The result-preserving candidates tried by default on ``device``, in order.
     Backends that cannot run there are kept; the strategy drops them with one log line."""
     if device.type == "cuda":
-        return [Inductor(), Inductor(mode="reduce-overhead"), DeviceGraph(), Eager()]
+        return [Inductor(), Inductor(mode="reduce-overhead"), DeviceGraph(), OnnxRuntime(), Eager()]
     if device.type == "xpu":
-        return [Inductor(), DeviceGraph(), Eager()]
-    return [Inductor(), Eager()]
+        return [Inductor(), DeviceGraph(), OpenVINO(), Eager()]
+    return [Inductor(), OpenVINO(), OnnxRuntime(), Eager()]
 
 
 __all__ = [
@@ -50,6 +55,9 @@ __all__ = [
     "DeviceGraph",
     "Eager",
     "Inductor",
+    "OnnxRuntime",
+    "OpenVINO",
+    "OpenVINOBf16",
     "Runner",
     "TorchAO",
     "backend_type",

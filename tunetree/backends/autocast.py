@@ -20,6 +20,7 @@ from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey, dtype_name, flatten, unflatten
 from .base import Backend, Runner, original_forward
+from .inductor import fresh_entry
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -45,7 +46,9 @@ class AutocastRunner(Runner):
         self.device_type = device.type
         self.dtype = _DTYPES[backend.dtype]
         forward: Callable[..., Any] = original_forward(module)
-        self.forward = torch.compile(forward, dynamic=False) if backend.compile else forward
+        self.forward = (
+            torch.compile(fresh_entry(forward), dynamic=False) if backend.compile else forward
+        )
         self.output_dtypes = output_dtypes
         by_name = {dtype_name(dt): dt for dt in (torch.float64, torch.float32, *_DTYPES.values())}
         self._targets = [by_name.get(name) if name else None for name in output_dtypes]

@@ -24,6 +24,7 @@ from ..errors import BackendError, InvalidInputError
 from ..graph import _DTYPE_SHORT, Graph, GraphKey, Sample, TensorSpec, detach_clone, flatten
 from ..graph import unflatten as unflatten_tree
 from .base import Backend, Runner, original_forward
+from .inductor import fresh_entry
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that capture CUDA graphs themselves; nesting them in ours fails."""
@@ -114,6 +115,22 @@ def _graph_api(device: torch.device) -> _GraphApi:
     raise BackendError(f"device graphs need a CUDA or XPU device, not {device}")
 
 
+_CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device)
+
+
+def _copy_into(static: torch.Tensor, value: Any, where: int | str) -> None:
+    """Copy one call's input into its static buffer, refusing another dtype or shape."""
+    if not isinstance(value, torch.Tensor):
+        raise BackendError(f"input {where!r}: expected a tensor, got {type(value).__name__}")
+    if value.shape != static.shape or value.dtype != static.dtype:
+        raise BackendError(
+            f"input {where!r} is {value.dtype}{list(value.shape)} but the device graph was "
+            f"captured for {static.dtype}{list(static.shape)}: device graphs have static "
+            "shapes; tune with this input shape too"
+        )
+    static.copy_(value)
+
+
 class DeviceGraphRunner(Runner):
     """Replays a graph captured from one call.
 
@@ -137,18 +154,28 @@ class DeviceGraphRunner(Runner):
         api = _graph_api(device)
         forward: Callable[..., Any] = original_forward(module)
         if backend.compile:
-            forward = torch.compile(forward, mode=backend.compile_mode, dynamic=False)
+            forward = torch.compile(fresh_entry(forward), mode=backend.compile_mode, dynamic=False)
 
-        leaves, self.spec = flatten((sample.args, sample.kwargs))
+        # Keyword arguments in name order: a call may pass them in any order (and a sample
+        # rebuilt from a GraphKey has them sorted), the graph does not care.
+        leaves, self.spec = flatten((sample.args, dict(sorted(sample.kwargs.items()))))
         self.static_leaves: list[Any] = [
             leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves
         ]
         self.tensor_slots = [
-            (i, leaf)
-            for i, leaf in enumerate(self.static_leaves)
-            if isinstance(leaf, torch.Tensor)
+            (i, leaf) for i, leaf in enumerate(self.static_leaves) if isinstance(leaf, torch.Tensor)
         ]
         args, kwargs = unflatten_tree(self.static_leaves, self.spec)
+        # Fast path for the common call, model(x, ...) or model(**batch) with tensors and
+        # constants at the top level: no flattening per call. None when arguments are nested.
+        self.n_args = len(args)
+        self.kw_names = frozenset(kwargs)
+        top = [*enumerate(args), *kwargs.items()]
+        self.top_slots: list[tuple[int | str, torch.Tensor]] | None = (
+            [(where, v) for where, v in top if isinstance(v, torch.Tensor)]
+            if all(isinstance(v, (torch.Tensor, *_CONSTANT_TYPES)) for _, v in top)
+            else None
+        )
 
         with api.device_guard(device), torch.no_grad():
             # Warm up on a side stream: lazy initialisation (cuBLAS handles, Inductor's first
@@ -171,26 +198,24 @@ class DeviceGraphRunner(Runner):
                 ) from exc
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, spec = flatten((args, kwargs))
-        if spec != self.spec:
-            raise BackendError(
-                "a device graph replays one input structure only; this call's arguments are "
-                "structured differently from the captured call (tune with this input too)"
-            )
-        for i, static in self.tensor_slots:
-            leaf = leaves[i]
-            if not isinstance(leaf, torch.Tensor):
-                raise BackendError(f"input {i}: expected a tensor, got {type(leaf).__name__}")
-            if leaf.shape != static.shape or leaf.dtype != static.dtype:
+        slots = self.top_slots
+        if slots is not None and len(args) == self.n_args and kwargs.keys() == self.kw_names:
+            for where, static in slots:
+                _copy_into(static, args[where] if isinstance(where, int) else kwargs[where], where)
+        else:
+            leaves, spec = flatten((args, dict(sorted(kwargs.items()))))
+            if spec != self.spec:
                 raise BackendError(
-                    f"input {i} is {leaf.dtype}{list(leaf.shape)} but the device graph was "
-                    f"captured for {static.dtype}{list(static.shape)}: device graphs have static "
-                    "shapes; tune with this input shape too"
+                    "a device graph replays one input structure only; this call's arguments "
+                    "are structured differently from the captured call (tune with this input)"
                 )
-            if leaf.data_ptr() != static.data_ptr():
-                static.copy_(leaf)
+            for i, static in self.tensor_slots:
+                _copy_into(static, leaves[i], i)
         self.graph.replay()
-        return detach_clone(self.static_out) if self.clone_outputs else self.static_out
+        out = self.static_out
+        if not self.clone_outputs:
+            return out
+        return out.clone() if isinstance(out, torch.Tensor) else detach_clone(out)
 
     def save(self, directory: Path) -> dict[str, Any]:
         # A captured graph holds device addresses and cannot be written to disk; load captures

@@ -13,6 +13,22 @@ from ..graph import Graph, GraphKey, detach_clone
 from .base import Backend, Runner, original_forward
 
 
+def fresh_entry(forward: Any) -> Any:
+    """A function calling ``forward`` that has a code object of its own.
+
+    Dynamo keeps its compiled-graph cache on the code object it compiles. ``torch.compile``
+    of a ``torch.nn`` forward goes through one shared wrapper, so after eight modules the
+    recompile limit is hit and later ones silently run eager. Compiling a fresh entry
+    function per runner gives each runner its own cache.
+    """
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    entry.__code__ = entry.__code__.replace()
+    return entry
+
+
 class InductorRunner(Runner):
     """A ``torch.compile``-d original forward. Compilation happens on the first call; a runner
     loaded from a checkpoint therefore recompiles from the module (Inductor's own on-disk
@@ -21,7 +37,7 @@ class InductorRunner(Runner):
     def __init__(self, backend: Inductor, module: nn.Module) -> None:
         super().__init__(backend)
         self.compiled = torch.compile(
-            original_forward(module),
+            fresh_entry(original_forward(module)),
             mode=backend.mode,
             dynamic=backend.dynamic,
             fullgraph=backend.fullgraph,

@@ -22,6 +22,7 @@ from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner, original_forward
+from .inductor import fresh_entry
 
 SCHEMES = ("int8-weight-only", "int8-dynamic", "float8-dynamic")
 """``int8-weight-only``: int8 weights, activations unchanged. ``int8-dynamic``: int8 weights
@@ -76,7 +77,9 @@ class TorchAORunner(Runner):
         super().__init__(backend)
         self.module = quantized_copy(module, backend.scheme)
         forward: Callable[..., Any] = original_forward(self.module)
-        self.forward = torch.compile(forward, dynamic=False) if backend.compile else forward
+        self.forward = (
+            torch.compile(fresh_entry(forward), dynamic=False) if backend.compile else forward
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)

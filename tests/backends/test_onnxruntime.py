@@ -1,0 +1,199 @@
+"""ONNX Runtime backend: dynamo export, results equal to eager within tolerance, output
+structure, save/load, session options and availability."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tunetree.backends import (
+    BACKEND_TYPES,
+    OnnxRuntime,
+    backend_type,
+    default_backends,
+)
+from tunetree.backends.onnxruntime import OnnxRuntimeRunner
+from tunetree.compare import compare_all
+from tunetree.errors import BackendError, InvalidInputError
+
+from .export_models import (
+    CPU,
+    MODELS,
+    assert_parameters_untouched,
+    assert_same,
+    awkward,
+    bert,
+    data_dependent,
+    encoder,
+    graph_of,
+    hide_packages,
+    mlp,
+    parameter_snapshot,
+    run_all,
+)
+
+onnxruntime = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_matches_eager_and_round_trips(
+    model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module, samples = MODELS[model]()
+    graph = graph_of(module, samples)
+    before = parameter_snapshot(module)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    monkeypatch.chdir(tmp_path)  # nothing may be written to the working directory
+
+    runner = OnnxRuntime().build(module, graph, CPU)
+    outputs = run_all(runner, graph)
+    result = compare_all(graph.outputs, outputs)
+    assert result.ok, result.reason
+    for eager, got in zip(graph.outputs, outputs, strict=True):
+        assert type(got) is type(eager)
+    if model == "bert":
+        from transformers.utils import ModelOutput
+
+        assert isinstance(outputs[0], ModelOutput)
+
+    first = runner(*samples[0].args, **samples[0].kwargs)
+    kept = [t.clone() for t in torch.utils._pytree.tree_leaves(first)]
+    runner(*samples[1].args, **samples[1].kwargs)
+    for a, b in zip(torch.utils._pytree.tree_leaves(first), kept, strict=True):
+        assert torch.equal(a, b)
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    description = runner.save(saved)
+    json.dumps(description)
+    assert "model.onnx" in os.listdir(saved)
+    assert sorted(os.listdir(tmp_path)) == ["saved"]
+    loaded = OnnxRuntime().load(module, graph.key, saved, description, CPU)
+    for a, b in zip(outputs, run_all(loaded, graph), strict=True):
+        assert_same(a, b)
+
+    assert_parameters_untouched(module, before)
+    assert torch.backends.mha.get_fastpath_enabled() == fastpath
+
+
+def test_awkward_inputs_and_outputs(tmp_path: Path) -> None:
+    module, samples = awkward()
+    graph = graph_of(module, samples)
+    runner = OnnxRuntime().build(module, graph, CPU)
+    assert isinstance(runner, OnnxRuntimeRunner)
+    # Tensor kwargs become named ONNX inputs; the float and the nested dict are baked in.
+    assert sorted(name for name, _ in runner.feeds) == ["arg0", "ids", "mask"]
+    outputs = run_all(runner, graph)
+    assert compare_all(graph.outputs, outputs).ok
+    assert outputs[0]["count"] == 3 and outputs[0]["none"] is None
+    assert outputs[0]["nt"].index.dtype == torch.int64
+    sample = samples[0]
+    reordered = dict(reversed(list(sample.kwargs.items())))
+    assert_same(runner(*sample.args, **reordered), outputs[0])
+
+    description = runner.save(tmp_path)
+    loaded = OnnxRuntime().load(module, graph.key, tmp_path, description, CPU)
+    for a, b in zip(outputs, run_all(loaded, graph), strict=True):
+        assert_same(a, b)
+
+
+def test_falls_back_to_the_torchscript_exporter() -> None:
+    module, samples = data_dependent()
+    graph = graph_of(module, samples)
+    runner = OnnxRuntime().build(module, graph, CPU)
+    assert compare_all(graph.outputs, run_all(runner, graph)).ok
+
+
+def test_runner_removes_its_directory() -> None:
+    module, samples = mlp(width=8, depth=1)
+    graph = graph_of(module, samples)
+    runner = OnnxRuntime().build(module, graph, CPU)
+    assert isinstance(runner, OnnxRuntimeRunner)
+    directory = runner.directory
+    assert (directory / "model.onnx").is_file()
+    del runner
+    gc.collect()
+    assert not directory.exists()
+
+
+def test_session_options() -> None:
+    options = OnnxRuntime(intra_op_num_threads=1, graph_optimization_level="basic")
+    session_options = options.session_options()
+    assert session_options.intra_op_num_threads == 1
+    assert session_options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert (
+        session_options.graph_optimization_level
+        == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    )
+    spinning = OnnxRuntime(allow_spinning=True).session_options()
+    assert spinning.get_session_config_entry("session.intra_op.allow_spinning") == "1"
+
+
+def test_missing_package_gives_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_packages(monkeypatch, "onnxruntime")
+    reason = OnnxRuntime().unavailable_reason(CPU)
+    assert reason == "onnxruntime not installed: pip install 'tunetree[onnx]'"
+    hide_packages(monkeypatch, "onnx", "onnxscript")
+    reason = OnnxRuntime().unavailable_reason(CPU)
+    assert reason is not None and "onnx, onnxscript" in reason and "tunetree[onnx]" in reason
+
+
+def test_devices_and_providers() -> None:
+    assert OnnxRuntime().unavailable_reason(CPU) is None
+    assert OnnxRuntime().provider_names(torch.device("cuda")) == [
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ]
+    reason = OnnxRuntime().unavailable_reason(torch.device("xpu"))
+    assert reason is not None and "xpu" in reason
+    reason = OnnxRuntime(providers=("NoSuchExecutionProvider",)).unavailable_reason(CPU)
+    assert reason is not None and "NoSuchExecutionProvider" in reason
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        reason = OnnxRuntime().unavailable_reason(torch.device("cuda"))
+        assert reason is not None and "onnxruntime-gpu" in reason
+
+
+def test_config_and_registration() -> None:
+    assert OnnxRuntime in BACKEND_TYPES and backend_type("onnxruntime") is OnnxRuntime
+    assert OnnxRuntime.extra == "onnx" and OnnxRuntime.preserves_results
+    backend = OnnxRuntime(providers=["CPUExecutionProvider"], inter_op_num_threads=1)  # type: ignore[arg-type]
+    assert backend.providers == ("CPUExecutionProvider",)
+    assert OnnxRuntime(**backend.config()) == backend
+    with pytest.raises(InvalidInputError):
+        OnnxRuntime(graph_optimization_level="max")
+    cpu_defaults = default_backends(CPU)
+    assert any(isinstance(b, OnnxRuntime) for b in cpu_defaults)
+    assert any(isinstance(b, OnnxRuntime) for b in default_backends(torch.device("cuda")))
+
+
+def test_bfloat16_inputs_are_refused() -> None:
+    module, samples = mlp()
+    module = module.to(torch.bfloat16)
+    samples = [type(s)((s.args[0].to(torch.bfloat16),)) for s in samples]
+    graph = graph_of(module, samples)
+    with pytest.raises(BackendError, match="bfloat16"):
+        OnnxRuntime().build(module, graph, CPU)
+
+
+def test_bad_description_is_a_backend_error(tmp_path: Path) -> None:
+    module, samples = mlp()
+    graph = graph_of(module, samples)
+    with pytest.raises(BackendError):
+        OnnxRuntime().load(module, graph.key, tmp_path, {"files": ["model.onnx"]}, CPU)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["encoder", "bert"])
+def test_full_size_models_match_eager(model: str) -> None:
+    module, samples = (
+        encoder(d=256, seq=128, batch=8) if model == "encoder" else bert(256, 4, 8, 128)
+    )
+    graph = graph_of(module, samples)
+    result = compare_all(graph.outputs, run_all(OnnxRuntime().build(module, graph, CPU), graph))
+    assert result.ok, result.reason

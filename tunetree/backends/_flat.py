@@ -1,0 +1,463 @@
+"""Flat tensor I/O shared by backends that compile a module into a graph with tensors in and
+tensors out (OpenVINO, ONNX Runtime).
+
+Such a graph takes a flat list of tensors and returns a flat list of tensors. From one sample
+and eager's output this module records which leaves of a call's ``(args, kwargs)`` are graph
+inputs (non-tensor leaves are constants baked into the graph; the graph key holds their
+values), and how the flat outputs are rebuilt into eager's structure and container types
+(tuples, dicts, Hugging Face ``ModelOutput`` ...). Both records are JSON, so a saved runner is
+rebuilt without samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib.util
+import io
+import itertools
+import json
+import logging
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from ..errors import BackendError
+from ..graph import Graph, GraphKey, Sample, TensorSpec, dtype_name
+from .base import original_forward
+
+PathEntry = tuple[str, Any]
+"""One step into a call's ``(args, kwargs)``: ``("i", index)``, ``("k", key)``, ``("a", name)``."""
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
+}
+_SHORT_DTYPES: dict[str, torch.dtype] = {dtype_name(v): v for v in _DTYPES.values()}
+
+
+def missing_packages(*names: str) -> list[str]:
+    """Which of the top-level packages ``names`` cannot be imported here (checked without
+    importing them)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The torch dtype called ``name`` (``"float32"``), as :func:`dtype_to_name` wrote it."""
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        raise BackendError(f"unknown dtype {name!r} in a saved runner description")
+    return dtype
+
+
+def dtype_to_name(dtype: torch.dtype) -> str:
+    """The stable name of ``dtype`` for JSON descriptions (``"float32"``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
+    """The numpy dtype holding ``dtype``; BackendError where numpy has none (bfloat16)."""
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError as exc:
+        raise BackendError(
+            f"{dtype_to_name(dtype)} tensors cannot be passed through numpy; this backend "
+            "needs graph inputs and outputs of numpy-compatible dtypes (cast the model or "
+            "use another backend)"
+        ) from exc
+
+
+def as_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A C-contiguous numpy view of ``tensor`` (a copy only when it is not on the CPU or not
+    contiguous)."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    return tensor.contiguous().numpy()
+
+
+def as_torch(array: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A numpy result as a tensor of ``dtype`` on ``device``, without a copy where possible."""
+    tensor = torch.from_numpy(np.asarray(array))
+    if tensor.dtype != dtype:
+        tensor = tensor.to(dtype)
+    if device.type != "cpu":
+        tensor = tensor.to(device)
+    return tensor
+
+
+def _path_entry(key: Any) -> PathEntry:
+    if isinstance(key, pytree.SequenceKey):
+        return ("i", key.idx)
+    if isinstance(key, pytree.MappingKey) and isinstance(key.key, str | int):
+        return ("k", key.key)
+    if isinstance(key, pytree.GetAttrKey):
+        return ("a", key.name)
+    raise BackendError(
+        f"cannot address an input through {key!r}: only tuples, lists, dicts with string or "
+        "integer keys and attributes are supported in graph inputs"
+    )
+
+
+def _input_name(path: Sequence[PathEntry]) -> str:
+    top = path[1][1] if path[0][1] == 1 else f"arg{path[1][1]}"
+    name = "_".join([str(top), *(str(key) for _, key in path[2:])])
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in name)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatInputs:
+    """Where a call's tensor inputs sit in ``(args, kwargs)``, their names, dtypes and shapes."""
+
+    paths: tuple[tuple[PathEntry, ...], ...]
+    names: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    def pick(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        """The graph's input tensors of one call, in graph order."""
+        root: Any = (args, kwargs)
+        picked = []
+        for path in self.paths:
+            obj = root
+            for kind, key in path:
+                obj = getattr(obj, key) if kind == "a" else obj[key]
+            picked.append(obj)
+        return picked
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "paths": [[list(entry) for entry in path] for path in self.paths],
+            "names": list(self.names),
+            "dtypes": [dtype_to_name(d) for d in self.dtypes],
+            "shapes": [list(s) for s in self.shapes],
+        }
+
+    @classmethod
+    def from_description(cls, description: dict[str, Any]) -> FlatInputs:
+        try:
+            return cls(
+                paths=tuple(
+                    tuple((str(kind), key) for kind, key in path) for path in description["paths"]
+                ),
+                names=tuple(str(n) for n in description["names"]),
+                dtypes=tuple(dtype_from_name(d) for d in description["dtypes"]),
+                shapes=tuple(tuple(int(x) for x in s) for s in description["shapes"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BackendError(f"saved runner description has bad inputs: {exc!r}") from exc
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatOutputs:
+    """Eager's output structure: the tree spec, its non-tensor leaves, and the position, dtype
+    and shape of every tensor leaf. :meth:`rebuild` turns the graph's flat outputs back into
+    eager's structure."""
+
+    spec: pytree.TreeSpec
+    template: tuple[Any, ...]
+    """Eager's leaves, with None where a graph output goes."""
+    positions: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, output: Any) -> FlatOutputs:
+        leaves, spec = pytree.tree_flatten(output)
+        positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
+        tensors = [leaves[i] for i in positions]
+        template = tuple(None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
+        return cls(
+            spec,
+            template,
+            positions,
+            tuple(t.dtype for t in tensors),
+            tuple(tuple(t.shape) for t in tensors),
+        )
+
+    def rebuild(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """Eager's output structure around the graph's output tensors."""
+        if self.spec.is_leaf():
+            return tensors[0] if self.positions else self.template[0]
+        leaves = list(self.template)
+        for position, tensor in zip(self.positions, tensors, strict=True):
+            leaves[position] = tensor
+        return pytree.tree_unflatten(leaves, self.spec)
+
+    def describe(self) -> dict[str, Any]:
+        """JSON description. The structure is pytree's serialised tree spec where the output
+        types support it (tuples, lists, dicts, Hugging Face ``ModelOutput``); otherwise None,
+        and :meth:`from_description` learns it again by running the module once."""
+        try:
+            spec: str | None = pytree.treespec_dumps(self.spec)
+        except Exception:  # unregistered namedtuples and custom nodes cannot be serialised
+            spec = None
+        constants = {
+            str(i): leaf for i, leaf in enumerate(self.template) if i not in self.positions
+        }
+        try:
+            json.dumps(constants)
+        except (TypeError, ValueError) as exc:
+            raise BackendError(
+                f"cannot save a runner whose outputs hold non-tensor values {constants!r}: "
+                "only None, bool, int, float and str can be stored"
+            ) from exc
+        return {
+            "spec": spec,
+            "num_leaves": len(self.template),
+            "constants": constants,
+            "positions": list(self.positions),
+            "dtypes": [dtype_to_name(d) for d in self.dtypes],
+            "shapes": [list(s) for s in self.shapes],
+        }
+
+    @classmethod
+    def from_description(
+        cls, description: dict[str, Any], module: nn.Module, key: GraphKey, device: torch.device
+    ) -> FlatOutputs:
+        try:
+            num_leaves = int(description["num_leaves"])
+            positions = tuple(int(p) for p in description["positions"])
+            constants = {int(i): v for i, v in description["constants"].items()}
+            dtypes = tuple(dtype_from_name(d) for d in description["dtypes"])
+            shapes = tuple(tuple(int(x) for x in s) for s in description["shapes"])
+            dumped = description["spec"]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise BackendError(f"saved runner description has bad outputs: {exc!r}") from exc
+        spec = None
+        if dumped is not None:
+            try:
+                spec = pytree.treespec_loads(dumped)
+            except Exception:  # the output type is not importable or registered yet
+                spec = None
+        if spec is None:
+            spec = _output_spec_by_running(module, key, device)
+        if spec.num_leaves != num_leaves:
+            raise BackendError(
+                f"saved runner expects {num_leaves} output leaves but the module's output "
+                f"structure has {spec.num_leaves}: the checkpoint belongs to another model"
+            )
+        template = tuple(constants.get(i) for i in range(num_leaves))
+        return cls(spec, template, positions, dtypes, shapes)
+
+
+def _output_spec_by_running(
+    module: nn.Module, key: GraphKey, device: torch.device
+) -> pytree.TreeSpec:
+    """Learn the output structure by running eager once on zeros shaped like ``key``."""
+    args = tuple(_value_from_signature(s, device) for s in key.args)
+    kwargs = {name: _value_from_signature(s, device) for name, s in key.kwargs}
+    try:
+        with torch.no_grad():
+            output = original_forward(module)(*args, **kwargs)
+    except Exception as exc:
+        raise BackendError(
+            "could not rebuild the saved runner's output structure by running the module on "
+            f"zeros: {exc!r}; register the output type with pytree (serialized_type_name) "
+            "so that its structure is saved"
+        ) from exc
+    return pytree.tree_flatten(output)[1]
+
+
+def _value_from_signature(signature: Any, device: torch.device) -> Any:
+    if isinstance(signature, TensorSpec):
+        dtype = _SHORT_DTYPES.get(signature.dtype)
+        if dtype is None:
+            raise BackendError(f"cannot rebuild an input of dtype {signature.dtype!r}")
+        return torch.zeros(signature.shape, dtype=dtype, device=device)
+    kind = signature[0] if isinstance(signature, tuple) and signature else None
+    if kind == "const" and signature[1] in ("NoneType", "bool", "int", "float", "str"):
+        return signature[2]
+    if kind in ("tuple", "list"):
+        items = [_value_from_signature(s, device) for s in signature[1]]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        return {k: _value_from_signature(v, device) for k, v in signature[1]}
+    raise BackendError(
+        f"cannot rebuild an input {signature!r} to learn the output structure; register the "
+        "output type with pytree (serialized_type_name) so that its structure is saved"
+    )
+
+
+class FlatModule(nn.Module):
+    """A module as a function of its graph's input tensors only, returning its output tensors
+    as a flat tuple: the form exporters take. Constants are the sample's non-tensor leaves."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        template: Sequence[Any],
+        in_spec: pytree.TreeSpec,
+        input_positions: Sequence[int],
+        output_positions: Sequence[int],
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.template = list(template)
+        self.in_spec = in_spec
+        self.input_positions = list(input_positions)
+        self.output_positions = list(output_positions)
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        leaves = list(self.template)
+        for position, tensor in zip(self.input_positions, tensors, strict=True):
+            leaves[position] = tensor
+        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        output = original_forward(self.module)(*args, **kwargs)
+        out_leaves = pytree.tree_leaves(output)
+        return tuple(out_leaves[i] for i in self.output_positions)
+
+
+@dataclasses.dataclass
+class FlatGraph:
+    """Everything an exporter needs for one graph: the flat module, example input tensors,
+    and the input and output records the runner keeps."""
+
+    module: FlatModule
+    example: tuple[torch.Tensor, ...]
+    inputs: FlatInputs
+    outputs: FlatOutputs
+
+    @classmethod
+    def of(cls, module: nn.Module, graph: Graph) -> FlatGraph:
+        if not graph.samples or not graph.outputs:
+            raise BackendError("the graph has no recorded sample: cannot export it")
+        sample: Sample = graph.samples[0]
+        kwargs = {k: sample.kwargs[k] for k in sorted(sample.kwargs)}
+        with_paths, in_spec = pytree.tree_flatten_with_path((tuple(sample.args), kwargs))
+        positions = [i for i, (_, leaf) in enumerate(with_paths) if isinstance(leaf, torch.Tensor)]
+        paths = tuple(tuple(_path_entry(k) for k in with_paths[i][0]) for i in positions)
+        example = tuple(with_paths[i][1] for i in positions)
+        inputs = FlatInputs(
+            paths=paths,
+            names=_unique([_input_name(p) for p in paths]),
+            dtypes=tuple(t.dtype for t in example),
+            shapes=tuple(tuple(t.shape) for t in example),
+        )
+        outputs = FlatOutputs.of(graph.outputs[0])
+        if not outputs.positions:
+            raise BackendError("the module returns no tensor: nothing to compile")
+        template = [None if isinstance(leaf, torch.Tensor) else leaf for _, leaf in with_paths]
+        flat = FlatModule(module, template, in_spec, positions, outputs.positions)
+        return cls(flat, example, inputs, outputs)
+
+
+def _unique(names: list[str]) -> tuple[str, ...]:
+    seen: set[str] = set()
+    result = []
+    for name in names:
+        candidate = name or "input"
+        for n in itertools.count(1):
+            if candidate not in seen:
+                break
+            candidate = f"{name}_{n}"
+        seen.add(candidate)
+        result.append(candidate)
+    return tuple(result)
+
+
+@contextlib.contextmanager
+def exporting(module: nn.Module) -> Iterator[None]:
+    """Conditions for exporting ``module``: no autograd, and the fused multi-head-attention
+    fast path off (``nn.TransformerEncoder`` would otherwise trace to
+    ``aten::_transformer_encoder_layer_fwd``, which exporters cannot translate). Restores the
+    fast-path switch and every submodule's training flag afterwards."""
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    modes = [(m, m.training) for m in module.modules()]
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        for m, training in modes:
+            m.training = training
+
+
+@contextlib.contextmanager
+def parameters_on_cpu(module: nn.Module) -> Iterator[None]:
+    """Temporarily give every parameter and buffer of ``module`` CPU data, for converters that
+    read weights on the host; afterwards each one holds its original data again."""
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if tensor.device.type != "cpu":
+                saved.append((tensor, tensor.data))
+                tensor.data = tensor.data.cpu()
+        yield
+    finally:
+        for tensor, data in saved:
+            tensor.data = data
+
+
+def copy_files(source: Path, target: Path, names: Sequence[str]) -> None:
+    """Copy ``names`` from ``source`` to ``target`` (hard links where the file system allows:
+    artifacts are never modified after they are written)."""
+    for name in names:
+        if Path(name).name != name:
+            raise BackendError(f"refusing artifact name {name!r}: not a plain file name")
+        src = source / name
+        if not src.is_file():
+            raise BackendError(f"artifact {name!r} is missing from {source}")
+        try:
+            os.link(src, target / name)
+        except OSError:
+            shutil.copyfile(src, target / name)
+
+
+_NOISY_LOGGERS = ("torch.onnx", "onnxscript", "torch.export", "torch._export", "openvino")
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence exporters' and converters' warnings and progress logs while one runs: a tune
+    tries many candidates, and a failure is reported through the error it raises (and a
+    wrong result through the comparison with eager)."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    sink = io.StringIO()  # some exporter strategies print the graphs they tried
+    try:
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(sink),
+            contextlib.redirect_stderr(sink),
+        ):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def describe_error(error: BaseException) -> str:
+    """One line naming the root cause of ``error`` (exporters wrap it in long advice)."""
+    root = error
+    seen = {id(root)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:
+        root = root.__cause__
+        seen.add(id(root))
+    lines = [line.strip() for line in _ANSI.sub("", str(root)).splitlines() if line.strip()]
+    text = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
+    return text[:300]

@@ -1,0 +1,315 @@
+"""ONNX Runtime: exports the module with torch's dynamo ONNX exporter and runs it in an
+``onnxruntime.InferenceSession`` (CPU provider; CUDA provider on CUDA devices).
+
+The TorchScript exporter is not used: it fails on Hugging Face BERT and on the fused
+``nn.TransformerEncoder`` fast path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import BackendError, InvalidInputError
+from ..graph import Graph, GraphKey
+from ._flat import (
+    FlatGraph,
+    FlatInputs,
+    FlatOutputs,
+    as_numpy,
+    as_torch,
+    copy_files,
+    describe_error,
+    exporting,
+    missing_packages,
+    numpy_dtype,
+    quiet,
+)
+from .base import Backend, Runner
+
+_MODEL_FILE = "model.onnx"
+_OPTIMIZATION_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "layout": "ORT_ENABLE_LAYOUT",
+    "all": "ORT_ENABLE_ALL",
+}
+
+
+class OnnxRuntimeRunner(Runner):
+    """An ONNX Runtime session over a model file in a directory the runner owns (removed when
+    the runner is garbage collected). On the CPU inputs go in as numpy views and the
+    session's new output arrays come back without a copy; on CUDA inputs and outputs are bound
+    in device memory (IO binding), outputs freshly allocated on every call."""
+
+    def __init__(
+        self,
+        backend: OnnxRuntime,
+        directory: Path,
+        inputs: FlatInputs,
+        outputs: FlatOutputs,
+        device: torch.device,
+    ) -> None:
+        super().__init__(backend)
+        self.directory = directory
+        weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
+        import onnxruntime
+
+        self.session = onnxruntime.InferenceSession(
+            str(directory / _MODEL_FILE),
+            sess_options=backend.session_options(),
+            providers=backend.session_providers(device),
+        )
+        index = {name: i for i, name in enumerate(inputs.names)}
+        try:
+            # The exporter may drop inputs the graph never reads.
+            self.feeds = [(i.name, index[i.name]) for i in self.session.get_inputs()]
+        except KeyError as exc:
+            raise BackendError(f"ONNX model has an unexpected input {exc}") from exc
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        if len(self.output_names) != len(outputs.positions):
+            raise BackendError(
+                f"ONNX model has {len(self.output_names)} outputs, eager {len(outputs.positions)}"
+            )
+        self.numpy_in = [numpy_dtype(inputs.dtypes[i]) for _, i in self.feeds]
+        self.numpy_out = [numpy_dtype(d) for d in outputs.dtypes]
+        self.inputs = inputs
+        self.outputs = outputs
+        self.device = device
+        self.bind = device.type == "cuda"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tensors = self.inputs.pick(args, kwargs)
+        if self.bind:
+            return self.outputs.rebuild(self._run_bound(tensors))
+        feeds = {name: as_numpy(tensors[i]) for name, i in self.feeds}
+        arrays = self.session.run(self.output_names, feeds)
+        return self.outputs.rebuild(
+            [
+                as_torch(array, dtype, self.device)
+                for array, dtype in zip(arrays, self.outputs.dtypes, strict=True)
+            ]
+        )
+
+    def _run_bound(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run with inputs and outputs in device memory (no host round trip)."""
+        binding = self.session.io_binding()
+        keep = []
+        for (name, i), np_dtype in zip(self.feeds, self.numpy_in, strict=True):
+            tensor = tensors[i].detach().to(self.device).contiguous()
+            keep.append(tensor)
+            binding.bind_input(
+                name,
+                tensor.device.type,
+                tensor.device.index or 0,
+                np_dtype,
+                list(tensor.shape),
+                tensor.data_ptr(),
+            )
+        results = [
+            torch.empty(shape, dtype=dtype, device=self.device)
+            for shape, dtype in zip(self.outputs.shapes, self.outputs.dtypes, strict=True)
+        ]
+        for name, result, np_dtype in zip(self.output_names, results, self.numpy_out, strict=True):
+            binding.bind_output(
+                name,
+                result.device.type,
+                result.device.index or 0,
+                np_dtype,
+                list(result.shape),
+                result.data_ptr(),
+            )
+        # ONNX Runtime runs on its own stream: let torch's pending work finish first.
+        torch.cuda.current_stream(self.device).synchronize()
+        self.session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return results
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        files = sorted(p.name for p in self.directory.iterdir() if p.is_file())
+        copy_files(self.directory, directory, files)
+        return {
+            "model": _MODEL_FILE,
+            "files": files,
+            "inputs": self.inputs.describe(),
+            "outputs": self.outputs.describe(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class OnnxRuntime(Backend):
+    """ONNX Runtime over a dynamo-exported ONNX model.
+
+    ``graph_optimization_level`` is one of disable, basic, extended, layout, all;
+    ``intra_op_num_threads`` / ``inter_op_num_threads`` None lets ONNX Runtime choose;
+    ``allow_spinning`` False stops idle pool threads from spinning, which otherwise slows
+    down the torch code that runs between calls; ``providers`` overrides the execution
+    providers (default: CPU, or CUDA then CPU on a CUDA device).
+    """
+
+    kind: ClassVar[str] = "onnxruntime"
+    extra: ClassVar[str | None] = "onnx"
+    graph_optimization_level: str = "all"
+    intra_op_num_threads: int | None = None
+    inter_op_num_threads: int | None = None
+    allow_spinning: bool = False
+    providers: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.graph_optimization_level not in _OPTIMIZATION_LEVELS:
+            raise InvalidInputError(
+                f"graph_optimization_level must be one of {', '.join(_OPTIMIZATION_LEVELS)}, "
+                f"not {self.graph_optimization_level!r}"
+            )
+        if isinstance(self.providers, str):
+            object.__setattr__(self, "providers", (self.providers,))
+        elif self.providers is not None:
+            object.__setattr__(self, "providers", tuple(self.providers))
+
+    def provider_names(self, device: torch.device) -> list[str]:
+        """Execution providers used for graphs on ``device``, in priority order."""
+        if self.providers is not None:
+            return list(self.providers)
+        if device.type == "cuda":
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
+
+    def session_providers(self, device: torch.device) -> list[Any]:
+        """Providers as ``InferenceSession`` takes them (the CUDA one on the device's index)."""
+        result: list[Any] = []
+        for name in self.provider_names(device):
+            if name == "CUDAExecutionProvider" and device.type == "cuda":
+                result.append((name, {"device_id": device.index or 0}))
+            else:
+                result.append(name)
+        return result
+
+    def session_options(self) -> Any:
+        """``onnxruntime.SessionOptions`` for this configuration."""
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        level = _OPTIMIZATION_LEVELS[self.graph_optimization_level]
+        if not hasattr(onnxruntime.GraphOptimizationLevel, level):
+            raise BackendError(
+                "this onnxruntime has no graph optimization level "
+                f"{self.graph_optimization_level!r}"
+            )
+        options.graph_optimization_level = getattr(onnxruntime.GraphOptimizationLevel, level)
+        if self.intra_op_num_threads is not None:
+            options.intra_op_num_threads = self.intra_op_num_threads
+        if self.inter_op_num_threads is not None:
+            options.inter_op_num_threads = self.inter_op_num_threads
+        spinning = "1" if self.allow_spinning else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
+        options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+        options.log_severity_level = 3  # errors only
+        return options
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        missing = missing_packages("onnxruntime", "onnx", "onnxscript")
+        if missing:
+            return f"{', '.join(missing)} not installed: pip install 'tunetree[onnx]'"
+        if device.type not in ("cpu", "cuda"):
+            return f"the ONNX Runtime backend runs on cpu and cuda devices, not {device.type!r}"
+        import onnxruntime
+
+        available = onnxruntime.get_available_providers()
+        lacking = [p for p in self.provider_names(device) if p not in available]
+        if lacking:
+            cuda = "CUDAExecutionProvider" in lacking
+            hint = " (install onnxruntime-gpu for CUDA)" if cuda else ""
+            return f"onnxruntime here lacks {', '.join(lacking)}{hint}; it has {available}"
+        return None
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        flat = FlatGraph.of(module, graph)
+        for dtype in (*flat.inputs.dtypes, *flat.outputs.dtypes):
+            numpy_dtype(dtype)  # refuse bfloat16 before spending time on the export
+        directory = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
+        try:
+            _export(flat, module, directory)
+            return OnnxRuntimeRunner(self, directory, flat.inputs, flat.outputs, device)
+        except BaseException:
+            shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def load(
+        self,
+        module: nn.Module,
+        key: GraphKey,
+        directory: Path,
+        description: dict[str, Any],
+        device: torch.device,
+    ) -> Runner:
+        try:
+            files = [str(f) for f in description["files"]]
+            inputs = FlatInputs.from_description(description["inputs"])
+            outputs = FlatOutputs.from_description(description["outputs"], module, key, device)
+        except (KeyError, TypeError) as exc:
+            raise BackendError(
+                f"saved ONNX Runtime runner description is incomplete: {exc!r}"
+            ) from exc
+        if _MODEL_FILE not in files:
+            raise BackendError(f"saved ONNX Runtime runner lists no {_MODEL_FILE}")
+        # The runner owns a copy (hard links where possible): the checkpoint's directory may
+        # be temporary, and the runner can save itself again later.
+        own = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
+        try:
+            copy_files(directory, own, files)
+            return OnnxRuntimeRunner(self, own, inputs, outputs, device)
+        except BaseException:
+            shutil.rmtree(own, ignore_errors=True)
+            raise
+
+
+def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
+    """Export the flat graph to ``directory/model.onnx`` with the dynamo exporter (weights in
+    external data files); where that fails, with the legacy TorchScript exporter, which traces
+    (data-dependent branches are fixed to the sample's; the comparison with eager on every
+    recorded sample catches a wrong one)."""
+    path = str(directory / _MODEL_FILE)
+    output_names = [f"output_{i}" for i in range(len(flat.outputs.positions))]
+    input_names = list(flat.inputs.names)
+    with exporting(module), quiet():
+        try:
+            torch.onnx.export(
+                flat.module,
+                flat.example,
+                path,
+                dynamo=True,
+                external_data=True,
+                verbose=False,
+                report=False,
+                artifacts_dir=str(directory),
+                input_names=input_names,
+                output_names=output_names,
+            )
+        except Exception as dynamo_error:
+            for leftover in directory.iterdir():
+                leftover.unlink()
+            try:
+                torch.onnx.export(
+                    flat.module,
+                    flat.example,
+                    path,
+                    dynamo=False,
+                    input_names=input_names,
+                    output_names=output_names,
+                )
+            except Exception as legacy_error:
+                raise BackendError(
+                    "ONNX export failed: the dynamo exporter with "
+                    f"{describe_error(dynamo_error)}, the TorchScript exporter with "
+                    f"{describe_error(legacy_error)}"
+                ) from dynamo_error
+    if not (directory / _MODEL_FILE).is_file():
+        raise BackendError("torch.onnx.export wrote no model file")

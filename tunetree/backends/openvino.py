@@ -1,0 +1,279 @@
+"""OpenVINO: converts the module through ``torch.export`` (tracing as a fallback) and runs it
+with the OpenVINO runtime on the CPU or an Intel GPU.
+
+The default precision is f32: on CPUs with bf16 units OpenVINO would otherwise compute in
+bf16 and change results by about 1e-2. :class:`OpenVINOBf16` is the opt-in reduced-precision
+candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ..compare import Tolerances
+from ..errors import BackendError, InvalidInputError
+from ..graph import Graph, GraphKey
+from ._flat import (
+    FlatGraph,
+    FlatInputs,
+    FlatOutputs,
+    as_numpy,
+    as_torch,
+    describe_error,
+    exporting,
+    missing_packages,
+    numpy_dtype,
+    parameters_on_cpu,
+    quiet,
+)
+from .base import Backend, Runner
+
+log = logging.getLogger(__name__)
+
+_MODEL_FILE = "model.xml"
+_MULTI_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
+
+
+@functools.lru_cache(maxsize=1)
+def _core() -> Any:
+    """One OpenVINO Core per process (it loads the device plugins)."""
+    import openvino
+
+    return openvino.Core()
+
+
+class OpenVINORunner(Runner):
+    """A compiled OpenVINO model with one infer request. Inputs are shared with OpenVINO (no
+    copy on the CPU); every call returns freshly allocated outputs, so a later call never
+    overwrites what an earlier one returned. Calls are serialised by a lock (one request)."""
+
+    def __init__(
+        self,
+        backend: OpenVINO,
+        model: Any,
+        inputs: FlatInputs,
+        outputs: FlatOutputs,
+        device: torch.device,
+        keepalive: Any = None,
+    ) -> None:
+        super().__init__(backend)
+        if len(model.inputs) != len(inputs.paths):
+            raise BackendError(
+                f"OpenVINO model has {len(model.inputs)} inputs, the graph {len(inputs.paths)}"
+            )
+        if len(model.outputs) != len(outputs.positions):
+            raise BackendError(
+                f"OpenVINO model has {len(model.outputs)} outputs, eager {len(outputs.positions)}"
+            )
+        for dtype in (*inputs.dtypes, *outputs.dtypes):
+            numpy_dtype(dtype)  # refuses dtypes that cannot cross numpy (bfloat16)
+        self.model = model
+        self.inputs = inputs
+        self.outputs = outputs
+        self.device = device
+        self.keepalive = keepalive  # tensors whose memory the converted model may share
+        self.compiled = _core().compile_model(
+            model, backend.openvino_device(device), backend.compile_config()
+        )
+        self.request = self.compiled.create_infer_request()
+        self.lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        arrays = [as_numpy(t) for t in self.inputs.pick(args, kwargs)]
+        with self.lock:
+            # share_outputs=False: OpenVINO copies results into new arrays that we own.
+            results = self.request.infer(arrays, share_inputs=True, share_outputs=False)
+            values = results.to_tuple()
+        tensors = [
+            as_torch(value, dtype, self.device)
+            for value, dtype in zip(values, self.outputs.dtypes, strict=True)
+        ]
+        return self.outputs.rebuild(tensors)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        import openvino
+
+        # compress_to_fp16 would round the weights: keep them as they are.
+        openvino.save_model(self.model, str(directory / _MODEL_FILE), compress_to_fp16=False)
+        return {
+            "model": _MODEL_FILE,
+            "inputs": self.inputs.describe(),
+            "outputs": self.outputs.describe(),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenVINO(Backend):
+    """OpenVINO runtime, f32 so results are kept.
+
+    ``device`` is an OpenVINO device name (``"CPU"``, ``"GPU.1"``, ``"AUTO"``); None maps the
+    torch device (cpu -> CPU, xpu:N -> GPU.N). ``precision`` is OpenVINO's
+    ``INFERENCE_PRECISION_HINT`` (f32 only here: see :class:`OpenVINOBf16`);
+    ``performance_hint`` is ``"LATENCY"`` or ``"THROUGHPUT"``; ``num_streams`` and
+    ``num_threads`` override OpenVINO's choice.
+    """
+
+    kind: ClassVar[str] = "openvino"
+    extra: ClassVar[str | None] = "openvino"
+    device: str | None = None
+    precision: str = "f32"
+    performance_hint: str = "LATENCY"
+    num_streams: int | None = None
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if type(self) is OpenVINO and self.precision != "f32":
+            raise InvalidInputError(
+                f"OpenVINO(precision={self.precision!r}) would change results; use "
+                f"OpenVINOBf16(precision={self.precision!r}) for a reduced-precision candidate"
+            )
+        if self.performance_hint not in ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"):
+            raise InvalidInputError(
+                f"performance_hint must be LATENCY, THROUGHPUT or CUMULATIVE_THROUGHPUT, "
+                f"not {self.performance_hint!r}"
+            )
+
+    def openvino_device(self, device: torch.device) -> str:
+        """The OpenVINO device that runs graphs whose tensors live on ``device``."""
+        if self.device is not None:
+            return self.device
+        if device.type == "cpu":
+            return "CPU"
+        if device.type == "xpu":
+            return "GPU" if device.index is None else f"GPU.{device.index}"
+        raise BackendError(f"OpenVINO has no device for torch {device.type!r}")
+
+    def compile_config(self) -> dict[str, Any]:
+        """The properties passed to ``Core.compile_model``."""
+        config: dict[str, Any] = {
+            "INFERENCE_PRECISION_HINT": self.precision,
+            "PERFORMANCE_HINT": self.performance_hint,
+        }
+        if self.num_streams is not None:
+            config["NUM_STREAMS"] = str(self.num_streams)
+        if self.num_threads is not None:
+            config["INFERENCE_NUM_THREADS"] = self.num_threads
+        return config
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        if missing_packages("openvino"):
+            return "openvino is not installed: pip install 'tunetree[openvino]'"
+        if self.device is None and device.type not in ("cpu", "xpu"):
+            return (
+                f"OpenVINO runs on CPUs and Intel GPUs, not on {device.type!r}; set "
+                "device='CPU' to run there with copies to and from the host"
+            )
+        target = self.openvino_device(device)
+        base = target.split(".")[0].split(":")[0]
+        available = list(_core().available_devices)
+        if base not in _MULTI_DEVICES and not any(d.split(".")[0] == base for d in available):
+            return f"OpenVINO device {target!r} is not available here (found: {available})"
+        return None
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        flat = FlatGraph.of(module, graph)
+        for dtype in (*flat.inputs.dtypes, *flat.outputs.dtypes):
+            numpy_dtype(dtype)  # refuse bfloat16 before spending time on the conversion
+        model, exported = _convert(flat, module)
+        _make_static(model, flat.inputs)
+        # The converted model may share weight memory with the exported program's tensors.
+        return OpenVINORunner(self, model, flat.inputs, flat.outputs, device, keepalive=exported)
+
+    def load(
+        self,
+        module: nn.Module,
+        key: GraphKey,
+        directory: Path,
+        description: dict[str, Any],
+        device: torch.device,
+    ) -> Runner:
+        try:
+            model_file = directory / str(description["model"])
+            inputs = FlatInputs.from_description(description["inputs"])
+            outputs = FlatOutputs.from_description(description["outputs"], module, key, device)
+        except (KeyError, TypeError) as exc:
+            raise BackendError(f"saved OpenVINO runner description is incomplete: {exc!r}") from exc
+        if not model_file.is_file():
+            raise BackendError(f"saved OpenVINO model {model_file} is missing")
+        model = _core().read_model(str(model_file))
+        return OpenVINORunner(self, model, inputs, outputs, device)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenVINOBf16(OpenVINO):
+    """OpenVINO computing in bf16 (or f16 with ``precision="f16"``): much faster on CPUs with
+    bf16 units, but results change by about 1e-2, so it is never chosen by default. It is
+    checked with its own looser tolerances ``atol`` and ``rtol``."""
+
+    kind: ClassVar[str] = "openvino-bf16"
+    preserves_results: ClassVar[bool] = False
+    precision: str = "bf16"
+    atol: float = 5e-2
+    rtol: float = 5e-2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.precision not in ("bf16", "f16"):
+            raise InvalidInputError(
+                f"OpenVINOBf16 precision must be 'bf16' or 'f16', not {self.precision!r}"
+            )
+
+    def tolerances(self) -> Tolerances:
+        return Tolerances.uniform(self.atol, self.rtol)
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        reason = super().unavailable_reason(device)
+        if reason is not None:
+            return reason
+        target = self.openvino_device(device)
+        if target.split(".")[0] == "CPU" and self.precision == "bf16":
+            capabilities = list(_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+            if "BF16" not in capabilities:
+                return "this CPU has no bf16 units: OpenVINO would compute in f32 (use OpenVINO())"
+        return None
+
+
+def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
+    """The graph as an OpenVINO model, and what it may share memory with: through
+    ``torch.export``, else by tracing. Weights are read on the host; the module's parameters
+    stay where they were."""
+    import openvino
+
+    example = tuple(t.cpu() for t in flat.example)
+    with exporting(module), parameters_on_cpu(module), quiet():
+        try:
+            exported = torch.export.export(flat.module, example)
+            return openvino.convert_model(exported), exported
+        except Exception as export_error:
+            log.debug("torch.export route failed, tracing instead: %r", export_error)
+            try:
+                return openvino.convert_model(flat.module, example_input=example), None
+            except Exception as trace_error:
+                raise BackendError(
+                    "OpenVINO could not convert the module: torch.export failed with "
+                    f"{describe_error(export_error)}, tracing with {describe_error(trace_error)}"
+                ) from trace_error
+
+
+def _make_static(model: Any, inputs: FlatInputs) -> None:
+    """Fix every input shape to the graph's (conversion leaves them dynamic): static shapes
+    let OpenVINO plan memory and pick kernels once."""
+    import openvino
+
+    try:
+        model.reshape(
+            {
+                port: openvino.PartialShape(list(shape))
+                for port, shape in zip(model.inputs, inputs.shapes, strict=True)
+            }
+        )
+    except Exception as exc:  # the model stays dynamic: slower, still correct
+        log.debug("could not make the OpenVINO model static: %r", exc)
