@@ -1,0 +1,135 @@
+"""``tunetree info``: version, environment, comparison and plan, without loading weights."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import tunetree as tt
+from tunetree import checkpoint
+from tunetree.cli import EXIT_INCOMPATIBLE, EXIT_OK, EXIT_UNREADABLE, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).eval()
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    result = tt.tune(
+        _model(),
+        [torch.randn(4, 8)],
+        depth=1,
+        strategy=tt.OneBackendStrategy(tt.backends.Eager()),
+        measure_config=tt.MeasureConfig.quick(),
+        verbose=False,
+    )
+    return tt.save(result, tmp_path / "model.tt")
+
+
+def _set_host(path: Path, host: str) -> None:
+    """Rewrite the record's host name (and re-bind the manifest to the new record)."""
+    from tests.test_checkpoint import rewrite
+
+    rewrite(path, lambda p: p.record.update(host=host))
+
+
+def test_info_text(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(saved)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "format version: 1" in out
+    assert f"versions.torch: {torch.__version__}" in out and "host: " in out
+    assert "identical, the checkpoint loads here" in out
+    assert "plan (3 entries)" in out
+    for path in ("0 ", "1 ", "2 "):
+        assert f"\n{path}" in out
+    assert "(f32[4,8])" in out and "eager" in out
+
+
+def test_info_json(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(saved), "--json"]) == EXIT_OK
+    info = json.loads(capsys.readouterr().out)
+    assert info["format_version"] == 1 and info["compatible"] is True
+    assert info["environment"]["versions"]["torch"] == torch.__version__
+    assert [r["path"] for r in info["plan"]] == ["0", "1", "2"]
+    assert {"graph", "backend", "latency_s"} <= set(info["plan"][0])
+    assert info["depth"] == 1 and info["device"] == "cpu"
+
+
+def test_info_other_environment(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _set_host(saved, "elsewhere")
+    assert main(["info", str(saved)]) == EXIT_INCOMPATIBLE
+    out = capsys.readouterr().out
+    assert "1 differing entries" in out and "host: tuned 'elsewhere' vs running" in out
+    assert main(["info", str(saved), "--json"]) == EXIT_INCOMPATIBLE
+    info = json.loads(capsys.readouterr().out)
+    assert info["compatible"] is False and info["differences"][0]["entry"] == "host"
+    assert main(["info", str(saved), "--ignore", "host"]) == EXIT_OK
+
+
+def test_info_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    legacy = tmp_path / "legacy.tt"
+    with zipfile.ZipFile(legacy, "w") as archive:
+        archive.writestr("x", "y")
+    assert main(["info", str(legacy)]) == EXIT_UNREADABLE
+    assert "67324752" in capsys.readouterr().err
+    assert main(["info", str(legacy), "--json"]) == EXIT_UNREADABLE
+    assert (
+        "before tunetree checkpoints had a versioned header"
+        in json.loads(capsys.readouterr().out)["error"]
+    )
+    assert main(["info", str(tmp_path / "missing.tt")]) == EXIT_UNREADABLE
+
+
+def test_info_loads_no_weights(
+    saved: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    opened: list[str] = []
+    real_open = zipfile.ZipFile.open
+
+    def spy(self: zipfile.ZipFile, name: Any, *args: Any, **kwargs: Any) -> Any:
+        opened.append(name.filename if isinstance(name, zipfile.ZipInfo) else name)
+        return real_open(self, name, *args, **kwargs)
+
+    def forbidden(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("info must not read weights")
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", spy)
+    monkeypatch.setattr(checkpoint, "_apply_weights", forbidden)
+    monkeypatch.setattr("safetensors.torch.load_file", forbidden)
+    assert main(["info", str(saved)]) == EXIT_OK
+    assert opened == ["manifest.json"]
+
+
+def test_directory_checkpoint_info(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tt.save(_model(), tmp_path / "ckpt", compress_checkpoint=False)
+    assert main(["info", str(target)]) == EXIT_OK
+    assert "plan (0 entries)" in capsys.readouterr().out
+
+
+def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == EXIT_UNREADABLE
+    assert "info" in capsys.readouterr().out
+
+
+def test_module_entry_point(saved: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tunetree.cli", "info", str(saved), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert json.loads(proc.stdout)["compatible"] is True

@@ -1,0 +1,142 @@
+"""The ``tunetree`` command line.
+
+One subcommand per small function: ``add_<name>_command(subparsers)`` declares its
+arguments and sets ``func``, a function of the parsed arguments that returns the exit
+status. New subcommands append their adder to :data:`COMMANDS`.
+
+Exit status of ``tunetree info``: 0 when the checkpoint would load here, 1 when it was
+tuned in another environment, 2 when it cannot be read (damaged, another format version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._table import format_seconds, format_table
+from .cache_cli import add_cache_commands
+
+EXIT_OK = 0
+EXIT_INCOMPATIBLE = 1
+EXIT_UNREADABLE = 2
+
+
+def _flat_lines(record: dict[str, Any]) -> list[str]:
+    from .environment import flatten_record
+
+    lines = []
+    for entry, value in flatten_record(record).items():
+        if entry == "cpu.flags" and isinstance(value, list):
+            value = f"{len(value)} flags: {' '.join(map(str, value))}"
+        lines.append(f"  {entry}: {value}")
+    return lines
+
+
+def _print_info(info: Any) -> None:
+    m = info.manifest
+    print(f"checkpoint: {info.path}")
+    print(f"format version: {info.version}")
+    print(f"model: {m.get('model_type', '?')}  device: {m.get('device', '?')}", end="")
+    print(f"  depth: {m.get('depth')}  saved: {m.get('created_utc', '?')}")
+    print("environment record (where it was tuned):")
+    print("\n".join(_flat_lines(info.record)))
+    if info.compatible:
+        print("comparison with this environment: identical, the checkpoint loads here")
+    else:
+        print(
+            f"comparison with this environment: {len(info.differences)} differing entries "
+            "(tuned vs running); tt.load refuses it here:"
+        )
+        print("\n".join(f"  {d}" for d in info.differences))
+    rows = [
+        [
+            r["path"] or "<model>",
+            r["graph"],
+            r["backend"],
+            format_seconds(r["latency_s"]),
+            format_seconds(r["eager_latency_s"]),
+            r["members"],
+        ]
+        for r in info.plan_rows()
+    ]
+    print()
+    print(
+        format_table(
+            ["module", "graph", "backend", "latency", "eager", "artifacts"],
+            rows,
+            title=f"plan ({len(rows)} entries)",
+        )
+    )
+
+
+def info_command(args: argparse.Namespace) -> int:
+    """``tunetree info PATH``: describe a checkpoint without loading any weights."""
+    from .checkpoint import read_info
+    from .errors import CheckpointError
+
+    try:
+        info = read_info(args.path, ignore=tuple(args.ignore or ()))
+    except CheckpointError as exc:
+        if args.json:
+            print(json.dumps({"path": args.path, "error": str(exc)}, indent=2))
+        else:
+            print(f"tunetree info: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.json:
+        print(json.dumps(info.as_json(), indent=2))
+    else:
+        _print_info(info)
+    return EXIT_OK if info.compatible else EXIT_INCOMPATIBLE
+
+
+def add_info_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "info",
+        help="show a checkpoint's version, environment and plan (loads no weights)",
+        description=(
+            "Print a .tt checkpoint's format version, its environment record, how it compares "
+            "with this environment, and its plan (module path, graph, backend, latency). "
+            "Exit status: 0 loads here, 1 tuned elsewhere, 2 unreadable."
+        ),
+    )
+    parser.add_argument("path", help="a .tt file or a checkpoint directory")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--ignore",
+        action="append",
+        metavar="ENTRY",
+        help="environment entry to leave out of the comparison, e.g. host (repeatable)",
+    )
+    parser.set_defaults(func=info_command)
+
+
+COMMANDS: list[Callable[[Any], None]] = [add_info_command, add_cache_commands]
+"""Subcommand adders, each called with the subparsers object."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tunetree", description="Make PyTorch inference faster without changing results."
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tunetree`` script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] | None = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return EXIT_UNREADABLE
+    return func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
