@@ -321,7 +321,7 @@ def auto_tune(
     plan = Plan()
     if selected is not None:
         plan = plans[selected]
-        tuned_model = wrap(model, plan.runners())
+        tuned_model = wrap(model, plan.runners(), plan)
     return AutoTuneResult(
         tuned_model,
         selected,

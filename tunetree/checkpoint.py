@@ -168,14 +168,29 @@ def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
     root_modules(obj)  # refuses what is neither a module nor a pipeline of modules
     entries: list[PlanEntry] = []
     seen: set[int] = set()
+    depth = None
     for path, module in module_paths(obj):
         dispatcher = dispatcher_of(module)
         if dispatcher is None or id(module) in seen:
             continue
         seen.add(id(module))
+        measured = {}
+        if dispatcher.plan is not None:  # tuned by tunetree: keep the plan's measurements
+            depth = dispatcher.plan.depth
+            measured = {e.key: e for e in dispatcher.plan.entries if e.path == dispatcher.path}
         for key, runner in dispatcher.runners.items():
-            entries.append(PlanEntry(path, key, runner.backend, runner))
-    return obj, Plan(entries, None), []
+            known = measured.get(key)
+            entries.append(
+                PlanEntry(
+                    path,
+                    key,
+                    runner.backend,
+                    runner,
+                    known.latency_s if known else None,
+                    known.eager_latency_s if known else None,
+                )
+            )
+    return obj, Plan(entries, depth), []
 
 
 def _save_entry(n: int, entry: PlanEntry, staging: Path, graphs: list[Any]) -> dict[str, Any]:

@@ -113,7 +113,24 @@ def add_info_command(subparsers: Any) -> None:
     parser.set_defaults(func=info_command)
 
 
-COMMANDS: list[Callable[[Any], None]] = [add_info_command, add_cache_commands]
+def add_demo_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="auto-tune the built-in 4-layer transformer encoder and print the tables",
+        description="Auto-tune a built-in nn.TransformerEncoder on this machine.",
+    )
+    parser.add_argument("--max-depth", type=int, default=1, help="deepest cut to try")
+    parser.add_argument("--time-budget", type=float, default=None, help="seconds")
+    parser.set_defaults(func=demo_command)
+
+
+def demo_command(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.max_depth, args.time_budget)
+
+
+COMMANDS: list[Callable[[Any], None]] = [add_info_command, add_cache_commands, add_demo_command]
 """Subcommand adders, each called with the subparsers object."""
 
 

@@ -25,13 +25,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-depth", type=int, default=1, help="deepest cut to try")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds")
     args = parser.parse_args(argv)
+    return run_demo(args.max_depth, args.time_budget)
 
+
+def run_demo(max_depth: int = 1, time_budget: float | None = None) -> int:
+    """Auto-tune the built-in encoder, print every table; 0 when outputs match eager."""
     model = build_encoder()
     data = [torch.randn(8, 128, 256) for _ in range(3)]
     print(
         f"Model: 4-layer nn.TransformerEncoder (d=256), inputs 8x128x256, torch {torch.__version__}"
     )
-    result = auto_tune(model, data, max_depth=args.max_depth, time_budget=args.time_budget)
+    result = auto_tune(model, data, max_depth=max_depth, time_budget=time_budget)
     print()
     print(result)
     if result.depth is not None:

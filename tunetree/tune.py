@@ -257,5 +257,5 @@ def tune(
         cache=open_cache(cache),
     )
     plan = plan_from(graphs, depth)
-    tuned = wrap(model, plan.runners())
+    tuned = wrap(model, plan.runners(), plan)
     return TuneResult(tuned, depth, plan, graphs, info, original=model)

@@ -19,6 +19,7 @@ from .backends.base import Runner, original_forward
 from .errors import InvalidInputError
 from .graph import GraphKey
 from .inspection import find_module, module_paths
+from .plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +27,17 @@ log = logging.getLogger(__name__)
 class Dispatcher:
     """Replaces ``module.forward``: picks the runner for the call's graph."""
 
-    def __init__(self, module: nn.Module, path: str, runners: Mapping[GraphKey, Runner]) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        path: str,
+        runners: Mapping[GraphKey, Runner],
+        plan: Plan | None = None,
+    ) -> None:
         self.path = path
         self.runners = dict(runners)
+        self.plan = plan
+        """The plan this dispatcher belongs to (measured latencies, depth), when known."""
         self.original = original_forward(module)
         self._warned: set[GraphKey] = set()
 
@@ -63,12 +72,15 @@ def wrapped_paths(model: Any) -> list[str]:
     return [path for path, module in module_paths(model) if dispatcher_of(module) is not None]
 
 
-def wrap(model: Any, runners: Mapping[str, Mapping[GraphKey, Runner]]) -> Any:
+def wrap(
+    model: Any, runners: Mapping[str, Mapping[GraphKey, Runner]], plan: Plan | None = None
+) -> Any:
     """Wrap every module path in ``runners`` and return the model to call.
 
     Modules inside the model are wrapped in place. The root module itself (path ``""``)
     is never changed: a shallow copy that shares its parameters is wrapped and returned,
-    so the object given in stays untuned.
+    so the object given in stays untuned. ``plan``, when given, is kept on every
+    dispatcher so that saving the tuned model keeps the plan's measurements.
     """
     if "" in runners and isinstance(model, nn.Module):
         model = copy.copy(model)  # shares parameters, buffers, submodules and hooks
@@ -79,7 +91,7 @@ def wrap(model: Any, runners: Mapping[str, Mapping[GraphKey, Runner]]) -> Any:
             raise InvalidInputError(
                 f"{path or '<model>'} is already wrapped: undo the previous tune first"
             )
-        module.__dict__["forward"] = Dispatcher(module, path, graph_runners)
+        module.__dict__["forward"] = Dispatcher(module, path, graph_runners, plan)
     return model
 
 
