@@ -28,7 +28,9 @@ def _caller(model: Any):
     return lambda *a, **k: run_model(model, tt.Sample(a, k), None)
 
 
-def run(name: str, size: str, device: str, max_depth: int, config: tt.MeasureConfig) -> dict[str, Any]:
+def run(
+    name: str, size: str, device: str, max_depth: int, config: tt.MeasureConfig
+) -> dict[str, Any]:
     entry = zoo.build(name, size, device)
     samples = as_samples(entry.data)
     start = time.perf_counter()
@@ -55,7 +57,9 @@ def run(name: str, size: str, device: str, max_depth: int, config: tt.MeasureCon
                 verbose=False,
             )
             failed = sum(1 for g in result.graphs if g.winner is None)
-            label = f"d{depth}/{backend.name}" + (f" ({failed} graphs kept eager)" if failed else "")
+            label = f"d{depth}/{backend.name}" + (
+                f" ({failed} graphs kept eager)" if failed else ""
+            )
             candidates[label] = _caller(result.model)
     timings = tt.measure(
         {k: cycle_calls(fn, samples) for k, fn in candidates.items()}, device, config
@@ -65,10 +69,15 @@ def run(name: str, size: str, device: str, max_depth: int, config: tt.MeasureCon
     untuned = timings["untuned"].median_s
     best = min(combos[best_name].median_s, untuned)
     selected = timings["auto_tune"].median_s
-    print(tt._table.format_table(
-        ["configuration", "median", "vs untuned"],
-        [[k, str(t), f"{untuned / t.median_s:.2f}x"] for k, t in sorted(timings.items(), key=lambda kv: kv[1].median_s)],
-    ))
+    print(
+        tt._table.format_table(
+            ["configuration", "median", "vs untuned"],
+            [
+                [k, str(t), f"{untuned / t.median_s:.2f}x"]
+                for k, t in sorted(timings.items(), key=lambda kv: kv[1].median_s)
+            ],
+        )
+    )
     print(
         f"{name}: auto_tune chose depth {auto.depth}; selected {selected * 1e3:.3g} ms, best "
         f"single configuration {best_name} {combos[best_name].median_s * 1e3:.3g} ms; "
@@ -92,12 +101,26 @@ def main() -> None:
     common.cuda_setup(args.device)
     info = common.header(common.command_line())
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()
-    results = [run(n, common.size_for(args), args.device, args.max_depth, config) for n in args.models.split(",")]
+    results = [
+        run(n, common.size_for(args), args.device, args.max_depth, config)
+        for n in args.models.split(",")
+    ]
     print("\n## summary")
-    print(tt._table.format_table(
-        ["model", "selected depth", "selected / best", "best configuration", "cold tuning"],
-        [[r["model"], r["selected_depth"], f"{r['selected_over_best']:.3f}", r["best"], f"{r['tuning_s']:.0f} s"] for r in results],
-    ))
+    print(
+        tt._table.format_table(
+            ["model", "selected depth", "selected / best", "best configuration", "cold tuning"],
+            [
+                [
+                    r["model"],
+                    r["selected_depth"],
+                    f"{r['selected_over_best']:.3f}",
+                    r["best"],
+                    f"{r['tuning_s']:.0f} s",
+                ]
+                for r in results
+            ],
+        )
+    )
     common.write_json(args.out, f"auto-{args.device}.json", {"run": info, "results": results})
 
 

@@ -45,8 +45,12 @@ def run_model(name: str, size: str, device: str, config: tt.MeasureConfig) -> di
         "model": name,
         "eager_ms": eager * 1e3 if eager else None,
         "winner": winner.backend.name if winner else None,
-        "winner_vs_eager": eager / winner.latency_s if winner and eager and winner.latency_s else None,
-        "winner_vs_fastest": winner.latency_s / fastest if winner and fastest and winner.latency_s else None,
+        "winner_vs_eager": eager / winner.latency_s
+        if winner and eager and winner.latency_s
+        else None,
+        "winner_vs_fastest": winner.latency_s / fastest
+        if winner and fastest and winner.latency_s
+        else None,
         "rows": rows,
     }
 
@@ -60,32 +64,43 @@ def main() -> None:
     for name in args.models.split(","):
         r = run_model(name, common.size_for(args), args.device, config)
         results.append(r)
-        print(f"\n## {name}: eager {r['eager_ms']:.3g} ms, winner {r['winner']} "
-              f"({r['winner_vs_eager']:.2f}x eager)")
-        print(tt._table.format_table(
-            ["backend", "status", "median", "spread", "vs eager", "build", "max diff"],
+        print(
+            f"\n## {name}: eager {r['eager_ms']:.3g} ms, winner {r['winner']} "
+            f"({r['winner_vs_eager']:.2f}x eager)"
+        )
+        print(
+            tt._table.format_table(
+                ["backend", "status", "median", "spread", "vs eager", "build", "max diff"],
+                [
+                    [
+                        ("*" if x["winner"] else "") + x["backend"],
+                        x["status"][:70],
+                        f"{x['median_ms']:.3g} ms" if x["median_ms"] else "-",
+                        f"±{x['spread_pct'] / 2:.1f}%" if x["spread_pct"] is not None else "-",
+                        f"{x['vs_eager']:.2f}x" if x["vs_eager"] else "-",
+                        f"{x['build_s']:.1f} s" if x["build_s"] else "-",
+                        f"{x['max_abs_diff']:.1g}" if x["max_abs_diff"] is not None else "-",
+                    ]
+                    for x in r["rows"]
+                ],
+            )
+        )
+    print("\n## summary")
+    print(
+        tt._table.format_table(
+            ["model", "eager", "winner", "winner vs eager", "winner / fastest candidate"],
             [
                 [
-                    ("*" if x["winner"] else "") + x["backend"],
-                    x["status"][:70],
-                    f"{x['median_ms']:.3g} ms" if x["median_ms"] else "-",
-                    f"±{x['spread_pct'] / 2:.1f}%" if x["spread_pct"] is not None else "-",
-                    f"{x['vs_eager']:.2f}x" if x["vs_eager"] else "-",
-                    f"{x['build_s']:.1f} s" if x["build_s"] else "-",
-                    f"{x['max_abs_diff']:.1g}" if x["max_abs_diff"] is not None else "-",
+                    r["model"],
+                    f"{r['eager_ms']:.3g} ms",
+                    r["winner"],
+                    f"{r['winner_vs_eager']:.2f}x",
+                    f"{r['winner_vs_fastest']:.3f}",
                 ]
-                for x in r["rows"]
+                for r in results
             ],
-        ))
-    print("\n## summary")
-    print(tt._table.format_table(
-        ["model", "eager", "winner", "winner vs eager", "winner / fastest candidate"],
-        [
-            [r["model"], f"{r['eager_ms']:.3g} ms", r["winner"], f"{r['winner_vs_eager']:.2f}x",
-             f"{r['winner_vs_fastest']:.3f}"]
-            for r in results
-        ],
-    ))
+        )
+    )
     common.write_json(args.out, f"backends-{args.device}.json", {"run": info, "results": results})
 
 

@@ -55,7 +55,9 @@ def model_flops(model: Any, data: list[Any]) -> float | None:
         return None
 
 
-def build_approaches(entry: zoo.ZooModel, device: str, config: tt.MeasureConfig) -> tuple[dict[str, Callable[..., Any]], dict[str, float], dict[str, str]]:
+def build_approaches(
+    entry: zoo.ZooModel, device: str, config: tt.MeasureConfig
+) -> tuple[dict[str, Callable[..., Any]], dict[str, float], dict[str, str]]:
     """Every approach's callable, its build time, and a note (failures)."""
     import copy
 
@@ -101,7 +103,9 @@ def build_approaches(entry: zoo.ZooModel, device: str, config: tt.MeasureConfig)
             calls[name] = _caller(result.model)
 
     start = time.perf_counter()
-    auto = tt.auto_tune(copy.deepcopy(entry.model), entry.data, measure_config=config, verbose=False)
+    auto = tt.auto_tune(
+        copy.deepcopy(entry.model), entry.data, measure_config=config, verbose=False
+    )
     build_s["tt.auto_tune"] = time.perf_counter() - start
     calls["tt.auto_tune"] = _caller(auto.model)
     notes["tt.auto_tune"] = f"depth {auto.depth}" if auto.depth is not None else "left untuned"
@@ -152,18 +156,37 @@ def print_model(result: dict[str, Any]) -> None:
         return "-" if v is None else format(v, fmt)
 
     print(f"\n## {result['model']}")
-    print(format_table(
-        ["approach", "median ms", "spread", "vs eager", "vs compile", "build s", "peak MiB", "TFLOP/s", "% peak", "note"],
-        [
+    print(
+        format_table(
             [
-                r["approach"], f(r.get("median_ms"), ".4g"),
-                "-" if r.get("spread_pct") is None else f"±{r['spread_pct'] / 2:.1f}%",
-                f(r.get("vs_eager"), ".2f"), f(r.get("vs_compile"), ".2f"), f(r.get("build_s"), ".1f"),
-                f(r.get("peak_mib"), ".0f"), f(r.get("tflops"), ".3g"), f(r.get("pct_of_peak"), ".0f"), r.get("note", ""),
-            ]
-            for r in result["rows"]
-        ],
-    ))
+                "approach",
+                "median ms",
+                "spread",
+                "vs eager",
+                "vs compile",
+                "build s",
+                "peak MiB",
+                "TFLOP/s",
+                "% peak",
+                "note",
+            ],
+            [
+                [
+                    r["approach"],
+                    f(r.get("median_ms"), ".4g"),
+                    "-" if r.get("spread_pct") is None else f"±{r['spread_pct'] / 2:.1f}%",
+                    f(r.get("vs_eager"), ".2f"),
+                    f(r.get("vs_compile"), ".2f"),
+                    f(r.get("build_s"), ".1f"),
+                    f(r.get("peak_mib"), ".0f"),
+                    f(r.get("tflops"), ".3g"),
+                    f(r.get("pct_of_peak"), ".0f"),
+                    r.get("note", ""),
+                ]
+                for r in result["rows"]
+            ],
+        )
+    )
 
 
 def plot(results: list[dict[str, Any]], path: Any) -> None:

@@ -8,6 +8,7 @@ that occupy the GPU).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -48,7 +49,7 @@ class SmallCNN(nn.Module):
         super().__init__()
         chans = [3, width, 2 * width, 4 * width]
         blocks: list[nn.Module] = []
-        for cin, cout in zip(chans, chans[1:], strict=False):
+        for cin, cout in itertools.pairwise(chans):
             blocks += [
                 nn.Conv2d(cin, cout, 3, padding=1),
                 nn.BatchNorm2d(cout),
@@ -126,7 +127,9 @@ def _bert(layers: int, hidden: int, batch: int, seq: int, n: int) -> tuple[nn.Mo
     return transformers.BertModel(config), _tokens(30522, batch, seq, n)
 
 
-def _distilbert(layers: int, hidden: int, batch: int, seq: int, n: int) -> tuple[nn.Module, Dataset]:
+def _distilbert(
+    layers: int, hidden: int, batch: int, seq: int, n: int
+) -> tuple[nn.Module, Dataset]:
     import transformers
 
     config = transformers.DistilBertConfig(
@@ -236,7 +239,17 @@ _SIZES: dict[str, dict[str, Callable[[], tuple[nn.Module, Dataset]]]] = {
         "cuda": lambda: _vit(12, 768, 32, 224, 3),
     },
 }
-MATMUL_HEAVY = {"mlp", "mlp-large", "encoder", "encoder-large", "bert", "bert-base", "distilbert", "gpt2", "vit"}
+MATMUL_HEAVY = {
+    "mlp",
+    "mlp-large",
+    "encoder",
+    "encoder-large",
+    "bert",
+    "bert-base",
+    "distilbert",
+    "gpt2",
+    "vit",
+}
 NAMES = list(_SIZES)
 DESIGN_FOUR = ["mlp", "encoder", "cnn", "bert"]
 """The four models of DESIGN.md's measured tables."""

@@ -213,14 +213,15 @@ class TuningCache:
     @contextlib.contextmanager
     def device_lock(self, device: torch.device | str) -> Iterator[None]:
         """Held around measurements so concurrent tuners on one device do not disturb each
-        other's timings. After ``lock_timeout_s`` the caller measures without it."""
+        other's timings. After ``lock_timeout_s``, or where the lock cannot be created, the
+        caller measures without it."""
         dev = torch.device(device)
         name = dev.type if dev.index is None else f"{dev.type}-{dev.index}"
         lock = filelock.FileLock(str(self.store_.locks / f"device-{name}.lock"))
         try:
             lock.acquire(timeout=self.lock_timeout_s)
-        except filelock.Timeout:
-            log.warning("tuning cache: measuring on %s without its lock (timed out)", dev)
+        except (filelock.Timeout, OSError) as exc:  # busy too long, or a read-only cache
+            log.warning("tuning cache: measuring on %s without its lock (%s)", dev, exc)
             yield
             return
         try:
@@ -420,6 +421,10 @@ class TuningCache:
         replace: bool = False,
     ) -> None:
         """Stage artifacts and the manifest (last), then rename the entry into place."""
+        candidates_of_rows = [cache_keys.backend_record(r.backend) for r in result.rows]
+        if candidates_of_rows != ident.strategy["backends"]:
+            log.info("tuning cache: not storing %s: not one row per candidate", ident.key[:12])
+            return
         staging = self.store_.new_temporary("entry")
         try:
             journal = staging / JOURNAL
