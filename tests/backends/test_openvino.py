@@ -61,7 +61,7 @@ def test_matches_eager_and_round_trips(
         from transformers.utils import ModelOutput
 
         assert isinstance(outputs[0], ModelOutput)
-        assert outputs[0].last_hidden_state.shape == graph.outputs[0].last_hidden_state.shape
+        assert outputs[0]["last_hidden_state"].shape == graph.outputs[0]["last_hidden_state"].shape
 
     # A later call must not overwrite what an earlier one returned.
     first = runner(*samples[0].args, **samples[0].kwargs)

@@ -1,7 +1,8 @@
 """ONNX Runtime: exports the module with torch's dynamo ONNX exporter and runs it in an
 ``onnxruntime.InferenceSession`` (CPU provider; CUDA provider on CUDA devices).
 
-The TorchScript exporter is not used: it fails on Hugging Face BERT and on the fused
+The legacy TorchScript exporter is only a fallback for modules ``torch.export`` refuses
+(data-dependent Python control flow): it fails on Hugging Face BERT and on the fused
 ``nn.TransformerEncoder`` fast path.
 """
 
@@ -295,7 +296,10 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
             )
         except Exception as dynamo_error:
             for leftover in directory.iterdir():
-                leftover.unlink()
+                if leftover.is_dir():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink()
             try:
                 torch.onnx.export(
                     flat.module,
