@@ -62,7 +62,11 @@ def main() -> None:
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()
     results = []
     for name in args.models.split(","):
-        r = run_model(name, common.size_for(args), args.device, config)
+        try:
+            r = run_model(name, common.size_for(args), args.device, config)
+        except Exception as exc:  # one broken model must not lose the others' numbers
+            print(f"\n## {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            continue
         results.append(r)
         print(
             f"\n## {name}: eager {r['eager_ms']:.3g} ms, winner {r['winner']} "

@@ -56,7 +56,7 @@ def model_flops(model: Any, data: list[Any]) -> float | None:
 
 
 def build_approaches(
-    entry: zoo.ZooModel, device: str, config: tt.MeasureConfig
+    entry: zoo.ZooModel, device: str, config: tt.MeasureConfig, options: Any
 ) -> tuple[dict[str, Callable[..., Any]], dict[str, float], dict[str, str]]:
     """Every approach's callable, its build time, and a note (failures)."""
     import copy
@@ -79,7 +79,7 @@ def build_approaches(
         build_s[name] = time.perf_counter() - start
 
     compiled("torch.compile")
-    if device == "cuda":
+    if device == "cuda" and options.max_autotune:
         compiled("torch.compile max-autotune", mode="max-autotune")
 
     for backend in tt.default_strategy(device).backends:
@@ -104,7 +104,12 @@ def build_approaches(
 
     start = time.perf_counter()
     auto = tt.auto_tune(
-        copy.deepcopy(entry.model), entry.data, measure_config=config, verbose=False
+        copy.deepcopy(entry.model),
+        entry.data,
+        max_depth=options.auto_max_depth,
+        time_budget=options.auto_time_budget,
+        measure_config=config,
+        verbose=False,
     )
     build_s["tt.auto_tune"] = time.perf_counter() - start
     calls["tt.auto_tune"] = _caller(auto.model)
@@ -112,9 +117,11 @@ def build_approaches(
     return calls, build_s, notes
 
 
-def run(name: str, size: str, device: str, config: tt.MeasureConfig, peak: float) -> dict[str, Any]:
+def run(
+    name: str, size: str, device: str, config: tt.MeasureConfig, peak: float, options: Any
+) -> dict[str, Any]:
     entry = zoo.build(name, size, device)
-    calls, build_s, notes = build_approaches(entry, device, config)
+    calls, build_s, notes = build_approaches(entry, device, config, options)
     samples = as_samples(entry.data)
     timings = tt.measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, device, config)
     memory: dict[str, float] = {}
@@ -155,7 +162,7 @@ def print_model(result: dict[str, Any]) -> None:
     def f(v: Any, fmt: str) -> str:
         return "-" if v is None else format(v, fmt)
 
-    print(f"\n## {result['model']}")
+    print(f"\n## {result['model']}", flush=True)
     print(
         format_table(
             [
@@ -212,7 +219,16 @@ def plot(results: list[dict[str, Any]], path: Any) -> None:
 
 
 def main() -> None:
-    args = common.parser(__doc__ or "", DEFAULT_MODELS).parse_args()
+    p = common.parser(__doc__ or "", DEFAULT_MODELS)
+    p.add_argument("--auto-max-depth", type=int, default=None, help="auto_tune's max_depth")
+    p.add_argument("--auto-time-budget", type=float, default=None, help="auto_tune's budget (s)")
+    p.add_argument(
+        "--no-max-autotune",
+        dest="max_autotune",
+        action="store_false",
+        help="skip torch.compile(mode='max-autotune') on CUDA (its compiles take minutes)",
+    )
+    args = p.parse_args()
     common.cuda_setup(args.device)
     info = common.header(common.command_line())
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()
@@ -220,12 +236,20 @@ def main() -> None:
     info["peak_tflops_fp32_matmul"] = peak / 1e12
     print(f"# measured fp32 matmul peak: {peak / 1e12:.3g} TFLOP/s")
     results = []
+    failed = []
     for name in args.models.split(","):
-        result = run(name, common.size_for(args), args.device, config, peak)
+        try:
+            result = run(name, common.size_for(args), args.device, config, peak, args)
+        except Exception as exc:  # one broken model must not lose the others' numbers
+            print(f"\n## {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            failed.append(name)
+            continue
         print_model(result)
         results.append(result)
-    common.write_json(args.out, f"suite-{args.device}.json", {"run": info, "results": results})
-    if args.out is not None:
+        # Written after every model, so a run cut short still leaves its results.
+        payload = {"run": info, "results": results, "failed": failed}
+        common.write_json(args.out, f"suite-{args.device}.json", payload)
+    if args.out is not None and results:
         plot(results, args.out / f"suite-{args.device}.png")
 
 

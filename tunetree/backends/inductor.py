@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..errors import InvalidInputError
 from ..graph import Graph, GraphKey, detach_clone
 from .base import Backend, Runner, original_forward
 
@@ -67,6 +68,11 @@ class Inductor(Backend):
     options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
+        if self.mode is not None and self.options:
+            raise InvalidInputError(
+                "torch.compile takes either mode or options, not both: put the mode's settings "
+                "into options (e.g. {'max_autotune': True}) or drop the options"
+            )
         if isinstance(self.options, dict):
             object.__setattr__(self, "options", tuple(sorted(self.options.items())))
         elif isinstance(self.options, list):
