@@ -175,3 +175,29 @@ def test_plot_writes_png(tmp_path) -> None:
     result = auto(two_level(), max_depth=1)
     path = result.plot(tmp_path / "depths.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_opt_in_backend_tolerance_applies_end_to_end() -> None:
+    import dataclasses
+
+    from tunetree.compare import Tolerances
+
+    @dataclasses.dataclass(frozen=True)
+    class Noisy(Shortcut):
+        """Adds 1e-2 to outputs: rejected by default tolerances, accepted by its own."""
+
+        preserves_results = False
+
+        def tolerances(self):
+            return Tolerances.uniform(0.05, 0.05)
+
+        def build(self, module, graph, device):
+            runner = super().build(module, graph, device)
+            inner = runner.fn
+            runner.fn = lambda x: inner(x) + 1e-2
+            return runner
+
+    model = two_level(root_tuned=1 * MS)
+    result = auto(model, backend=Noisy(), max_depth=0)
+    assert result.rows[0].status == "measured"
+    assert result.depth == 0

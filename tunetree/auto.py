@@ -32,7 +32,7 @@ from .tune import tune_cut as _tune_cut
 from .wrap import unwrap, wrap
 
 TIME_BUDGET_ERROR = "time budget used up"
-MAX_DEFAULT_DEPTH = 6
+MAX_DEFAULT_DEPTH = 3
 """Default deepest depth tried: deeper cuts wrap many tiny modules and rarely win."""
 
 
@@ -290,7 +290,7 @@ def auto_tune(
             try:
                 with torch.no_grad():
                     outputs = [run_model(tuned, s, call) for s in info.samples]
-                check = compare_all(info.outputs, outputs, tolerances)
+                check = compare_all(info.outputs, outputs, _end_to_end_tolerances(plan, tolerances))
                 if not check.ok:
                     row.status, row.error = "rejected", f"end-to-end output: {check.reason}"
                     continue
@@ -335,6 +335,19 @@ def auto_tune(
         time.perf_counter() - start,
         original=model,
     )
+
+
+def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:
+    """Tolerances for the whole model's output: the caller's, else the loosest of the opt-in
+    backends in the plan (a user who opted into bf16 accepted its error), else the defaults."""
+    if given is not None:
+        return given
+    loose = [t for e in plan.entries if (t := e.backend.tolerances()) is not None]
+    if not loose:
+        return None
+    atol = max(tol.atol for t in loose for tol in t.by_dtype.values())
+    rtol = max(tol.rtol for t in loose for tol in t.by_dtype.values())
+    return Tolerances.uniform(atol, rtol)
 
 
 def _select(rows: list[DepthRow], untuned: Timing, tie_tolerance: float) -> int | None:
