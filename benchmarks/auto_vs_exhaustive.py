@@ -35,7 +35,12 @@ def run(
     samples = as_samples(entry.data)
     start = time.perf_counter()
     auto = tt.auto_tune(
-        entry.model, entry.data, max_depth=max_depth, measure_config=config, verbose=False
+        entry.model,
+        entry.data,
+        max_depth=max_depth,
+        measure_config=config,
+        verbose=False,
+        cache=False,
     )
     tuning_s = time.perf_counter() - start
     print(auto)
@@ -55,6 +60,7 @@ def run(
                 strategy=tt.OneBackendStrategy(backend),
                 measure_config=tt.MeasureConfig.quick(),
                 verbose=False,
+                cache=False,  # cold tuning: build times are part of the result
             )
             failed = sum(1 for g in result.graphs if g.winner is None)
             label = f"d{depth}/{backend.name}" + (

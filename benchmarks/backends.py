@@ -21,7 +21,13 @@ def run_model(name: str, size: str, device: str, config: tt.MeasureConfig) -> di
     entry = zoo.build(name, size, device)
     strategy = tt.default_strategy(device)
     result = tt.tune(
-        entry.model, entry.data, depth=0, strategy=strategy, measure_config=config, verbose=False
+        entry.model,
+        entry.data,
+        depth=0,
+        strategy=strategy,
+        measure_config=config,
+        verbose=False,
+        cache=False,
     )
     graph = result.graphs[0]
     eager = graph.eager_latency_s

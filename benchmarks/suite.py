@@ -94,6 +94,7 @@ def build_approaches(
             strategy=tt.OneBackendStrategy(backend),
             measure_config=tt.MeasureConfig.quick(),
             verbose=False,
+            cache=False,  # cold tuning: build times are part of the result
         )
         build_s[name] = time.perf_counter() - start
         winner = result.graphs[0].winner
@@ -110,6 +111,7 @@ def build_approaches(
         time_budget=options.auto_time_budget,
         measure_config=config,
         verbose=False,
+        cache=False,  # cold tuning: build times are part of the result
     )
     build_s["tt.auto_tune"] = time.perf_counter() - start
     calls["tt.auto_tune"] = _caller(auto.model)
