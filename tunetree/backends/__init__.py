@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .autocast import Autocast
-from .base import Backend, Runner, original_forward
+from .base import Backend, ChangesResults, Runner, original_forward
 from .device_graph import DeviceGraph
 from .eager import Eager
 from .inductor import Inductor
@@ -52,6 +52,7 @@ __all__ = [
     "BACKEND_TYPES",
     "Autocast",
     "Backend",
+    "ChangesResults",
     "DeviceGraph",
     "Eager",
     "Inductor",

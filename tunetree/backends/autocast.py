@@ -16,10 +16,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey, dtype_name, flatten, unflatten
-from .base import Backend, Runner, original_forward
+from .base import ChangesResults, Runner, compile_unavailable_reason, original_forward
 from .inductor import fresh_entry
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -76,7 +75,7 @@ class AutocastRunner(Runner):
 
 
 @dataclasses.dataclass(frozen=True)
-class Autocast(Backend):
+class Autocast(ChangesResults):
     """``torch.autocast(device_type, dtype)`` around the original forward.
 
     ``dtype`` is ``"bf16"`` (CPU and GPUs) or ``"fp16"`` (CUDA only); ``compile=True`` also
@@ -85,20 +84,14 @@ class Autocast(Backend):
     """
 
     kind: ClassVar[str] = "autocast"
-    preserves_results: ClassVar[bool] = False
     dtype: str = "bf16"
     compile: bool = False
-    atol: float = 5e-2
-    rtol: float = 5e-2
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise InvalidInputError(
                 f"Autocast dtype must be one of {', '.join(_DTYPES)}, not {self.dtype!r}"
             )
-
-    def tolerances(self) -> Tolerances:
-        return Tolerances.uniform(self.atol, self.rtol)
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         if device.type == "cuda":
@@ -111,11 +104,8 @@ class Autocast(Backend):
                 return "fp16 autocast is offered on CUDA only; use Autocast(dtype='bf16') on CPU"
         elif not torch.amp.is_autocast_available(device.type):
             return f"torch.autocast does not support device type {device.type!r}"
-        if self.compile and device.type == "cuda":
-            try:
-                import triton  # noqa: F401
-            except ImportError:
-                return "compile=True on CUDA needs triton (pip install triton)"
+        if self.compile:
+            return compile_unavailable_reason(device)
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:

@@ -9,6 +9,7 @@ previous :meth:`Runner.save` wrote.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -92,6 +93,29 @@ class Backend(ABC):
     def __deepcopy__(self, memo: dict[int, Any]) -> Backend:
         # Backends are immutable configurations: copying a strategy shares them.
         return self
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ChangesResults(Backend):
+    """Base of opt-in backends that change numbers (quantisation, reduced precision).
+
+    Never in the default strategy; checked against eager with the looser tolerance
+    ``atol + rtol * |eager|`` that the user sets here, and labelled in every table.
+    """
+
+    preserves_results: ClassVar[bool] = False
+    atol: float = 5e-2
+    rtol: float = 5e-2
+
+    def tolerances(self) -> Tolerances:
+        return Tolerances.uniform(self.atol, self.rtol)
+
+
+def compile_unavailable_reason(device: torch.device, what: str = "compile=True") -> str | None:
+    """Why ``torch.compile`` cannot run on ``device`` here (Inductor on CUDA needs triton)."""
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        return f"{what} on CUDA needs triton (pip install triton)"
+    return None
 
 
 def _jsonable(value: Any) -> Any:

@@ -23,7 +23,7 @@ from torch import nn
 from ..errors import BackendError, InvalidInputError
 from ..graph import _DTYPE_SHORT, Graph, GraphKey, Sample, TensorSpec, detach_clone, flatten
 from ..graph import unflatten as unflatten_tree
-from .base import Backend, Runner, original_forward
+from .base import Backend, Runner, compile_unavailable_reason, original_forward
 from .inductor import fresh_entry
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
@@ -257,11 +257,8 @@ class DeviceGraph(Backend):
                 return "this PyTorch has no torch.xpu.XPUGraph; XPU graphs need a newer PyTorch"
         else:
             return "device graphs need a CUDA or XPU device"
-        if self.compile and device.type == "cuda":
-            try:
-                import triton  # noqa: F401
-            except ImportError:
-                return "compile=True on CUDA needs triton (pip install triton)"
+        if self.compile:
+            return compile_unavailable_reason(device)
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..errors import InvalidInputError
 from ..graph import Graph, GraphKey, detach_clone
-from .base import Backend, Runner, original_forward
+from .base import Backend, Runner, compile_unavailable_reason, original_forward
 
 
 def fresh_entry(forward: Any) -> Any:
@@ -79,11 +79,9 @@ class Inductor(Backend):
             object.__setattr__(self, "options", tuple(tuple(o) for o in self.options))
 
     def unavailable_reason(self, device: torch.device) -> str | None:
-        if device.type == "cuda":
-            try:
-                import triton  # noqa: F401
-            except ImportError:
-                return "Inductor on CUDA needs triton (pip install triton)"
+        reason = compile_unavailable_reason(device, "Inductor")
+        if reason:
+            return reason
         if self.mode in ("reduce-overhead",) and device.type == "cpu":
             return "mode='reduce-overhead' uses CUDA graphs and needs a CUDA device"
         return None

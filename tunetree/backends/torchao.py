@@ -18,10 +18,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
-from .base import Backend, Runner, original_forward
+from .base import ChangesResults, Runner, compile_unavailable_reason, original_forward
 from .inductor import fresh_entry
 
 SCHEMES = ("int8-weight-only", "int8-dynamic", "float8-dynamic")
@@ -93,7 +92,7 @@ class TorchAORunner(Runner):
 
 
 @dataclasses.dataclass(frozen=True)
-class TorchAO(Backend):
+class TorchAO(ChangesResults):
     """torchao quantisation of the module's linear layers (on a copy).
 
     ``scheme`` is one of :data:`SCHEMES`; ``compile=True`` also ``torch.compile``-s the
@@ -103,21 +102,15 @@ class TorchAO(Backend):
     """
 
     kind: ClassVar[str] = "torchao"
-    preserves_results: ClassVar[bool] = False
     extra: ClassVar[str | None] = "ao"
     scheme: str = "int8-weight-only"
     compile: bool = False
-    atol: float = 5e-2
-    rtol: float = 5e-2
 
     def __post_init__(self) -> None:
         if self.scheme not in SCHEMES:
             raise InvalidInputError(
                 f"TorchAO scheme must be one of {', '.join(SCHEMES)}, not {self.scheme!r}"
             )
-
-    def tolerances(self) -> Tolerances:
-        return Tolerances.uniform(self.atol, self.rtol)
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         if importlib.util.find_spec("torchao") is None:
@@ -136,11 +129,8 @@ class TorchAO(Backend):
                     "scheme 'float8-dynamic' needs compute capability 8.9 or newer (Ada, "
                     f"Hopper); this GPU has {capability[0]}.{capability[1]}"
                 )
-        if self.compile and device.type == "cuda":
-            try:
-                import triton  # noqa: F401
-            except ImportError:
-                return "compile=True on CUDA needs triton (pip install triton)"
+        if self.compile:
+            return compile_unavailable_reason(device)
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
