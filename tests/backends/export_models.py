@@ -5,7 +5,10 @@ modules with awkward inputs and outputs."""
 from __future__ import annotations
 
 import collections
+import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,7 @@ import torch
 from torch import nn
 
 from tunetree.backends.base import Runner
+from tunetree.compare import compare_all
 from tunetree.graph import Graph, Sample, flatten
 
 CPU = torch.device("cpu")
@@ -193,3 +197,50 @@ def assert_parameters_untouched(module: nn.Module, before: dict[str, Any]) -> No
     for name, (ptr, value) in before.items():
         assert after[name].data_ptr() == ptr, name
         assert torch.equal(after[name], value), name
+
+
+def check_conformance(
+    backend: Any, model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Any, list[Any], Path]:
+    """What every exporting backend must do on every model: match eager, keep the output
+    types (ModelOutput too), not overwrite earlier outputs, write only where told, round-trip
+    through save/load, and leave the module's parameters and torch's fast path untouched.
+    Returns the runner, its outputs and the directory it saved to."""
+    module, samples = MODELS[model]()
+    graph = graph_of(module, samples)
+    before = parameter_snapshot(module)
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    monkeypatch.chdir(tmp_path)  # nothing may be written to the working directory
+
+    runner = backend.build(module, graph, CPU)
+    outputs = run_all(runner, graph)
+    result = compare_all(graph.outputs, outputs)
+    assert result.ok, result.reason
+    for eager, got in zip(graph.outputs, outputs, strict=True):
+        assert type(got) is type(eager)
+    if model == "bert":
+        from transformers.utils import ModelOutput
+
+        assert isinstance(outputs[0], ModelOutput)
+        assert outputs[0]["last_hidden_state"].shape == graph.outputs[0]["last_hidden_state"].shape
+
+    # A later call must not overwrite what an earlier one returned.
+    first = runner(*samples[0].args, **samples[0].kwargs)
+    kept = [t.clone() for t in torch.utils._pytree.tree_leaves(first)]
+    runner(*samples[1].args, **samples[1].kwargs)
+    for a, b in zip(torch.utils._pytree.tree_leaves(first), kept, strict=True):
+        assert torch.equal(a, b)
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    description = runner.save(saved)
+    json.dumps(description)
+    assert sorted(os.listdir(tmp_path)) == ["saved"]
+    loaded = backend.load(module, graph.key, saved, description, CPU)
+    for a, b in zip(outputs, run_all(loaded, graph), strict=True):
+        assert_same(a, b)
+
+    assert_parameters_untouched(module, before)
+    assert torch.backends.mha.get_fastpath_enabled() == fastpath
+    assert not module.training
+    return runner, outputs, saved

@@ -3,8 +3,6 @@ save/load, availability, and the opt-in bf16 variant."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,16 +23,15 @@ from tunetree.errors import BackendError, InvalidInputError
 from .export_models import (
     CPU,
     MODELS,
-    assert_parameters_untouched,
     assert_same,
     awkward,
     bert,
+    check_conformance,
     data_dependent,
     encoder,
     graph_of,
     hide_packages,
     mlp,
-    parameter_snapshot,
     run_all,
 )
 
@@ -45,43 +42,7 @@ pytest.importorskip("openvino")
 def test_matches_eager_and_round_trips(
     model: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    module, samples = MODELS[model]()
-    graph = graph_of(module, samples)
-    before = parameter_snapshot(module)
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    monkeypatch.chdir(tmp_path)  # nothing may be written to the working directory
-
-    runner = OpenVINO().build(module, graph, CPU)
-    outputs = run_all(runner, graph)
-    result = compare_all(graph.outputs, outputs)
-    assert result.ok, result.reason
-    for eager, got in zip(graph.outputs, outputs, strict=True):
-        assert type(got) is type(eager)
-    if model == "bert":
-        from transformers.utils import ModelOutput
-
-        assert isinstance(outputs[0], ModelOutput)
-        assert outputs[0]["last_hidden_state"].shape == graph.outputs[0]["last_hidden_state"].shape
-
-    # A later call must not overwrite what an earlier one returned.
-    first = runner(*samples[0].args, **samples[0].kwargs)
-    kept = [t.clone() for t in torch.utils._pytree.tree_leaves(first)]
-    runner(*samples[1].args, **samples[1].kwargs)
-    for a, b in zip(torch.utils._pytree.tree_leaves(first), kept, strict=True):
-        assert torch.equal(a, b)
-
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    description = runner.save(saved)
-    json.dumps(description)
-    assert sorted(os.listdir(tmp_path)) == ["saved"]
-    loaded = OpenVINO().load(module, graph.key, saved, description, CPU)
-    for a, b in zip(outputs, run_all(loaded, graph), strict=True):
-        assert_same(a, b)
-
-    assert_parameters_untouched(module, before)
-    assert torch.backends.mha.get_fastpath_enabled() == fastpath
-    assert not module.training
+    check_conformance(OpenVINO(), model, tmp_path, monkeypatch)
 
 
 def test_awkward_inputs_and_outputs(tmp_path: Path) -> None:
