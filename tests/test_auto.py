@@ -35,12 +35,13 @@ def auto(model, backend=None, **kw):
 
 
 def test_shallowest_depth_within_tie_tolerance_wins() -> None:
-    # depth 0: 10 ms; depth 1: 2 x 4.9 ms = 9.8 ms (2% faster); untuned 20 ms.
+    # depth 0: 10 ms; depth 1: 2 x 4.9 ms = 9.8 ms (2% faster); untuned 20 ms. The tie
+    # tolerance is wide so that a loaded CI machine cannot turn 2% into more than 25%.
     model = two_level(root_tuned=10 * MS, kid_tuned=4.9 * MS)
-    result = auto(model, tie_tolerance=0.05, max_depth=1)
+    result = auto(model, tie_tolerance=0.25, max_depth=1)
     latencies = {r.depth: r.latency_s for r in result.rows}
-    assert latencies[0] == pytest.approx(10 * MS, rel=0.15)
-    assert latencies[1] == pytest.approx(9.8 * MS, rel=0.15)
+    assert latencies[0] == pytest.approx(10 * MS, rel=0.3)
+    assert latencies[1] == pytest.approx(9.8 * MS, rel=0.3)
     assert result.depth == 0
     assert result.speedup > 1.5
     # With no tolerance the faster depth 1 wins.

@@ -17,7 +17,7 @@ def test_timing_statistics_are_ordered() -> None:
 
 def test_same_winner_in_five_runs_when_gap_is_ten_percent() -> None:
     """Part 6 of the core issue: two artificial candidates of known latency, 10% apart."""
-    config = tt.MeasureConfig(warmup_s=0.02, block_s=0.01, trials=7, max_s_per_candidate=0.4)
+    config = tt.MeasureConfig(warmup_s=0.05, block_s=0.02, trials=11, max_s_per_candidate=0.6)
     winners = []
     for _ in range(5):
         timings = tt.measure(
