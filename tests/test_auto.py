@@ -11,7 +11,7 @@ from tunetree.auto import TIME_BUDGET_ERROR
 from tunetree.wrap import dispatcher_of, wrapped_paths
 
 MS = 1e-3
-QUICK = tt.MeasureConfig(warmup_s=0.02, block_s=0.02, trials=5, max_s_per_candidate=0.3)
+QUICK = tt.MeasureConfig(warmup_s=0.02, block_s=0.02, trials=7, max_s_per_candidate=0.4)
 
 
 def two_level(
