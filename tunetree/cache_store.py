@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._fs import fsync_dir
 from .errors import CacheError
 
 log = logging.getLogger(__name__)
@@ -66,15 +67,6 @@ def file_sha256(path: Path) -> tuple[str, int]:
             h.update(block)
             size += len(block)
     return h.hexdigest(), size
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -209,7 +201,7 @@ class CacheStore:
             f.flush()
             os.fsync(f.fileno())
         os.replace(part, directory / MANIFEST)
-        _fsync_dir(directory)
+        fsync_dir(directory)
 
     def publish(
         self, staging: Path, key: str, keep_existing: Callable[[dict[str, Any]], bool]
@@ -221,7 +213,7 @@ class CacheStore:
         for _ in range(5):
             try:
                 os.rename(staging, final)
-                _fsync_dir(self.entries)
+                fsync_dir(self.entries)
                 return True
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR):

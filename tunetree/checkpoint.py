@@ -40,6 +40,7 @@ from typing import IO, Any
 
 import torch
 
+from ._fs import fsync_dir
 from .backends import backend_type
 from .backends.base import Backend, Runner
 from .environment import Difference, compare_records, environment_record
@@ -312,28 +313,18 @@ def _install(tmp: Path, target: Path) -> None:
         aside = _sibling(target, "old")
         os.rename(target, aside)
         os.rename(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
         if aside.is_dir():
             shutil.rmtree(aside, ignore_errors=True)
         else:
             aside.unlink()
     else:
         os.replace(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
 def _sibling(target: Path, tag: str = "tmp") -> Path:
     return target.with_name(f"{target.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _fsync_tree(root: Path) -> None:
@@ -341,7 +332,7 @@ def _fsync_tree(root: Path) -> None:
         for filename in filenames:
             with open(os.path.join(dirpath, filename), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(Path(dirpath))
+        fsync_dir(Path(dirpath))
 
 
 def _files_under(root: Path, prefix: str = "") -> list[str]:

@@ -358,6 +358,11 @@ class FlatGraph:
         flat = FlatModule(module, template, in_spec, positions, outputs.positions)
         return cls(flat, example, inputs, outputs)
 
+    def check_numpy_dtypes(self) -> None:
+        """Refuse dtypes numpy cannot carry (bfloat16) before any time goes into exporting."""
+        for dtype in (*self.inputs.dtypes, *self.outputs.dtypes):
+            numpy_dtype(dtype)
+
 
 def _unique(names: list[str]) -> tuple[str, ...]:
     seen: set[str] = set()

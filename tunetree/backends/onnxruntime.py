@@ -233,8 +233,7 @@ class OnnxRuntime(Backend):
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
         flat = FlatGraph.of(module, graph)
-        for dtype in (*flat.inputs.dtypes, *flat.outputs.dtypes):
-            numpy_dtype(dtype)  # refuse bfloat16 before spending time on the export
+        flat.check_numpy_dtypes()
         directory = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
         try:
             _export(flat, module, directory)

@@ -180,8 +180,7 @@ class OpenVINO(Backend):
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
         flat = FlatGraph.of(module, graph)
-        for dtype in (*flat.inputs.dtypes, *flat.outputs.dtypes):
-            numpy_dtype(dtype)  # refuse bfloat16 before spending time on the conversion
+        flat.check_numpy_dtypes()
         model, exported = _convert(flat, module)
         _make_static(model, flat.inputs)
         # The converted model may share weight memory with the exported program's tensors.
