@@ -12,14 +12,31 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 import tunetree as tt
 
 from . import common, zoo
 
 
-def run_model(name: str, size: str, device: str, config: tt.MeasureConfig) -> dict[str, Any]:
+def opt_in_backends(device: str) -> list[tt.backends.Backend]:
+    """Candidates that change results (bf16, int8), available here: measured only on request."""
+    candidates: list[tt.backends.Backend] = [
+        tt.backends.OpenVINOBf16(),
+        tt.backends.Autocast(dtype="bf16"),
+        tt.backends.TorchAO(scheme="int8-dynamic"),
+    ]
+    dev = torch.device(device)
+    return [b for b in candidates if b.unavailable_reason(dev) is None]
+
+
+def run_model(
+    name: str, size: str, device: str, config: tt.MeasureConfig, opt_in: bool = False
+) -> dict[str, Any]:
     entry = zoo.build(name, size, device)
     strategy = tt.default_strategy(device)
+    if opt_in:  # labelled "changes results, opt-in" in every row
+        strategy = tt.HighestThroughputStrategy(strategy.backends + opt_in_backends(device))
     result = tt.tune(
         entry.model,
         entry.data,
@@ -62,14 +79,20 @@ def run_model(name: str, size: str, device: str, config: tt.MeasureConfig) -> di
 
 
 def main() -> None:
-    args = common.parser(__doc__ or "", zoo.DESIGN_FOUR).parse_args()
+    p = common.parser(__doc__ or "", zoo.DESIGN_FOUR)
+    p.add_argument(
+        "--opt-in",
+        action="store_true",
+        help="also measure candidates that change results (bf16, int8), labelled as such",
+    )
+    args = p.parse_args()
     common.cuda_setup(args.device)
     info = common.header(common.command_line())
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()
     results = []
     for name in args.models.split(","):
         try:
-            r = run_model(name, common.size_for(args), args.device, config)
+            r = run_model(name, common.size_for(args), args.device, config, args.opt_in)
         except Exception as exc:  # one broken model must not lose the others' numbers
             print(f"\n## {name}: FAILED {type(exc).__name__}: {exc}", flush=True)
             continue
@@ -111,7 +134,10 @@ def main() -> None:
             ],
         )
     )
-    common.write_json(args.out, f"backends-{args.device}.json", {"run": info, "results": results})
+    suffix = "-opt-in" if args.opt_in else ""
+    common.write_json(
+        args.out, f"backends-{args.device}{suffix}.json", {"run": info, "results": results}
+    )
 
 
 if __name__ == "__main__":
