@@ -165,3 +165,49 @@ def test_kwargs_module_and_progress_output(capsys: pytest.CaptureFixture[str]) -
 def test_device_mismatch_is_refused() -> None:
     with pytest.raises(tt.InvalidInputError, match="move the model first"):
         tt.tune(mlp(), [torch.randn(4, 16)], device="meta", verbose=False)
+
+
+def test_opaque_objects_never_reuse_a_runner_tuned_with_another_object() -> None:
+    """A backend may bake a non-tensor argument into its graph; a call with another object of
+    the same type must therefore run the original forward, never the baked runner."""
+    import dataclasses
+    from typing import Any, ClassVar
+
+    from tunetree.backends.base import Backend, Runner, original_forward
+
+    class Scale:
+        def __init__(self, factor: float) -> None:
+            self.factor = factor
+
+    class Scaled(nn.Module):
+        def forward(self, x: torch.Tensor, scale: Scale) -> torch.Tensor:
+            return x * scale.factor
+
+    class BakedRunner(Runner):
+        def __init__(self, backend: Backend, forward: Any, baked: Scale) -> None:
+            super().__init__(backend)
+            self.forward, self.baked = forward, baked
+
+        def __call__(self, x: torch.Tensor, scale: Scale) -> torch.Tensor:
+            return self.forward(x, self.baked)  # ignores the object it is given
+
+    @dataclasses.dataclass(frozen=True)
+    class Baking(Backend):
+        kind: ClassVar[str] = "fake-baking"
+
+        def build(self, module, graph, device):
+            return BakedRunner(self, original_forward(module), graph.samples[0].args[1])
+
+    x = torch.ones(2)
+    tuned_with = Scale(2.0)
+    result = tt.tune(
+        Scaled(),
+        [(x, tuned_with)],
+        strategy=tt.OneBackendStrategy(Baking()),
+        measure_config=QUICK,
+        verbose=False,
+    )
+    assert result.graphs[0].winner is not None
+    assert "<Scale>" in str(result.graphs[0].graph.key)
+    assert torch.equal(result.model(x, tuned_with), x * 2)
+    assert torch.equal(result.model(x, Scale(3.0)), x * 3)  # not the baked 2.0

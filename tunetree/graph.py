@@ -68,8 +68,11 @@ def _leaf_signature(value: Any) -> Any:
             (f.name, _leaf_signature(getattr(value, f.name))) for f in dataclasses.fields(value)
         )
         return (type(value).__qualname__, fields)
-    # Unknown objects: keyed by type only, so two calls with the same kind of object share a graph.
-    return ("object", type(value).__qualname__)
+    # Opaque objects (a cache, a config): their contents are invisible here, and a backend
+    # that exported the graph may have baked them in as constants. Keying them by identity
+    # means a runner only ever serves the very object it was tuned with; any other object
+    # takes the original forward.
+    return ("object", type(value).__qualname__, id(value))
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,11 @@ class GraphKey:
             tuple(_leaf_signature(a) for a in args),
             tuple(sorted((k, _leaf_signature(v)) for k, v in kwargs.items())),
         )
+
+    @property
+    def has_opaque(self) -> bool:
+        """True when an argument is an opaque object, keyed by identity (see ``GraphKey.of``)."""
+        return "'object'" in repr(self)
 
     def digest(self) -> str:
         """Stable 16-hex-digit id of this signature (the same in every process)."""
@@ -157,8 +165,8 @@ def _format_sig(sig: Any) -> str:
         return f"({inner})" if sig[0] == "tuple" else f"[{inner}]"
     if isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "dict":
         return "{" + ", ".join(f"{k}: {_format_sig(v)}" for k, v in sig[1]) + "}"
-    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "object":
-        return f"<{sig[1]}>"
+    if isinstance(sig, tuple) and len(sig) == 3 and sig[0] == "object":
+        return f"<{sig[1].rsplit('.', 1)[-1]}>"
     if isinstance(sig, tuple) and len(sig) == 2:
         return f"{sig[0]}(...)"
     return repr(sig)

@@ -40,12 +40,23 @@ class Dispatcher:
         """The plan this dispatcher belongs to (measured latencies, depth), when known."""
         self.original = original_forward(module)
         self._warned: set[GraphKey] = set()
+        self._warned_opaque = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = GraphKey.of(args, kwargs)
         runner = self.runners.get(key)
         if runner is None:
-            if key not in self._warned:
+            if key.has_opaque:  # identity-keyed objects: warn once per module, not per call
+                if not self._warned_opaque:
+                    self._warned_opaque = True
+                    log.warning(
+                        "%s: called with an object it was not tuned with (%s); running the "
+                        "original forward, since a tuned runner may have baked the tuning-time "
+                        "object in",
+                        self.path or "<model>",
+                        key,
+                    )
+            elif key not in self._warned:
                 self._warned.add(key)
                 log.warning(
                     "%s: input signature %s was not seen while tuning; running the original "
