@@ -211,3 +211,24 @@ def test_opaque_objects_never_reuse_a_runner_tuned_with_another_object() -> None
     assert "<Scale>" in str(result.graphs[0].graph.key)
     assert torch.equal(result.model(x, tuned_with), x * 2)
     assert torch.equal(result.model(x, Scale(3.0)), x * 3)  # not the baked 2.0
+
+
+def test_training_mode_runs_the_original_forward() -> None:
+    model = mlp()
+    result = tune(model, [torch.randn(4, 16)], [Wrong(0.5)], depth=0)
+    assert result.graphs[0].winner is None  # wrong numbers are never installed
+    result = tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=0)
+    fast = result.model
+    calls = []
+    fast.forward.runners = {
+        k: type(r)(r.backend, lambda *a, **kw: calls.append(1) or model[0](*a, **kw))
+        for k, r in fast.forward.runners.items()
+    }
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        fast(x)
+        assert calls == [1]
+        fast.train()
+        assert torch.equal(fast(x), model(x))
+        assert calls == [1]  # the runner was not used in training mode
+        fast.eval()

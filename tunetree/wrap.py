@@ -41,8 +41,19 @@ class Dispatcher:
         self.original = original_forward(module)
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
+        self._warned_training = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.original.__self__.training:
+            # Runners are inference-only (an exported graph has no dropout, no autograd).
+            if not self._warned_training:
+                self._warned_training = True
+                log.warning(
+                    "%s is in training mode: running its original forward (tuned runners "
+                    "serve eval mode only)",
+                    self.path or "<model>",
+                )
+            return self.original(*args, **kwargs)
         key = GraphKey.of(args, kwargs)
         runner = self.runners.get(key)
         if runner is None:
