@@ -78,3 +78,19 @@ def test_default_strategy_keeps_results_and_runs_here() -> None:
     assert all(b.preserves_results for b in strategy.backends)
     assert all(b.unavailable_reason(torch.device("cpu")) is None for b in strategy.backends)
     assert "eager" in str(strategy)
+
+
+def test_default_strategy_names_the_extra_of_a_missing_package(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import importlib.util
+    import logging
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a)
+    )
+    with caplog.at_level(logging.WARNING, logger="tunetree.strategy"):
+        strategy = tt.default_strategy("cpu")
+    assert "openvino" not in [b.kind for b in strategy.backends]
+    assert any("pip install 'tunetree[openvino]'" in r.getMessage() for r in caplog.records)

@@ -26,7 +26,7 @@ from .inspection import CallFn, ModelInfo, inspect, module_paths, run_model
 from .measure import MeasureConfig, Timing, cycle_calls, measure
 from .plan import Plan
 from .progress import Progress
-from .strategy import Strategy
+from .strategy import Strategy, default_strategy
 from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
 from .tune import tune_cut as _tune_cut
 from .wrap import unwrap, wrap
@@ -242,6 +242,7 @@ def auto_tune(
         return AutoTuneResult(model, None, rows, None, info=info, dry_run=True, original=model)
 
     graph_cache = open_cache(cache)
+    strategy = strategy or default_strategy(dev)  # built once: its log lines appear once
     devices = _tensor_devices(model)
     progress("measuring the untuned model")
     before = _measure_model(model, info, call, config)

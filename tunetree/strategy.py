@@ -212,7 +212,9 @@ def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStr
             continue
         reason = backend.unavailable_reason(dev)
         if reason:
-            log.info("default strategy on %s leaves out %s: %s", dev, backend.name, reason)
+            # A missing package is actionable (the reason names the extra): say it loudly.
+            level = logging.WARNING if "pip install" in reason else logging.INFO
+            log.log(level, "default strategy on %s leaves out %s: %s", dev, backend.name, reason)
             continue
         chosen.append(backend)
     return HighestThroughputStrategy(chosen)
