@@ -12,7 +12,9 @@ from torch import nn
 from tunetree.backends import BACKEND_TYPES, Autocast, backend_type, default_backends
 from tunetree.compare import Tolerances, compare_all
 from tunetree.errors import InvalidInputError
-from tunetree.graph import Graph, Sample
+from tunetree.graph import Sample
+
+from .export_models import graph_of, run_all
 
 CPU = torch.device("cpu")
 
@@ -28,17 +30,6 @@ class TwoHeads(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, Any]:
         logits = self.head(self.body(x))
         return {"logits": logits, "label": logits.argmax(-1), "note": "ok"}
-
-
-def _graph(module: nn.Module, samples: list[Sample]) -> Graph:
-    with torch.no_grad():
-        outputs = [module(*s.args, **s.kwargs) for s in samples]
-    return Graph(key=samples[0].key, samples=samples, outputs=outputs)
-
-
-def _run(runner: Any, samples: list[Sample]) -> list[Any]:
-    with torch.no_grad():
-        return [runner(*s.args, **s.kwargs) for s in samples]
 
 
 def test_config_and_registration() -> None:
@@ -64,10 +55,10 @@ def test_bf16_on_cpu_close_but_not_equal(tmp_path: Path) -> None:
     torch.manual_seed(0)
     module = TwoHeads().eval()
     samples = [Sample((torch.randn(8, 64),)) for _ in range(2)]
-    graph = _graph(module, samples)
+    graph = graph_of(module, samples)
     backend = Autocast()
     runner = backend.build(module, graph, CPU)
-    outputs = _run(runner, samples)
+    outputs = run_all(runner, graph)
 
     # Same structure and dtypes as eager (outputs are cast back to float32) ...
     assert outputs[0]["logits"].dtype == torch.float32 and outputs[0]["note"] == "ok"
@@ -84,5 +75,5 @@ def test_bf16_on_cpu_close_but_not_equal(tmp_path: Path) -> None:
     description = runner.save(tmp_path)
     assert not any(tmp_path.iterdir())
     loaded = backend.load(module, graph.key, tmp_path, description, CPU)
-    again = _run(loaded, samples)
+    again = run_all(loaded, graph)
     assert all(torch.equal(a["logits"], b["logits"]) for a, b in zip(outputs, again, strict=True))

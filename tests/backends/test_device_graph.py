@@ -25,6 +25,8 @@ from tunetree.compare import Tolerances, compare_all
 from tunetree.errors import BackendError, InvalidInputError
 from tunetree.graph import Graph, GraphKey, Sample, flatten
 
+from .export_models import graph_of
+
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
 
@@ -193,7 +195,7 @@ def test_replay_plumbing_with_keyword_inputs(tmp_path: Path) -> None:
     torch.manual_seed(0)
     module = _KwargModel().eval()
     samples = _kwarg_samples()
-    graph = _graph(module, samples)
+    graph = graph_of(module, samples)
     backend = DeviceGraph()
     runner = backend.build(module, graph, CPU)
     outputs = _run_all(runner, samples)
@@ -229,7 +231,7 @@ def test_replay_plumbing_with_nested_inputs() -> None:
 
     pair_module = Pair().eval()
     samples = [Sample(((torch.randn(5, 3), torch.randn(5, 4)),)) for _ in range(2)]
-    graph = _graph(pair_module, samples)
+    graph = graph_of(pair_module, samples)
     runner = DeviceGraph(clone_outputs=False).build(pair_module, graph, CPU)
     assert runner.top_slots is None  # nested: the general path
     with torch.no_grad():
@@ -294,12 +296,6 @@ def _bert() -> tuple[nn.Module, list[Sample]]:
 MODELS = {"mlp": _mlp, "encoder": _encoder, "bert": _bert}
 
 
-def _graph(module: nn.Module, samples: list[Sample]) -> Graph:
-    with torch.no_grad():
-        outputs = [module(*s.args, **s.kwargs) for s in samples]
-    return Graph(key=samples[0].key, samples=samples, outputs=outputs)
-
-
 def _run_all(runner: Any, samples: list[Sample]) -> list[Any]:
     with torch.no_grad():
         return [runner(*s.args, **s.kwargs) for s in samples]
@@ -315,7 +311,7 @@ def _tensors(tree: Any) -> list[torch.Tensor]:
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_matches_eager_and_round_trips(model: str, tmp_path: Path) -> None:
     module, samples = MODELS[model]()
-    graph = _graph(module, samples)
+    graph = graph_of(module, samples)
     backend = DeviceGraph()
     assert backend.unavailable_reason(CUDA) is None
     runner = backend.build(module, graph, CUDA)
@@ -344,7 +340,7 @@ def test_matches_eager_and_round_trips(model: str, tmp_path: Path) -> None:
 @pytest.mark.usefixtures("no_tf32")
 def test_without_clones_the_next_replay_overwrites() -> None:
     module, samples = _mlp()
-    graph = _graph(module, samples)
+    graph = graph_of(module, samples)
     runner = DeviceGraph(clone_outputs=False).build(module, graph, CUDA)
     with torch.no_grad():
         first = runner(*samples[0].args)
@@ -357,7 +353,7 @@ def test_without_clones_the_next_replay_overwrites() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_other_shape_is_refused() -> None:
     module, samples = _mlp()
-    runner = DeviceGraph().build(module, _graph(module, samples), CUDA)
+    runner = DeviceGraph().build(module, graph_of(module, samples), CUDA)
     with pytest.raises(BackendError, match="static shapes"):
         runner(torch.randn(16, 1024, device=CUDA))
 
@@ -368,7 +364,7 @@ def test_other_shape_is_refused() -> None:
 @pytest.mark.usefixtures("no_tf32")
 def test_captures_the_compiled_forward() -> None:
     module, samples = _encoder()
-    graph = _graph(module, samples)
+    graph = graph_of(module, samples)
     backend = DeviceGraph(compile=True, compile_mode=None)
     assert backend.unavailable_reason(CUDA) is None
     runner = backend.build(module, graph, CUDA)

@@ -13,7 +13,9 @@ from torch import nn
 from tunetree.backends import BACKEND_TYPES, TorchAO, backend_type, default_backends
 from tunetree.compare import Tolerances, compare_all
 from tunetree.errors import InvalidInputError
-from tunetree.graph import Graph, Sample
+from tunetree.graph import Sample
+
+from .export_models import graph_of, run_all
 
 CPU = torch.device("cpu")
 CUDA = torch.device("cuda")
@@ -31,17 +33,6 @@ def _mlp(device: torch.device) -> nn.Module:
     )
 
 
-def _graph(module: nn.Module, samples: list[Sample]) -> Graph:
-    with torch.no_grad():
-        outputs = [module(*s.args, **s.kwargs) for s in samples]
-    return Graph(key=samples[0].key, samples=samples, outputs=outputs)
-
-
-def _run(runner: Any, samples: list[Sample]) -> list[Any]:
-    with torch.no_grad():
-        return [runner(*s.args, **s.kwargs) for s in samples]
-
-
 def _state(module: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
@@ -50,14 +41,14 @@ def _check(scheme: str, device: torch.device, tmp_path: Path) -> None:
     module = _mlp(device)
     before = _state(module)
     samples = [Sample((torch.randn(16, 256, device=device),)) for _ in range(2)]
-    graph = _graph(module, samples)
+    graph = graph_of(module, samples)
     backend = TorchAO(scheme=scheme)
     assert backend.unavailable_reason(device) is None
     inductor_config = torch._inductor.config.get_config_copy()
     runner = backend.build(module, graph, device)
     # torchao must not retune Inductor for the whole process (other candidates compile too).
     assert torch._inductor.config.get_config_copy() == inductor_config
-    outputs = _run(runner, samples)
+    outputs = run_all(runner, graph)
 
     close = compare_all(graph.outputs, outputs, backend.tolerances())
     assert close.ok, close.reason
@@ -71,7 +62,7 @@ def _check(scheme: str, device: torch.device, tmp_path: Path) -> None:
     assert all(torch.equal(before[k], after[k]) for k in before)
 
     loaded = backend.load(module, graph.key, tmp_path, runner.save(tmp_path), device)
-    again = _run(loaded, samples)
+    again = run_all(loaded, graph)
     assert all(torch.equal(a, b) for a, b in zip(outputs, again, strict=True))
 
 
