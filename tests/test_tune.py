@@ -232,3 +232,12 @@ def test_training_mode_runs_the_original_forward() -> None:
         assert torch.equal(fast(x), model(x))
         assert calls == [1]  # the runner was not used in training mode
         fast.eval()
+
+
+def test_opaque_detection_looks_at_structure_not_text() -> None:
+    class Thing:
+        pass
+
+    assert tt.GraphKey.of((torch.ones(1), Thing()), {}).has_opaque
+    assert tt.GraphKey.of((), {"nested": [{"x": Thing()}]}).has_opaque
+    assert not tt.GraphKey.of((torch.ones(1), "object"), {"mode": "object"}).has_opaque

@@ -93,7 +93,9 @@ class GraphKey:
     @property
     def has_opaque(self) -> bool:
         """True when an argument is an opaque object, keyed by identity (see ``GraphKey.of``)."""
-        return "'object'" in repr(self)
+        return any(_is_opaque(sig) for sig in self.args) or any(
+            _is_opaque(sig) for _, sig in self.kwargs
+        )
 
     def digest(self) -> str:
         """Stable 16-hex-digit id of this signature (the same in every process)."""
@@ -153,6 +155,18 @@ def _sig_from_json(data: Any) -> Any:
     if data is None or isinstance(data, bool | int | float | str):
         return data
     raise ValueError(f"a graph signature cannot hold a {type(data).__name__}")
+
+
+def _is_opaque(sig: Any) -> bool:
+    """True when a leaf signature is, or contains, an identity-keyed opaque object
+    (``("object", type name, id)``; constants are ``("const", type name, value)``)."""
+    if isinstance(sig, TensorSpec) or not isinstance(sig, tuple):
+        return False
+    if len(sig) == 3 and sig[0] == "object" and isinstance(sig[2], int):
+        return True
+    if len(sig) == 3 and sig[0] == "const":
+        return False
+    return any(_is_opaque(part) for part in sig)
 
 
 def _format_sig(sig: Any) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ._table import format_table
-from .backends import Backend, default_backends
+from .backends import Backend, default_backends, original_forward
 from .errors import InvalidInputError
 from .evaluate import CandidateRow, GraphSession, Status
 from .graph import Graph, Sample, flatten, unflatten
@@ -234,8 +234,6 @@ def _scaled_graph(module: torch.nn.Module, graph: Graph, factor: int) -> Graph:
         return Sample(tuple(args), dict(kwargs))
 
     samples = [scale(s) for s in graph.samples[:1]]
-    from .backends.base import original_forward
-
     forward = original_forward(module)
     with torch.no_grad():
         outputs = [forward(*s.args, **s.kwargs) for s in samples]
