@@ -11,6 +11,7 @@ import torch
 
 from .auto import auto_tune
 from .compare import compare_all
+from .tune import TuneResult
 
 
 def build_encoder(d_model: int = 256, layers: int = 4) -> torch.nn.Module:
@@ -41,8 +42,6 @@ def run_demo(max_depth: int = 1, time_budget: float | None = None) -> int:
     if result.depth is not None:
         print()
         print(f"Candidates at the selected depth {result.depth}:")
-        from .tune import TuneResult
-
         graphs = result.graphs[result.depth]
         assert result.info is not None
         print(TuneResult(result.model, result.depth, result.plan, graphs, result.info).table())
