@@ -11,6 +11,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -88,6 +89,10 @@ class GraphSession:
     progress: Progress = field(default_factory=lambda: Progress(False))
     on_build: Callable[[Backend], None] | None = None
     """Called before every backend build (the cache and tests count builds with it)."""
+    measure_lock: Callable[[], AbstractContextManager[None]] | None = None
+    """Held around every measurement when set: the tuning cache supplies its device lock on
+    a miss so concurrent tuners do not disturb each other's timings. Sessions derived from
+    this one (``dataclasses.replace``) keep it."""
 
     def evaluate(self, backend: Backend) -> CandidateRow:
         """Availability, build and first run, then comparison with eager on every sample."""
@@ -136,19 +141,27 @@ class GraphSession:
         for i, row in enumerate(usable):
             assert row.runner is not None
             calls[f"{i}"] = cycle_calls(row.runner, self.graph.samples)
-        try:
-            timings = measure(calls, self.device, self.measure_config)
-        except Exception as exc:  # a runner that fails only when timed: measure one by one
-            log.debug("interleaved measurement failed: %s", exc)
-            timings = {}
-            for name, fn in calls.items():
-                try:
-                    timings.update(measure({name: fn}, self.device, self.measure_config))
-                except Exception as one_exc:
-                    row = usable[int(name)]
-                    row.status, row.reason = Status.FAILED, f"measure: {_short(one_exc)}"
+        with self.measure_lock() if self.measure_lock is not None else nullcontext():
+            timings = self._time(calls, usable)
         for name, timing in timings.items():
             usable[int(name)].timing = timing
+
+    def _time(
+        self, calls: dict[str, Callable[[], object]], usable: list[CandidateRow]
+    ) -> dict[str, Timing]:
+        """Interleaved timings; one by one when a runner fails only when timed."""
+        try:
+            return measure(calls, self.device, self.measure_config)
+        except Exception as exc:
+            log.debug("interleaved measurement failed: %s", exc)
+        timings: dict[str, Timing] = {}
+        for name, fn in calls.items():
+            try:
+                timings.update(measure({name: fn}, self.device, self.measure_config))
+            except Exception as one_exc:
+                row = usable[int(name)]
+                row.status, row.reason = Status.FAILED, f"measure: {_short(one_exc)}"
+        return timings
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

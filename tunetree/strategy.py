@@ -8,6 +8,7 @@ not only the winner.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,15 +154,9 @@ class HighestThroughputStrategy(Strategy):
             except Exception as exc:
                 log.info("batch search stopped for %s: %s", row.backend.name, exc)
                 break
-            scaled = GraphSession(
-                session.module,
-                session.path,
-                graph,
-                session.device,
-                session.tolerances,
-                session.measure_config,
-                session.progress,
-            )
+            # replace() keeps the session's measure lock (the cache's device lock); builds
+            # of the search are not reported to on_build, as before.
+            scaled = dataclasses.replace(session, graph=graph, on_build=None)
             candidate = scaled.evaluate(row.backend)
             if candidate.usable:
                 scaled.measure([candidate])

@@ -6,7 +6,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -21,28 +21,11 @@ from .inspection import CallFn, ModelInfo, find_module, inspect, resolve_device
 from .measure import MeasureConfig
 from .plan import Plan, PlanEntry
 from .progress import Progress
+from .results import GraphCache, GraphResult
 from .strategy import Strategy, default_strategy
 from .wrap import unwrap, wrap, wrapped_paths
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GraphResult:
-    """Every candidate's row for one graph of one module, and the winner."""
-
-    path: str
-    graph: Graph = field(repr=False)
-    rows: list[CandidateRow]
-    winner: CandidateRow | None
-    strategy: str = ""
-
-    @property
-    def eager_latency_s(self) -> float | None:
-        for row in self.rows:
-            if row.backend.kind == "eager" and row.timing is not None:
-                return row.timing.median_s
-        return None
 
 
 @dataclass
@@ -108,16 +91,6 @@ class TuneResult:
 
 GraphMemo = dict[tuple[str, Any], GraphResult]
 """Graphs already tuned, by (path, graph key): reused instead of tuned twice."""
-
-
-class GraphCache(Protocol):
-    """What :func:`tune_cut` asks of a persistent tuning cache (see ``tunetree.cache``)."""
-
-    def lookup(self, session: GraphSession, strategy: Strategy) -> GraphResult | None:
-        """A validated earlier result for this graph, or None (a miss or an invalid entry)."""
-
-    def store(self, session: GraphSession, strategy: Strategy, result: GraphResult) -> None:
-        """Record a fresh result; must never raise for I/O problems (log them instead)."""
 
 
 def tune_cut(

@@ -1,0 +1,45 @@
+"""What tuning one graph produces, and what a persistent cache of such results offers.
+
+Kept below both :mod:`tunetree.tune` and :mod:`tunetree.cache` so the cache depends only
+downward: tune uses a cache through :class:`GraphCache`, and the cache builds
+:class:`GraphResult` objects without importing tune.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from .evaluate import CandidateRow, GraphSession
+from .graph import Graph
+
+if TYPE_CHECKING:
+    from .strategy import Strategy
+
+
+@dataclass
+class GraphResult:
+    """Every candidate's row for one graph of one module, and the winner."""
+
+    path: str
+    graph: Graph = field(repr=False)
+    rows: list[CandidateRow]
+    winner: CandidateRow | None
+    strategy: str = ""
+
+    @property
+    def eager_latency_s(self) -> float | None:
+        for row in self.rows:
+            if row.backend.kind == "eager" and row.timing is not None:
+                return row.timing.median_s
+        return None
+
+
+class GraphCache(Protocol):
+    """What :func:`tune_cut` asks of a persistent tuning cache (see :mod:`tunetree.cache`)."""
+
+    def lookup(self, session: GraphSession, strategy: Strategy) -> GraphResult | None:
+        """A validated earlier result for this graph, or None (a miss or an invalid entry)."""
+
+    def store(self, session: GraphSession, strategy: Strategy, result: GraphResult) -> None:
+        """Record a fresh result; must never raise for I/O problems (log them instead)."""
