@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import tunetree as tt
-from tunetree import checkpoint
+from tunetree.checkpoint import loading
 from tunetree.cli import EXIT_INCOMPATIBLE, EXIT_OK, EXIT_UNREADABLE, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +40,7 @@ def saved(tmp_path: Path) -> Path:
 
 def _set_host(path: Path, host: str) -> None:
     """Rewrite the record's host name (and re-bind the manifest to the new record)."""
-    from tests.test_checkpoint import rewrite
+    from tests.checkpoint.test_checkpoint import rewrite
 
     rewrite(path, lambda p: p.record.update(host=host))
 
@@ -106,7 +106,7 @@ def test_info_loads_no_weights(
         raise AssertionError("info must not read weights")
 
     monkeypatch.setattr(zipfile.ZipFile, "open", spy)
-    monkeypatch.setattr(checkpoint, "_apply_weights", forbidden)
+    monkeypatch.setattr(loading, "_apply_weights", forbidden)
     monkeypatch.setattr("safetensors.torch.load_file", forbidden)
     assert main(["info", str(saved)]) == EXIT_OK
     assert opened == ["manifest.json"]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ._table import format_seconds, format_table
-from .cache_cli import add_cache_commands
+from .cache.cli import add_cache_commands
 
 EXIT_OK = 0
 EXIT_INCOMPATIBLE = 1
@@ -25,7 +25,7 @@ EXIT_UNREADABLE = 2
 
 
 def _flat_lines(record: dict[str, Any]) -> list[str]:
-    from .environment import flatten_record
+    from .checkpoint.environment import flatten_record
 
     lines = []
     for entry, value in flatten_record(record).items():
@@ -86,7 +86,7 @@ def info_command(args: argparse.Namespace) -> int:
             print(f"tunetree info: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
     if args.json:
-        print(json.dumps(info.as_json(), indent=2))
+        print(json.dumps(info.to_json(), indent=2))
     else:
         _print_info(info)
     return EXIT_OK if info.compatible else EXIT_INCOMPATIBLE

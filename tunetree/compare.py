@@ -56,7 +56,8 @@ class Tolerances:
     def for_dtype(self, dtype: torch.dtype) -> Tolerance:
         return self.by_dtype.get(dtype, Tolerance(0.0, 0.0))
 
-    def describe(self) -> dict[str, dict[str, float]]:
+    def to_json(self) -> dict[str, dict[str, float]]:
+        """Tolerances by dtype name, as JSON data."""
         return {dtype_name(dt): {"atol": t.atol, "rtol": t.rtol} for dt, t in self.by_dtype.items()}
 
 

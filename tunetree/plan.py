@@ -40,8 +40,8 @@ class Plan:
             if any(r.backend.kind != "eager" for r in runners.values())
         }
 
-    def describe(self) -> list[dict[str, Any]]:
-        """JSON-friendly rows: path, graph, backend, latency."""
+    def to_json(self) -> list[dict[str, Any]]:
+        """JSON rows: path, graph, backend, latency."""
         return [
             {
                 "path": e.path,

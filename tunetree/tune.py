@@ -15,8 +15,7 @@ from .backends.base import Backend
 from .cache import open_cache
 from .compare import Tolerances
 from .errors import InvalidInputError
-from .evaluate import CandidateRow, GraphSession
-from .graph import Graph
+from .evaluate import GraphSession
 from .inspection import CallFn, ModelInfo, find_module, inspect, resolve_device
 from .measure import MeasureConfig
 from .plan import Plan, PlanEntry

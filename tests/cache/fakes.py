@@ -1,6 +1,6 @@
 """Test-only backends and models for the tuning-cache tests, and a runner for fresh processes.
 
-``python -m tests.cache_fakes '<json>'`` tunes a model in a new process and prints one JSON
+``python -m tests.cache.fakes '<json>'`` tunes a model in a new process and prints one JSON
 line: the backend builds it made (``kind:module path``), cache hits and misses, and whether
 the tuned outputs match eager.
 """

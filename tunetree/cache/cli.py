@@ -1,7 +1,7 @@
 """``tunetree cache ls | verify | gc``: look after the tuning cache from the command line.
 
 :func:`add_cache_commands` registers the ``cache`` subcommand with the ``tunetree``
-parser (see :mod:`tunetree.cli`); ``python -m tunetree.cache_cli`` runs it on its own.
+parser (see :mod:`tunetree.cli`); ``python -m tunetree.cache.cli`` runs it on its own.
 Exit status: 0 fine, 1 ``verify`` found unusable entries, 2 the cache cannot be opened.
 """
 
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ._table import format_table
+from .._table import format_table
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -45,7 +45,7 @@ def _when(timestamp: float) -> str:
 
 
 def _open(args: argparse.Namespace) -> Any:
-    from .cache import TuningCache, default_directory
+    from .tuning import TuningCache, default_directory
 
     return TuningCache(args.dir or default_directory())
 
@@ -76,7 +76,7 @@ def ls_command(args: argparse.Namespace) -> int:
             ["key", "module", "graph", "winner", "cands", "size", "hits", "last used", "status"],
             rows,
             title=f"tuning cache {cache.directory}: {len(infos)} entries, "
-            f"{format_size(cache.store_.size())} on disk",
+            f"{format_size(cache.disk.size())} on disk",
         )
     )
     return 0
@@ -85,7 +85,7 @@ def ls_command(args: argparse.Namespace) -> int:
 def verify_command(args: argparse.Namespace) -> int:
     """Check every manifest and artifact checksum; unusable entries are marked invalid."""
     cache = _open(args)
-    checked = len(cache.store_.entry_keys())
+    checked = len(cache.disk.entry_keys())
     bad = cache.verify()
     if args.json:
         print(json.dumps({"entries": checked, "bad": [vars(i) for i in bad]}, indent=2))
@@ -117,7 +117,7 @@ def _guard(func: Any) -> Any:
     """Turn a cache that cannot be opened into exit status 2 with one line on stderr."""
 
     def run(args: argparse.Namespace) -> int:
-        from .errors import CacheError
+        from ..errors import CacheError
 
         try:
             return int(func(args))
@@ -160,7 +160,7 @@ def add_cache_commands(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m tunetree.cache_cli ACTION``: the ``cache`` subcommand on its own."""
+    """``python -m tunetree.cache.cli ACTION``: the ``cache`` subcommand on its own."""
     parser = argparse.ArgumentParser(prog="tunetree")
     add_cache_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["cache", *(sys.argv[1:] if argv is None else argv)])

@@ -28,13 +28,15 @@ from torch import nn
 import tunetree as tt
 import tunetree.backends
 from tunetree import checkpoint
+from tunetree.checkpoint import format as checkpoint_format
+from tunetree.checkpoint import writer
 from tunetree.backends import BACKEND_TYPES
 from tunetree.backends.base import Backend, Runner, original_forward
 from tunetree.graph import Graph, GraphKey, TensorSpec
 from tunetree.wrap import wrapped_paths
 
 CPU = torch.device("cpu")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # --- models
 
@@ -352,7 +354,7 @@ def test_round_trip_on_cuda(
     result = tune(tiny().cuda(), backend, depth, dataset)
     expected = outputs(result.model, dataset)
     path = tt.save(result, tmp_path / "model.tt")
-    assert checkpoint.read_info(path).manifest["device"].startswith("cuda")
+    assert checkpoint.read_info(path).manifest.device.startswith("cuda")
     no_builds()
     loaded = tt.load(tiny(seed=7), path, device="cuda")
     assert_same(outputs(loaded, dataset), expected)
@@ -387,7 +389,7 @@ def test_save_tuned_model_equals_save_result(
     keys = [(r["path"], r["graph"], r["backend"]) for r in from_result.plan_rows()]
     assert keys == [(r["path"], r["graph"], r["backend"]) for r in from_model.plan_rows()]
     # The dispatchers carry the plan, so saving result.model keeps depth and latencies.
-    assert from_result.manifest["depth"] == 2 and from_model.manifest["depth"] == 2
+    assert from_result.manifest.depth == 2 and from_model.manifest.depth == 2
     assert all(r["latency_s"] for r in from_result.plan_rows())
     assert all(r["latency_s"] for r in from_model.plan_rows())
     assert_same(outputs(load_fresh(tmp_path / "m.tt"), data()), outputs(result.model, data()))
@@ -792,8 +794,10 @@ def test_pickled_artifact_is_only_data(tmp_path: Path, artifact_backend: Artifac
 
 
 def test_no_unpickling_in_checkpoint_code() -> None:
-    for name in ("checkpoint.py", "environment.py", "cli.py"):
-        source = (ROOT / "tunetree" / name).read_text()
+    package = ROOT / "tunetree"
+    files = [*sorted((package / "checkpoint").glob("*.py")), package / "artifacts.py"]
+    for path in [*files, package / "cli.py"]:
+        name, source = path.name, path.read_text()
         banned_calls = ("import pickle", "pickle.load", "torch.load(", "weights_only=False")
         for banned in (*banned_calls, "eval(", "exec(", "__reduce__"):
             assert banned not in source, f"{name} contains {banned!r}"
@@ -811,7 +815,7 @@ def test_zip_bomb_refused(
     rewrite(path, bomb)
     with pytest.raises(tt.CheckpointError, match="zip bomb"):
         load_fresh(path)
-    monkeypatch.setattr(checkpoint, "MAX_TOTAL_BYTES", 1000)
+    monkeypatch.setattr(checkpoint_format, "MAX_TOTAL_BYTES", 1000)
     with pytest.raises(tt.CheckpointError, match="over the limit"):
         load_fresh(path)
 
@@ -865,7 +869,7 @@ def test_failed_rename_keeps_old_checkpoint(
         raise OSError("disk vanished")
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(checkpoint.os, "replace", fail)
+        patch.setattr(writer.os, "replace", fail)
         with pytest.raises(OSError, match="disk vanished"):
             tt.save(tiny(seed=9), path)
     assert path.read_bytes() == before
@@ -882,7 +886,7 @@ def test_failed_directory_swap_keeps_old_checkpoint(
     def fail(*args: Any) -> None:
         raise OSError("rename failed")
 
-    monkeypatch.setattr(checkpoint.os, "rename", fail)
+    monkeypatch.setattr(writer.os, "rename", fail)
     with pytest.raises(OSError, match="rename failed"):
         tt.save(tiny(seed=4), target, compress_checkpoint=False)
     monkeypatch.undo()
@@ -899,14 +903,14 @@ def test_save_killed_before_rename_keeps_old_checkpoint(
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
         import tunetree as tt
-        from tunetree import checkpoint
-        from tests.test_checkpoint import tiny
+        from tunetree.checkpoint import writer
+        from tests.checkpoint.test_checkpoint import tiny
 
         def killed(tmp, target):
             assert tmp.stat().st_size > 0  # written and fsynced: die before the rename
             os.kill(os.getpid(), signal.SIGKILL)
 
-        checkpoint._install = killed
+        writer._install = killed
         tt.save(tiny(seed=5), {str(path)!r})
         """
     )

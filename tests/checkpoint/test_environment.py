@@ -10,7 +10,7 @@ import socket
 import torch
 
 from tunetree.backends import BACKEND_TYPES, Eager, OpenVINO
-from tunetree.environment import (
+from tunetree.checkpoint.environment import (
     NOT_INSTALLED,
     Difference,
     backend_kinds,
@@ -113,4 +113,4 @@ def test_flatten_and_compare() -> None:
 
 def test_difference_json() -> None:
     d = Difference("host", "a", None)
-    assert d.as_json() == {"entry": "host", "tuned": "a", "running": None}
+    assert d.to_json() == {"entry": "host", "tuned": "a", "running": None}

@@ -1,6 +1,6 @@
 """The tuning cache across real processes: restarts, edited source, killed writers, races.
 
-Each step runs ``python -m tests.cache_fakes CONFIG`` (see tests/cache_fakes.py) in a new
+Each step runs ``python -m tests.cache.fakes CONFIG`` (see tests/cache/fakes.py) in a new
 interpreter with ``TUNETREE_CACHE_DIR`` set, and reads back which backend builds it made.
 """
 
@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from tunetree.cache import KILL_HOOK_ENV, KILL_POINTS, TuningCache
-from tunetree.cache_store import CacheStore
+from tunetree.cache.store import CacheStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _command(config: dict[str, Any]) -> list[str]:
-    return [sys.executable, "-m", "tests.cache_fakes", json.dumps(config)]
+    return [sys.executable, "-m", "tests.cache.fakes", json.dumps(config)]
 
 
 def _env(cache: Path, **extra: str) -> dict[str, str]:

@@ -18,13 +18,15 @@ import torch
 from torch import nn
 
 import tunetree as tt
-from tests import cache_fakes
-from tests.cache_fakes import Counting, Flaky, Saving, tree
+from tests.cache import fakes as cache_fakes
+from tests.cache.fakes import Counting, Flaky, Saving, tree
 from tests.fakes import Failing
-from tunetree import cache_keys
+from tunetree.cache import keys as cache_keys
 from tunetree.backends import Eager, Inductor
 from tunetree.cache import TuningCache, default_directory, open_cache
-from tunetree.cache_store import MANIFEST, CacheStore
+from tunetree.cache.entry import EntryManifest
+from tunetree.cache.maintenance import entry_info
+from tunetree.cache.store import MANIFEST, CacheStore
 from tunetree.evaluate import GraphSession
 from tunetree.graph import Graph, Sample
 from tunetree.tune import TuneResult
@@ -326,7 +328,7 @@ def test_reader_marks_but_never_deletes(tmp_path: Path) -> None:
 def _rewrite(entry: Path, change: Any) -> None:
     body = json.loads((entry / MANIFEST).read_bytes().partition(b"\n")[2])
     change(body)
-    CacheStore(entry.parent.parent).write_manifest(entry, body)
+    CacheStore(entry.parent.parent).write_manifest(entry, EntryManifest.from_json(body))
 
 
 @pytest.mark.parametrize("field", ["schema", "environment", "candidates"])
@@ -411,7 +413,7 @@ def test_cache_problems_never_break_tuning(tmp_path: Path, monkeypatch: pytest.M
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OSError("disk full")
 
-    monkeypatch.setattr(cache.store_, "new_temporary", broken)
+    monkeypatch.setattr(cache.disk, "new_temporary", broken)
     _, builds = tune(tree(), cache)
     assert builds == ["test-saving:"] and not list((tmp_path / "entries").iterdir())
     monkeypatch.setattr(cache_keys, "entry_identity", broken)
@@ -424,7 +426,8 @@ def test_cache_problems_never_break_tuning(tmp_path: Path, monkeypatch: pytest.M
 
 def _staging(store: CacheStore, key: str, marker: str) -> Path:
     staging = store.new_temporary("entry")
-    store.write_manifest(staging, {"key": key, "schema": 1, "marker": marker, "candidates": []})
+    manifest = EntryManifest(1, key, marker, 0.0, "", "", "", {}, {}, "", None, {}, {}, [], None)
+    store.write_manifest(staging, manifest)
     return staging
 
 
@@ -433,12 +436,12 @@ def test_publishing_twice_keeps_one_entry(tmp_path: Path) -> None:
     first, second = _staging(store, "k", "first"), _staging(store, "k", "second")
     assert store.publish(first, "k", lambda body: True)
     assert not store.publish(second, "k", lambda body: True)  # loser validates, discards
-    assert store.read_manifest("k")["marker"] == "first"
+    assert store.read_manifest("k").entry_id == "first"
     assert not second.exists() and list(store.tmp.iterdir()) == []
     # An existing entry that is not valid for us is replaced.
     third = _staging(store, "k", "third")
     assert store.publish(third, "k", lambda body: False)
-    assert store.read_manifest("k")["marker"] == "third"
+    assert store.read_manifest("k").entry_id == "third"
 
 
 def test_gc_removes_orphans_invalid_entries_and_unreferenced_artifacts(tmp_path: Path) -> None:
@@ -453,7 +456,7 @@ def test_gc_removes_orphans_invalid_entries_and_unreferenced_artifacts(tmp_path:
     stray.write_bytes(b"orphan")
     os.utime(stray, (0, 0))
     keys = store.entry_keys()
-    store.mark_invalid(keys[0], store.read_manifest(keys[0])["entry_id"], "test")
+    store.mark_invalid(keys[0], store.read_manifest(keys[0]).entry_id, "test")
     report = TuningCache(tmp_path).gc()
     assert report.temporaries == 2 and report.invalid_entries == 1 and report.artifacts >= 1
     assert not stray.exists() and list(store.tmp.iterdir()) == []
@@ -465,21 +468,14 @@ def test_gc_max_size_evicts_least_recently_used(tmp_path: Path) -> None:
     tune(tree(), TuningCache(tmp_path), data(4))
     tune(tree(), TuningCache(tmp_path), data(6))
     store = CacheStore(tmp_path)
-    old, new = sorted(store.entry_keys(), key=lambda k: store.entry_info(k).created)
+    old, new = sorted(store.entry_keys(), key=lambda k: entry_info(store, k).created)
     os.utime(store.hits / new, (1, 1))  # the newer entry was used long ago
-    size = store.entry_info(old).size
+    size = entry_info(store, old).size
     report = TuningCache(tmp_path).gc(max_size=size + 100)
     assert report.evicted_entries == 1 and store.entry_keys() == [old]
     assert store.size() <= size + 100 + 4096
     TuningCache(tmp_path).gc(max_size=0)
     assert store.entry_keys() == [] and list(store.artifacts.glob("*/*")) == []
-
-
-def test_closure_is_the_manifest_and_the_winners_artifacts(tmp_path: Path) -> None:
-    tune(tree(), TuningCache(tmp_path))
-    cache = TuningCache(tmp_path)
-    files = cache.closure(only_entry(tmp_path).name)
-    assert files[0].name == MANIFEST and len(files) == 3 and all(f.exists() for f in files)
 
 
 # --------------------------------------------------------------------------- arguments, CLI

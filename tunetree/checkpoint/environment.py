@@ -51,7 +51,7 @@ def backend_libraries(kind: str) -> tuple[str, ...]:
     """Distribution names whose versions matter for ``kind``: the class's own ``libraries``
     attribute, else those of the nearest known kind among its base classes (so
     ``openvino-bf16`` records openvino), else a distribution named like the kind."""
-    from .backends import BACKEND_TYPES
+    from ..backends import BACKEND_TYPES
 
     for cls in BACKEND_TYPES:
         if cls.kind != kind:
@@ -211,7 +211,7 @@ class Difference:
                 return f"{self.entry}: " + "; ".join(parts)
         return f"{self.entry}: tuned {_show(self.tuned)} vs running {_show(self.running)}"
 
-    def as_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return {"entry": self.entry, "tuned": self.tuned, "running": self.running}
 
 

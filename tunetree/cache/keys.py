@@ -35,9 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backends.base import Backend
-from .environment import environment_record, flatten_record
-from .evaluate import GraphSession
+from ..artifacts import BackendRecord
+from ..backends.base import Backend
+from ..checkpoint.environment import environment_record, flatten_record
+from ..evaluate import GraphSession
 
 SCHEMA = 1
 """Version of the entry format and of the key composition; part of every key and manifest."""
@@ -280,7 +281,8 @@ def _is_soft(entry: str) -> bool:
 
 @functools.lru_cache(maxsize=32)
 def _record(kinds: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
-    """The flattened environment record (see :mod:`tunetree.environment`), once per process."""
+    """The flattened environment record (:mod:`tunetree.checkpoint.environment`), once
+    per process."""
     flat = flatten_record(environment_record(kinds))
     return tuple(sorted((k, json.loads(canonical_json(v))) for k, v in flat.items()))
 
@@ -304,7 +306,7 @@ def _device_fields(device: str) -> tuple[tuple[str, Any], ...]:
 
 def environment(device: torch.device, backend_kinds: list[str]) -> Environment:
     """The environment an entry for ``device`` depends on: the environment record of
-    :func:`tunetree.environment.environment_record` for these backend kinds (library
+    :func:`tunetree.checkpoint.environment.environment_record` for these backend kinds (library
     versions, OS, CPU model and flags, accelerators), split into hard and soft entries,
     plus torch's thread count (soft)."""
     hard: dict[str, Any] = dict(_device_fields(str(device)))
@@ -321,12 +323,7 @@ def environment(device: torch.device, backend_kinds: list[str]) -> Environment:
 
 def backend_record(backend: Backend) -> dict[str, Any]:
     """A candidate: kind, class and config (JSON; dict order does not matter)."""
-    cls = type(backend)
-    return {
-        "kind": backend.kind,
-        "class": f"{cls.__module__}.{cls.__qualname__}",
-        "config": json.loads(canonical_json(backend.config())),
-    }
+    return BackendRecord.of(backend).to_json()
 
 
 def strategy_record(strategy: Any) -> dict[str, Any]:
@@ -364,7 +361,7 @@ def entry_identity(
     module = module_structure(session.module)
     graph = hashlib.sha256(repr(session.graph.key).encode()).hexdigest()
     strat = strategy_record(strategy)
-    tolerances = stable(session.tolerances.describe())
+    tolerances = stable(session.tolerances.to_json())
     environment_ = env_fn(session.device, [b["kind"] for b in strat["backends"]])
     module_digest = digest(module)
     common = {

@@ -1,0 +1,210 @@
+"""Saved runners: the one artifact layer under both the tuning cache and the checkpoint.
+
+A winning runner is persisted as a :class:`SavedRunner`: the :class:`BackendRecord` that
+rebuilds its backend, the JSON description its ``save`` returned, and the files it wrote
+(each with its SHA-256 and size). :func:`save_runner` writes one, :func:`load_runner`
+rebuilds the runner from one; where the files are kept (a zip member, a content-addressed
+cache store) is the caller's business.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._records import Fields
+from .backends import backend_type
+from .backends.base import Backend, Runner
+from .errors import BackendError
+from .graph import GraphKey
+
+KIND = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+"""What a backend kind in a record may look like (it names distributions to look up)."""
+
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class BackendRecord:
+    """A backend as JSON: its ``kind`` and ``config`` (what rebuilds it), plus its class
+    path (the cache keys on it) and display name (checkpoints show it) where known.
+
+    Reads both shapes the first release wrote: ``{kind, name, config}`` in checkpoints and
+    ``{kind, class, config}`` in the cache.
+    """
+
+    kind: str
+    config: dict[str, Any]
+    cls: str = ""
+    name: str = ""
+
+    @classmethod
+    def of(cls, backend: Backend, *, for_checkpoint: bool = False) -> BackendRecord:
+        """The record of ``backend``, its config as it reads back from JSON: with its class
+        (the cache's shape), or ``for_checkpoint`` with its display name instead (the
+        checkpoint's shape, unchanged since format version 1)."""
+        klass = type(backend)
+        config = json.loads(json.dumps(backend.config(), sort_keys=True, allow_nan=True))
+        if for_checkpoint:
+            return cls(backend.kind, config, name=backend.name)
+        return cls(backend.kind, config, f"{klass.__module__}.{klass.__qualname__}")
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"kind": self.kind, "config": self.config}
+        if self.cls:
+            data["class"] = self.cls
+        if self.name:
+            data["name"] = self.name
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, error: type[Exception]) -> BackendRecord:
+        """Read and validate a record; a bad field raises ``error`` naming it."""
+        fields = Fields(data, where, error)
+        kind = fields.get("kind", str)
+        if not KIND.fullmatch(kind):
+            raise fields.fail("kind", f"is {kind!r}, not a backend kind")
+        return cls(
+            kind,
+            fields.get("config", dict),
+            fields.get("class", str, ""),
+            fields.get("name", str, ""),
+        )
+
+    def backend(self) -> Backend:
+        """The backend this record describes. Raises
+        :class:`~tunetree.errors.BackendUnavailableError` for a kind this tunetree does not
+        know, and ``TypeError``/``ValueError`` for a config its class refuses."""
+        return backend_type(self.kind)(**self.config)
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One artifact file: its path relative to the runner's directory, SHA-256 and size."""
+
+    path: str
+    sha256: str
+    size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "size": self.size}
+
+    @classmethod
+    def from_json(cls, data: Any, where: str, error: type[Exception]) -> FileRecord:
+        fields = Fields(data, where, error)
+        size = fields.get("size", int)
+        if size < 0:
+            raise fields.fail("size", "is negative")
+        return cls(fields.get("path", str), fields.get("sha256", str), size)
+
+
+@dataclass(frozen=True)
+class SavedRunner:
+    """A runner on disk: how to rebuild its backend, its description, its files."""
+
+    backend: BackendRecord
+    description: dict[str, Any]
+    files: list[FileRecord] = field(default_factory=list)
+
+
+def save_runner(runner: Runner, directory: Path, *, for_checkpoint: bool = False) -> SavedRunner:
+    """``runner.save(directory)`` (an existing, empty directory), its description checked
+    to be JSON, and every file it wrote hashed. Raises
+    :class:`~tunetree.errors.BackendError` when the runner cannot be saved or writes
+    anything but regular files."""
+    try:
+        description = runner.save(directory)
+        description = json.loads(json.dumps(description))
+    except Exception as exc:
+        raise BackendError(
+            f"could not save the {runner.backend.name} runner: {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(description, dict):
+        raise BackendError(f"the {runner.backend.name} runner's save() returned no JSON object")
+    files = []
+    for relative in files_under(directory):
+        sha, size = file_sha256(directory / relative)
+        files.append(FileRecord(relative, sha, size))
+    record = BackendRecord.of(runner.backend, for_checkpoint=for_checkpoint)
+    return SavedRunner(record, description, files)
+
+
+def load_runner(
+    record: SavedRunner,
+    module: nn.Module,
+    key: GraphKey,
+    directory: Path,
+    device: torch.device,
+    backend: Backend | None = None,
+) -> Runner:
+    """Rebuild a saved runner from its files in ``directory`` for ``module``'s graph ``key``.
+    ``backend`` (default: built from the record) is the object the runner will report.
+    Errors of the backend's loader propagate unchanged; callers name the context."""
+    if backend is None:
+        backend = record.backend.backend()
+    return backend.load(module, key, directory, dict(record.description), device)
+
+
+def files_under(root: Path) -> list[str]:
+    """Paths (``/``-separated, relative to ``root``, sorted) of every regular file below
+    ``root``; refuses links and other special files, which no store carries."""
+    names = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for filename in sorted(filenames):
+            full = Path(dirpath) / filename
+            if not stat.S_ISREG(full.lstat().st_mode):
+                raise BackendError(f"{full} is not a regular file; only files can be stored")
+            names.append(full.relative_to(root).as_posix())
+    return names
+
+
+def file_sha256(path: Path) -> tuple[str, int]:
+    """SHA-256 (hex) and size of a file, read in blocks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+            size += len(block)
+    return h.hexdigest(), size
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a file or directory tree, read-only files (cache artifacts) included."""
+
+    def writable(func: Callable[..., Any], p: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), stat.S_IRWXU)
+            os.chmod(p, stat.S_IRWXU)
+            func(p)
+
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, onerror=writable)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def remove_with(owner: Any, directory: Path) -> None:
+    """Delete ``directory`` when ``owner`` is garbage-collected (a runner may read its
+    files lazily, so they must live as long as it does); at exit for an object that takes
+    no weak references."""
+    try:
+        weakref.finalize(owner, remove_tree, directory)
+    except TypeError:
+        atexit.register(remove_tree, directory)

@@ -1,0 +1,198 @@
+"""Looking after a cache store: per-entry summaries, orphans of dead writers, and gc.
+
+Separate from :mod:`tunetree.cache.store` (which only reads and writes entries) because
+these walk the whole cache; every function is safe with concurrent processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..artifacts import remove_tree
+from .entry import EntryFault
+from .store import HOST, JOURNAL, ORPHAN_AGE_S, CacheStore
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class EntryInfo:
+    """One entry as ``tunetree cache ls`` shows it."""
+
+    key: str
+    path: str = ""
+    graph: str = ""
+    winner: str = ""
+    candidates: int = 0
+    size: int = 0
+    hits: int = 0
+    created: float = 0.0
+    last_used: float = 0.0
+    problem: str | None = None
+    artifacts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GcReport:
+    """What ``gc`` removed."""
+
+    temporaries: int = 0
+    invalid_entries: int = 0
+    evicted_entries: int = 0
+    artifacts: int = 0
+    trash: int = 0
+    freed_bytes: int = 0
+    size_before: int = 0
+    size_after: int = 0
+
+
+def entry_info(store: CacheStore, key: str, deep: bool = False) -> EntryInfo:
+    """One entry's summary; ``problem`` says why it is unusable (checksums when ``deep``)."""
+    info = EntryInfo(key)
+    directory = store.entries / key
+    info.size = store.entry_dir_size(key)
+    try:
+        hits = (store.hits / key).stat()
+        info.hits, info.last_used = hits.st_size, hits.st_mtime
+    except OSError:
+        pass
+    try:
+        body = store.read_manifest(key)
+    except EntryFault as exc:
+        info.problem = str(exc)
+        with contextlib.suppress(OSError):
+            info.created = directory.stat().st_mtime
+        info.last_used = info.last_used or info.created
+        return info
+    info.path, info.graph = body.path, body.graph_text
+    info.created = body.created
+    info.last_used = info.last_used or info.created
+    info.candidates = len(body.candidates)
+    info.winner = "none" if body.winner is None else body.candidates[body.winner].name
+    refs = body.referenced()
+    info.artifacts = sorted({r.sha256 for r in refs})
+    info.size += sum(r.size for r in {r.sha256: r for r in refs}.values())
+    if store.is_marked_invalid(key, body):
+        marker = store.invalid_marker(key) or {}
+        info.problem = f"marked invalid: {marker.get('reason', '')}"
+    try:
+        store.check_files(body.referenced(), deep=deep)
+    except EntryFault as exc:
+        info.problem = str(exc)
+    return info
+
+
+def temporaries(store: CacheStore) -> Iterator[tuple[Path, bool]]:
+    """Every staging or load directory, and whether its owner is gone."""
+    now = time.time()
+    try:
+        items = list(store.tmp.iterdir())
+    except OSError:
+        return
+    for path in items:
+        parts = path.name.split(".")
+        dead = False
+        if len(parts) == 4 and parts[2].isdigit():
+            _, host, pid, _ = parts
+            if host == HOST:
+                dead = not _pid_alive(int(pid))
+            else:
+                with contextlib.suppress(OSError):
+                    dead = now - path.stat().st_mtime > ORPHAN_AGE_S
+        else:
+            dead = True
+        yield path, dead
+
+
+def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
+    """Remove orphaned temporaries of dead writers, trash, invalid entries, then
+    least-recently-used entries until the cache fits ``max_size`` bytes, then every
+    artifact no entry or live writer references."""
+    report = GcReport(size_before=store.size())
+    start = time.time()
+    protected: set[str] = set()
+    for path, dead in temporaries(store):
+        if dead:
+            remove_tree(path)
+            report.temporaries += 1
+        else:
+            with contextlib.suppress(OSError):
+                protected.update((path / JOURNAL).read_text().split())
+    with contextlib.suppress(OSError):
+        for path in store.trash.iterdir():
+            remove_tree(path)
+            report.trash += 1
+
+    infos = {key: entry_info(store, key) for key in store.entry_keys()}
+    for key, info in list(infos.items()):
+        if info.problem is not None:
+            remove_entry(store, key)
+            report.invalid_entries += 1
+            del infos[key]
+    with contextlib.suppress(OSError):
+        for path in store.invalid.iterdir():
+            if path.name not in infos:
+                path.unlink(missing_ok=True)
+
+    if max_size is not None:
+        sizes = {sha: store.artifact_size(sha) for i in infos.values() for sha in i.artifacts}
+        total = sum(store.entry_dir_size(k) for k in infos) + sum(sizes.values())
+        for key, _info in sorted(infos.items(), key=lambda kv: kv[1].last_used):
+            if total <= max_size:
+                break
+            remove_entry(store, key)
+            report.evicted_entries += 1
+            del infos[key]
+            still = {sha for i in infos.values() for sha in i.artifacts}
+            total = sum(store.entry_dir_size(k) for k in infos) + sum(
+                size for sha, size in sizes.items() if sha in still
+            )
+
+    for key in store.entry_keys():  # entries published while we worked count too
+        if key not in infos:
+            with contextlib.suppress(EntryFault):
+                protected.update(r.sha256 for r in store.read_manifest(key).referenced())
+    referenced = protected | {sha for i in infos.values() for sha in i.artifacts}
+    for path in list(store.artifacts.glob("*/*")):
+        if path.name in referenced:
+            continue
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if st.st_mtime >= start:
+            continue  # placed after gc began by a writer gc did not see yet
+        path.unlink(missing_ok=True)
+        report.artifacts += 1
+    with contextlib.suppress(OSError):
+        for path in store.hits.iterdir():
+            if not (store.entries / path.name).exists():
+                path.unlink(missing_ok=True)
+    report.size_after = store.size()
+    report.freed_bytes = max(0, report.size_before - report.size_after)
+    return report
+
+
+def remove_entry(store: CacheStore, key: str) -> None:
+    trash = store.trash / f"{key}.{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(store.entries / key, trash)
+    except FileNotFoundError:
+        return
+    remove_tree(trash)
+    (store.invalid / key).unlink(missing_ok=True)
+    (store.hits / key).unlink(missing_ok=True)

@@ -1,0 +1,108 @@
+"""Serving a lookup from a recorded entry: rows back, recorded runners loaded and checked.
+
+Only the candidates needed are loaded (the winner, or the next recorded candidate when the
+winner no longer loads), each rebuilt from its artifacts with the strategy's own backend
+object and re-validated against eager on the current samples before use.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..artifacts import SavedRunner, load_runner, remove_tree, remove_with
+from ..backends.base import Backend, Runner
+from ..compare import Comparison, compare_all
+from ..evaluate import CandidateRow, GraphSession, Status
+from ..strategy import Strategy
+from .entry import CandidateRecord, EntryManifest
+from .store import CacheStore
+
+log = logging.getLogger(__name__)
+
+
+class Unusable(Exception):
+    """The entry cannot serve this lookup; the graph is tuned again. ``mark``: whether the
+    entry itself is at fault (then it is marked invalid)."""
+
+    def __init__(self, reason: str, mark: bool = True) -> None:
+        super().__init__(reason)
+        self.mark = mark
+
+
+def recorded_rows(strategy: Strategy, manifest: EntryManifest) -> list[CandidateRow]:
+    """The recorded candidate rows, with the strategy's own backend objects."""
+    return [
+        CandidateRow(
+            backend,
+            record.status,
+            record.reason,
+            record.build_s,
+            record.max_abs_diff,
+            record.timing,
+            record.batch,
+            record.max_batch_size,
+        )
+        for backend, record in zip(strategy.backends, manifest.candidates, strict=True)
+    ]
+
+
+def load_candidate(
+    store: CacheStore, session: GraphSession, row: CandidateRow, record: CandidateRecord
+) -> Runner | None:
+    """The candidate's runner rebuilt from its artifacts and checked against eager, or
+    None when it cannot be loaded (the row becomes a failure). Raises for corrupted
+    artifacts (the whole entry is invalid) and :class:`Unusable` for outputs that differ
+    from eager."""
+    artifact = record.artifact
+    if artifact is None or not artifact.saved:
+        row.status, row.reason = Status.FAILED, "cache: its runner was not saved"
+        return None
+    directory = store.materialize(artifact.files)
+    saved = SavedRunner(record.backend, artifact.description or {}, artifact.files)
+    try:
+        runner = load_runner(
+            saved, session.module, session.graph.key, directory, session.device, row.backend
+        )
+        comparison = _validate(session, row.backend, runner)
+    except Exception as exc:
+        remove_tree(directory)
+        log.info("tuning cache: %s could not be loaded: %s", row.backend.name, exc)
+        row.status, row.reason = Status.FAILED, f"cache: load: {type(exc).__name__}: {exc}"
+        row.timing = None
+        return None
+    if not comparison.ok:
+        remove_tree(directory)
+        raise Unusable(f"{row.backend.name} no longer matches eager: {comparison.reason}")
+    # The files live as long as the runner (a backend may read them lazily).
+    remove_with(runner, directory)
+    row.max_abs_diff = comparison.max_abs_diff
+    return runner
+
+
+def _validate(session: GraphSession, backend: Backend, runner: Runner) -> Comparison:
+    with torch.no_grad():
+        outputs = [runner(*s.args, **s.kwargs) for s in session.graph.samples]
+    return compare_all(session.graph.outputs, outputs, backend.tolerances() or session.tolerances)
+
+
+def select(strategy: Strategy, measured: list[CandidateRow]) -> CandidateRow:
+    """The strategy's pick; the first in order for strategies without a selection rule
+    (first-wins: the first usable candidate)."""
+    try:
+        return strategy.select(measured)
+    except NotImplementedError:
+        return measured[0]
+
+
+def ranking(strategy: Strategy, rows: list[CandidateRow], winner: int) -> list[int]:
+    """The recorded winner first, then the other measured candidates in the order the
+    strategy would have picked them."""
+    order = [winner]
+    rest = [r for i, r in enumerate(rows) if i != winner and r.status is Status.OK and r.timing]
+    while rest:
+        pick = select(strategy, rest)
+        order.append(rows.index(pick))
+        rest.remove(pick)
+    return order

@@ -1,0 +1,316 @@
+""":class:`TuningCache`: the :class:`~tunetree.results.GraphCache` that ``tune`` consults.
+
+A hit reads only that entry's manifest and its winner's artifacts (a partial load),
+rebuilds the winner's runner and re-validates its outputs against eager before using it.
+Every recorded candidate row comes back (status, reason, latency), so losers are never
+rebuilt.
+
+* Soft environment changes (thread count, driver): the recorded candidates that were
+  usable are loaded (not rebuilt), validated, re-measured under the device lock, the
+  strategy picks again, and the entry is replaced by one with the new measurements.
+* Faults (missing, truncated, corrupted or malformed files, another schema or
+  environment): the entry is marked invalid (never deleted by a reader) and the graph tuned
+  again. A winner that fails to load (its backend no longer imports) gives way to the next
+  recorded candidate; a winner whose outputs no longer match eager re-tunes the graph.
+* Concurrency: see :mod:`tunetree.cache.locks`. On a miss the session's measurements hold
+  the device lock through :attr:`GraphSession.measure_lock`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import filelock
+import torch
+
+from ..errors import CacheError
+from ..evaluate import GraphSession, Status
+from ..results import GraphCache, GraphResult
+from ..strategy import Strategy
+from . import keys, maintenance
+from .entry import ArtifactRecord, EntryFault, EntryManifest, EntryMissing
+from .locks import WriterLocks, device_lock
+from .maintenance import EntryInfo, GcReport
+from .reuse import Unusable, load_candidate, ranking, recorded_rows, select
+from .store import CacheStore
+from .writer import write_entry
+
+log = logging.getLogger(__name__)
+
+ENV_DIR = "TUNETREE_CACHE_DIR"
+"""Environment variable naming the cache directory."""
+
+
+def default_directory() -> Path:
+    """``$TUNETREE_CACHE_DIR``, else ``$XDG_CACHE_HOME/tunetree``, else ``~/.cache/tunetree``."""
+    explicit = os.environ.get(ENV_DIR)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return Path(base).expanduser() / "tunetree"
+
+
+@dataclass
+class CacheStats:
+    """What this cache object did in this process (hits, misses, faults, stores)."""
+
+    hits: int = 0
+    misses: int = 0
+    invalid: int = 0
+    stored: int = 0
+    remeasured: int = 0
+
+
+class TuningCache:
+    """A tuning cache in ``directory`` (created if needed); see the module docstring.
+
+    ``lock_timeout_s`` bounds how long a miss waits for another process tuning the same
+    graph, and a measurement for the device lock; after it, work goes on without the lock.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, lock_timeout_s: float = 1800.0):
+        self.disk = CacheStore(Path(directory))
+        self.lock_timeout_s = lock_timeout_s
+        self.stats = CacheStats()
+        self._writers = WriterLocks(self.disk.locks, lock_timeout_s)
+        self._identities: dict[int, keys.EntryIdentity] = {}
+
+    @property
+    def directory(self) -> Path:
+        return self.disk.root
+
+    def __repr__(self) -> str:
+        return f"TuningCache({str(self.directory)!r})"
+
+    # ------------------------------------------------------------------ GraphCache protocol
+
+    def lookup(self, session: GraphSession, strategy: Strategy) -> GraphResult | None:
+        """A validated earlier result for this graph, or None. On a miss this process
+        becomes the graph's writer: it takes the per-key lock (waiting while another process
+        tunes the same graph, then looking again) and the session's measurements take the
+        device lock. Never raises for cache problems."""
+        self._writers.release_all()
+        self._identities.clear()
+        try:
+            ident = keys.entry_identity(session, strategy)
+        except Exception as exc:
+            log.warning("tuning cache: cannot key %s: %s", session.path or "<model>", exc)
+            return None
+        self._identities[id(session)] = ident
+        result, missing = self._lookup(session, strategy, ident)
+        if result is None and self._writers.acquire(ident.key, session) and missing:
+            # Another process may have published the entry since we looked: look again.
+            result, _ = self._lookup(session, strategy, ident)
+        if result is not None:
+            self._writers.release(ident.key)
+            self._identities.pop(id(session), None)
+            return result
+        self.stats.misses += 1
+        session.measure_lock = lambda: self.device_lock(session.device)
+        return None
+
+    def store(self, session: GraphSession, strategy: Strategy, result: GraphResult) -> None:
+        """Record a freshly tuned graph: every candidate's row, and the artifacts of every
+        usable candidate. Logs instead of raising on I/O problems."""
+        ident = self._identities.pop(id(session), None)
+        try:
+            if ident is None:
+                ident = keys.entry_identity(session, strategy)
+            write_entry(self.disk, session, ident, result, reused={})
+            self.stats.stored += 1
+        except Exception as exc:
+            log.warning("tuning cache: could not store %s: %s", session.path or "<model>", exc)
+            log.debug("%s", traceback.format_exc())
+        finally:
+            if ident is not None:
+                self._writers.release(ident.key)
+
+    # ------------------------------------------------------------------ tools
+
+    def entries(self, deep: bool = False) -> list[EntryInfo]:
+        """Every entry (``deep`` also checks every artifact's sha256)."""
+        return [maintenance.entry_info(self.disk, key, deep) for key in self.disk.entry_keys()]
+
+    def verify(self) -> list[EntryInfo]:
+        """Check every checksum; entries found unusable are marked invalid and returned."""
+        bad = []
+        for info in self.entries(deep=True):
+            if info.problem is not None:
+                entry_id = None
+                with contextlib.suppress(EntryFault):
+                    entry_id = self.disk.read_manifest(info.key).entry_id
+                if not info.problem.startswith("marked invalid"):
+                    self.disk.mark_invalid(info.key, entry_id, info.problem)
+                bad.append(info)
+        return bad
+
+    def gc(self, max_size: int | None = None) -> GcReport:
+        """Remove invalid entries, orphans of dead writers and unreferenced artifacts, then
+        least-recently-used entries until the cache holds at most ``max_size`` bytes."""
+        lock = filelock.FileLock(str(self.disk.locks / "gc.lock"))
+        with lock.acquire(timeout=self.lock_timeout_s):
+            return maintenance.gc(self.disk, max_size)
+
+    def device_lock(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
+        """Held around measurements so concurrent tuners on one device do not disturb each
+        other's timings (see :func:`tunetree.cache.locks.device_lock`)."""
+        return device_lock(self.disk.locks, device, self.lock_timeout_s)
+
+    def close(self) -> None:
+        """Release any writer lock still held (a tune that stopped between lookup and store)."""
+        self._writers.release_all()
+
+    # ------------------------------------------------------------------ lookup internals
+
+    def _lookup(
+        self, session: GraphSession, strategy: Strategy, ident: keys.EntryIdentity
+    ) -> tuple[GraphResult | None, bool]:
+        """The validated result, or None; and whether the entry was missing (a plain miss,
+        as opposed to an entry that exists but cannot serve)."""
+        key = ident.key
+        manifest: EntryManifest | None = None
+        try:
+            manifest = self.disk.read_manifest(key)
+            if self.disk.is_marked_invalid(key, manifest):
+                log.debug("tuning cache: entry %s is marked invalid; tuning again", key[:12])
+                return None, False
+            _check_manifest(manifest, ident)
+            if manifest.soft != ident.environment.soft:
+                result = self._remeasure(session, strategy, ident, manifest)
+            else:
+                result = self._load_winner(session, strategy, manifest)
+        except EntryMissing:
+            return None, True
+        except (EntryFault, Unusable) as exc:
+            mark = not isinstance(exc, Unusable) or exc.mark
+            self._fault(session, key, manifest, str(exc), mark)
+            return None, False
+        except Exception as exc:
+            self._fault(session, key, manifest, f"{type(exc).__name__}: {exc}", mark=True)
+            log.debug("%s", traceback.format_exc())
+            return None, False
+        self.disk.record_hit(key)
+        self.stats.hits += 1
+        session.progress(session.path or "<model>", session.graph, "cache hit")
+        return result, False
+
+    def _fault(
+        self,
+        session: GraphSession,
+        key: str,
+        manifest: EntryManifest | None,
+        reason: str,
+        mark: bool,
+    ) -> None:
+        where = session.path or "<model>"
+        log.warning(
+            "tuning cache: entry %s for %s skipped (%s); tuning again", key[:12], where, reason
+        )
+        self.stats.invalid += 1
+        if mark:
+            entry_id = manifest.entry_id if manifest is not None else None
+            self.disk.mark_invalid(key, entry_id, reason)
+
+    def _load_winner(
+        self, session: GraphSession, strategy: Strategy, manifest: EntryManifest
+    ) -> GraphResult:
+        """Load and validate only the recorded winner (the next recorded candidate when the
+        winner can no longer be loaded)."""
+        rows = recorded_rows(strategy, manifest)
+        winner = None
+        if manifest.winner is not None:
+            for i in ranking(strategy, rows, manifest.winner):
+                runner = load_candidate(self.disk, session, rows[i], manifest.candidates[i])
+                if runner is not None:
+                    rows[i].runner, winner = runner, rows[i]
+                    break
+            if winner is None:
+                raise Unusable("no recorded candidate could be loaded", mark=False)
+        return GraphResult(
+            session.path, session.graph, rows, winner, strategy.describe() + " (cached)"
+        )
+
+    def _remeasure(
+        self,
+        session: GraphSession,
+        strategy: Strategy,
+        ident: keys.EntryIdentity,
+        manifest: EntryManifest,
+    ) -> GraphResult:
+        """Soft fields changed: load every recorded usable candidate (no rebuild), measure
+        them again, let the strategy choose, and replace the entry with the new numbers."""
+        session.progress(
+            session.path or "<model>", session.graph, "cache: environment changed, re-measuring"
+        )
+        rows = recorded_rows(strategy, manifest)
+        reused: dict[int, ArtifactRecord] = {}
+        for i, (row, record) in enumerate(zip(rows, manifest.candidates, strict=True)):
+            if row.status is not Status.OK:
+                continue
+            row.timing = None
+            runner = load_candidate(self.disk, session, row, record)
+            if runner is not None and record.artifact is not None:
+                row.runner = runner
+                reused[i] = record.artifact
+        if any(r.status is Status.OK for r in rows) and not reused:
+            raise Unusable("no recorded candidate could be loaded", mark=False)
+        with self.device_lock(session.device):
+            session.measure(rows)
+        measured = [r for r in rows if r.usable and r.timing is not None]
+        winner = select(strategy, measured) if measured else None
+        text = strategy.describe() + " (re-measured)"
+        result = GraphResult(session.path, session.graph, rows, winner, text)
+        if self._writers.acquire(ident.key, session, wait=False):
+            try:
+                write_entry(self.disk, session, ident, result, reused=reused, replace=True)
+            except Exception as exc:
+                log.warning("tuning cache: could not update %s: %s", ident.key[:12], exc)
+            finally:
+                self._writers.release(ident.key)
+        self.stats.remeasured += 1
+        return result
+
+
+def _check_manifest(manifest: EntryManifest, ident: keys.EntryIdentity) -> None:
+    """The manifest belongs to this key, schema, environment and strategy."""
+    if manifest.schema != keys.SCHEMA:
+        raise EntryFault(f"written by cache schema {manifest.schema}, not {keys.SCHEMA}")
+    if manifest.key != ident.key:
+        raise EntryFault(f"manifest is for key {manifest.key[:12]}")
+    if manifest.hard != ident.environment.hard:
+        raise EntryFault("tuned in another environment (library versions or device)")
+    recorded = [c.backend.to_json() for c in manifest.candidates]
+    if recorded != ident.strategy["backends"]:
+        raise EntryFault("its candidates differ from the strategy's")
+
+
+def open_cache(cache: Any = None) -> GraphCache | None:
+    """Resolve a ``cache=`` argument: None or True → the default directory
+    (:func:`default_directory`), False → no cache, a path → a cache there, a
+    :class:`TuningCache` (or any object with ``lookup``/``store``) → itself.
+
+    A default directory that cannot be created only disables caching (with a warning); an
+    explicit one raises :class:`~tunetree.errors.CacheError`.
+    """
+    if cache is False:
+        return None
+    if cache is None or cache is True:
+        try:
+            return TuningCache(default_directory())
+        except CacheError as exc:
+            log.warning("tuning cache disabled: %s", exc)
+            return None
+    if isinstance(cache, str | os.PathLike):
+        return TuningCache(cache)
+    if hasattr(cache, "lookup") and hasattr(cache, "store"):
+        return cache  # type: ignore[no-any-return]
+    raise CacheError(
+        f"cache= takes a TuningCache, a directory, True/None (default directory) or False, "
+        f"not {type(cache).__name__}"
+    )

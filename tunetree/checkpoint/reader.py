@@ -1,0 +1,366 @@
+"""Reading a checkpoint: header, environment record, sources, manifest, extraction.
+
+Each step reads nothing more before the previous one passed: the format version, the
+environment record, then the manifest; members are extracted one at a time within a byte
+budget (zip-bomb protection), each verified against its SHA-256 before use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import zipfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from ..artifacts import KIND
+from ..errors import CheckpointError, IncompatibleCheckpointError
+from . import format as fmt
+from .environment import Difference
+from .format import (
+    CHUNK,
+    DIR_ENVIRONMENT,
+    DIR_FORMAT,
+    FORMAT_VERSION,
+    HEADER,
+    LEGACY_ZIP_VERSION,
+    MANIFEST,
+    MAX_COMPRESSION_RATIO,
+    MAX_MANIFEST_BYTES,
+    MAX_RECORD_BYTES,
+    EnvironmentMismatchError,
+    Manifest,
+    ManifestError,
+    check_member_name,
+)
+
+
+@dataclass
+class Header:
+    """What precedes the archive: the version and the environment record."""
+
+    version: int
+    record: dict[str, Any]
+    record_bytes: bytes
+    archive_offset: int
+
+
+def _version_error(path: Path, version: int) -> IncompatibleCheckpointError:
+    if version == LEGACY_ZIP_VERSION:
+        return IncompatibleCheckpointError(
+            f"{path} begins with 'PK\\x03\\x04' (read as format version {version}): it is a "
+            "bare zip archive written before tunetree checkpoints had a versioned header and "
+            "an environment record, so nothing says where its tuning holds. Tune the model "
+            "again on this machine and save a new checkpoint."
+        )
+    return IncompatibleCheckpointError(
+        f"{path} is checkpoint format version {version}; this tunetree reads format version "
+        f"{FORMAT_VERSION} only. Load it with the tunetree release that wrote it, or tune "
+        "again and save with this one."
+    )
+
+
+def read_header(path: Path) -> Header:
+    """Version first (nothing else is read when it differs), then the record."""
+    if path.is_dir():
+        return _read_dir_header(path)
+    try:
+        with open(path, "rb") as f:
+            return _read_file_header(path, f)
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+
+
+def _read_file_header(path: Path, f: IO[bytes]) -> Header:
+    head = f.read(4)
+    if len(head) < 4:
+        raise CheckpointError(
+            f"{path} is truncated: {len(head)} bytes where a .tt file begins with a 4-byte "
+            "format version; the file is damaged or not a tunetree checkpoint"
+        )
+    version = int.from_bytes(head, "little")
+    if version != FORMAT_VERSION:
+        raise _version_error(path, version)
+    raw = f.read(4)
+    if len(raw) < 4:
+        raise CheckpointError(
+            f"{path} is truncated inside its header (no record length); save it again"
+        )
+    length = int.from_bytes(raw, "little")
+    available = os.fstat(f.fileno()).st_size - HEADER.size
+    if length > available:
+        raise CheckpointError(
+            f"{path}: the environment record is said to be {length} bytes but only "
+            f"{available} bytes follow the header; the file is truncated or damaged"
+        )
+    if length > MAX_RECORD_BYTES:
+        raise CheckpointError(
+            f"{path}: an environment record of {length} bytes is implausible (limit "
+            f"{MAX_RECORD_BYTES}); the file is damaged or not a tunetree checkpoint"
+        )
+    record_bytes = f.read(length)
+    return Header(version, _parse_record(path, record_bytes), record_bytes, HEADER.size + length)
+
+
+def _read_dir_header(path: Path) -> Header:
+    marker = path / DIR_FORMAT
+    try:
+        text = _read_small(marker, 64).decode("ascii").strip()
+        version = int(text)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path} is a directory without a readable {DIR_FORMAT} file: not a tunetree "
+            f"checkpoint directory ({exc})"
+        ) from exc
+    if version != FORMAT_VERSION:
+        raise _version_error(path, version)
+    try:
+        record_bytes = _read_small(path / DIR_ENVIRONMENT, MAX_RECORD_BYTES)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot read {DIR_ENVIRONMENT}: {exc}") from exc
+    return Header(version, _parse_record(path, record_bytes), record_bytes, 0)
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    """A regular file (no link) of at most ``limit`` bytes."""
+    if not stat.S_ISREG(path.lstat().st_mode):
+        raise OSError(f"{path.name} is not a regular file")
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(f"{path.name} is larger than {limit} bytes")
+    return data
+
+
+def _parse_record(path: Path, data: bytes) -> dict[str, Any]:
+    try:
+        record = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CheckpointError(
+            f"{path}: the environment record is not valid UTF-8 JSON ({exc}); the file is "
+            "damaged or not a tunetree checkpoint"
+        ) from exc
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("versions"), dict)
+        or not isinstance(record.get("backends"), list)
+        or not all(isinstance(k, str) and KIND.fullmatch(k) for k in record["backends"])
+    ):
+        raise CheckpointError(
+            f"{path}: the environment record lacks 'versions' or 'backends'; the file is "
+            "damaged or not a tunetree checkpoint"
+        )
+    return record
+
+
+def environment_error(path: Path, differences: list[Difference]) -> EnvironmentMismatchError:
+    lines = "\n".join(f"  {d}" for d in differences)
+    example = "('host',)" if any(d.entry == "host" for d in differences) else "('ENTRY', ...)"
+    return EnvironmentMismatchError(
+        f"{path} was tuned in another environment ({len(differences)} differing "
+        f"entries, tuned vs running):\n{lines}\n"
+        "Tuning results belong to the hardware and libraries they were measured on: here the "
+        "saved winners may be slower than eager or fail to build. Tune again on this machine "
+        "(tt.tune / tt.auto_tune) and save a new checkpoint. Only to waive an entry known not "
+        "to matter (e.g. a container's host name that changes on every start), name it "
+        f"explicitly: tt.load(model, path, ignore={example}).",
+        differences,
+    )
+
+
+class Source:
+    """Read access to an archive's members (zip) or a checkpoint directory's files."""
+
+    def size(self, name: str) -> int:
+        raise NotImplementedError
+
+    def compressed_size(self, name: str) -> int:
+        return self.size(name)
+
+    def open(self, name: str) -> IO[bytes]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class ZipSource(Source):
+    def __init__(self, path: Path, archive_offset: int) -> None:
+        try:
+            self.zip = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            raise CheckpointError(
+                f"{path}: the archive after the header cannot be read ({exc}); the file is "
+                "truncated or damaged"
+            ) from exc
+        self.infos: dict[str, zipfile.ZipInfo] = {}
+        try:
+            self._index(path, archive_offset)
+        except BaseException:
+            self.close()
+            raise
+
+    def _index(self, path: Path, archive_offset: int) -> None:
+        for info in self.zip.infolist():
+            check_member_name(info.filename)
+            if info.filename in self.infos:
+                raise CheckpointError(f"{path}: the archive holds {info.filename!r} twice")
+            if info.flag_bits & 0x1:
+                raise CheckpointError(f"{path}: member {info.filename!r} is encrypted")
+            self.infos[info.filename] = info
+        first = min((i.header_offset for i in self.infos.values()), default=archive_offset)
+        if first != archive_offset:
+            raise CheckpointError(
+                f"{path}: the archive does not start right after the environment record "
+                f"(offset {first}, expected {archive_offset}); the file is damaged"
+            )
+
+    def _info(self, name: str) -> zipfile.ZipInfo:
+        info = self.infos.get(name)
+        if info is None:
+            raise CheckpointError(f"the archive lacks member {name!r}; the file is incomplete")
+        return info
+
+    def size(self, name: str) -> int:
+        return self._info(name).file_size
+
+    def compressed_size(self, name: str) -> int:
+        return self._info(name).compress_size
+
+    def open(self, name: str) -> IO[bytes]:
+        return self.zip.open(self._info(name))
+
+    def close(self) -> None:
+        self.zip.close()
+
+
+class DirSource(Source):
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    def _path(self, name: str) -> Path:
+        check_member_name(name)
+        path = self.root.joinpath(*name.split("/"))
+        try:
+            mode = path.lstat().st_mode
+        except OSError as exc:
+            raise CheckpointError(f"the checkpoint directory lacks {name!r}: {exc}") from exc
+        if not stat.S_ISREG(mode) or not path.resolve().is_relative_to(self.root):
+            raise CheckpointError(f"{name!r} in the checkpoint directory is not a regular file")
+        return path
+
+    def size(self, name: str) -> int:
+        return self._path(name).lstat().st_size
+
+    def open(self, name: str) -> IO[bytes]:
+        return open(self._path(name), "rb")
+
+
+def read_member(source: Source, name: str, limit: int) -> bytes:
+    if source.size(name) > limit:
+        raise CheckpointError(f"member {name!r} is larger than {limit} bytes")
+    try:
+        with source.open(name) as f:
+            data = f.read(limit + 1)
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
+        raise CheckpointError(
+            f"member {name!r} is damaged ({exc}): copy the checkpoint again or save a new one"
+        ) from exc
+    if len(data) > limit:
+        raise CheckpointError(f"member {name!r} is larger than {limit} bytes")
+    return data
+
+
+def read_manifest(source: Source, header: Header) -> Manifest:
+    """The archive's manifest, checked against the header's record and validated."""
+    try:
+        data = json.loads(read_member(source, MANIFEST, MAX_MANIFEST_BYTES).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ManifestError(f"not UTF-8 JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ManifestError("not an object")
+    if data.get("environment_sha256") != hashlib.sha256(header.record_bytes).hexdigest():
+        raise CheckpointError(
+            "the environment record does not belong to this archive (its SHA-256 differs from "
+            "the one the manifest holds): the header was altered or the file was spliced"
+        )
+    return Manifest.from_json(data)
+
+
+class Budget:
+    """Bytes a load may still extract (size-bomb protection); limits are read from
+    :mod:`tunetree.checkpoint.format` when the budget is made."""
+
+    def __init__(self) -> None:
+        self.left = fmt.MAX_TOTAL_BYTES
+        self.member_limit = fmt.MAX_MEMBER_BYTES
+
+    def take(self, name: str, size: int) -> None:
+        if size > self.member_limit or size > self.left:
+            raise CheckpointError(
+                f"member {name!r} would extract to {size} bytes, over the limit "
+                f"(tunetree.checkpoint.format.MAX_MEMBER_BYTES / MAX_TOTAL_BYTES); refusing a "
+                "possible zip bomb"
+            )
+        self.left -= size
+
+
+def extract(source: Source, name: str, manifest: Manifest, root: Path, budget: Budget) -> Path:
+    """Copy one member into ``root``, verifying its size and SHA-256 on the way."""
+    check_member_name(name)
+    meta = manifest.members.get(name)
+    if meta is None:
+        raise CheckpointError(f"member {name!r} is not listed in the manifest")
+    size = meta.size
+    declared = source.size(name)
+    if declared != size:
+        raise CheckpointError(
+            f"member {name!r} is {declared} bytes but the manifest says {size}; the file is "
+            "damaged or was altered"
+        )
+    budget.take(name, size)
+    packed = source.compressed_size(name)
+    if size > CHUNK and size > MAX_COMPRESSION_RATIO * max(packed, 1):
+        raise CheckpointError(
+            f"member {name!r} expands {size / max(packed, 1):.0f}x ({packed} -> {size} "
+            "bytes): refusing a possible zip bomb"
+        )
+    dest = root.joinpath(*name.split("/"))
+    if not dest.resolve().is_relative_to(root.resolve()):
+        raise CheckpointError(f"member {name!r} would be written outside its directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    written = 0
+    try:
+        with source.open(name) as src, open(dest, "xb") as out:
+            while chunk := src.read(CHUNK):
+                written += len(chunk)
+                if written > size:
+                    raise CheckpointError(f"member {name!r} holds more bytes than declared")
+                h.update(chunk)
+                out.write(chunk)
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
+        raise CheckpointError(
+            f"member {name!r} is damaged ({exc}): copy the checkpoint again or save a new one"
+        ) from exc
+    if written != size or h.hexdigest() != meta.sha256:
+        raise CheckpointError(
+            f"member {name!r} fails its checksum (SHA-256 differs from the manifest's): the "
+            "file is damaged or was altered. Copy it again or save a new checkpoint."
+        )
+    return dest
+
+
+@contextlib.contextmanager
+def open_source(path: Path, header: Header) -> Iterator[Source]:
+    source: Source = DirSource(path) if path.is_dir() else ZipSource(path, header.archive_offset)
+    try:
+        yield source
+    finally:
+        source.close()

@@ -1,0 +1,273 @@
+"""Writing a checkpoint: weights, plan entries, winners' artifacts, environment record.
+
+Only what the plan reaches is written, into a staging directory beside the target that is
+flushed and renamed over it, so a save killed halfway leaves the previous checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .._fs import fsync_dir
+from ..artifacts import BackendRecord, file_sha256, files_under, save_runner
+from ..backends.base import Backend
+from ..errors import BackendError, CheckpointError, InvalidInputError
+from ..inspection import module_paths, resolve_device, root_modules
+from ..plan import Plan, PlanEntry
+from ..wrap import dispatcher_of
+from .environment import environment_record
+from .format import (
+    DIR_ENVIRONMENT,
+    DIR_FORMAT,
+    FORMAT_VERSION,
+    HEADER,
+    MANIFEST,
+    RUNNERS,
+    WEIGHTS,
+    EntryRecord,
+    Manifest,
+    MemberRecord,
+)
+
+log = logging.getLogger(__name__)
+
+
+def save(
+    model_or_result: Any, path: str | os.PathLike[str], *, compress_checkpoint: bool = True
+) -> Path:
+    """Save a tuned model (or a tune result) so that :func:`load` can rebuild it without
+    tuning: its weights, its plan, the winning runners' artifacts and the environment
+    record. Only what the plan reaches is written; losing candidates leave no trace.
+
+    ``compress_checkpoint=False`` writes a directory with the same content. The write is
+    atomic: a temporary file (or directory) beside ``path`` is filled, flushed to disk and
+    renamed over the target, so a save killed halfway leaves the previous checkpoint intact.
+    Returns the path written.
+    """
+    model, plan, graphs = _model_and_plan(model_or_result)
+    target = Path(os.fspath(path))
+    if not target.parent.is_dir():
+        raise InvalidInputError(
+            f"cannot save to {target}: directory {target.parent} does not exist"
+        )
+    if target.is_dir() and not (target / DIR_FORMAT).is_file():
+        raise InvalidInputError(
+            f"{target} is a directory that is not a tunetree checkpoint; refusing to replace it"
+        )
+    device = resolve_device(model, None)
+    record = environment_record(entry.backend for entry in plan.entries)
+    record_bytes = json.dumps(record, sort_keys=True).encode("utf-8")
+    staging = _sibling(target)
+    staging.mkdir(mode=0o700)
+    try:
+        entries = [_save_entry(n, entry, staging, graphs) for n, entry in enumerate(plan.entries)]
+        tensors = _write_weights(model, staging / WEIGHTS)
+        members = {WEIGHTS: MemberRecord(*file_sha256(staging / WEIGHTS))}
+        for saved in entries:
+            for name in saved.members:
+                members[name] = MemberRecord(*file_sha256(staging / name))
+        manifest = Manifest(
+            environment_sha256=hashlib.sha256(record_bytes).hexdigest(),
+            members=dict(sorted(members.items())),
+            weights_member=WEIGHTS,
+            entries=entries,
+            tunetree_version=record["versions"]["tunetree"],
+            created_utc=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            model_type=f"{type(model).__module__}.{type(model).__qualname__}",
+            device=str(device),
+            depth=plan.depth,
+            weights_tensors=tensors,
+        )
+        (staging / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
+        if compress_checkpoint:
+            _write_tt(staging, record_bytes, target)
+        else:
+            (staging / DIR_ENVIRONMENT).write_bytes(record_bytes)
+            (staging / DIR_FORMAT).write_text(f"{FORMAT_VERSION}\n")
+            _fsync_tree(staging)
+            _install(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
+    """The model to save, its plan and (for results) the graph results with each winner's
+    measurements. A bare model's plan is read from its dispatchers."""
+    plan = getattr(obj, "plan", None)
+    if isinstance(plan, Plan) and hasattr(obj, "model"):
+        graphs = getattr(obj, "graphs", None) or []
+        if isinstance(graphs, Mapping):  # auto_tune keeps every depth's graphs
+            graphs = [g for depth_graphs in graphs.values() for g in depth_graphs]
+        return obj.model, plan, list(graphs)
+    root_modules(obj)  # refuses what is neither a module nor a pipeline of modules
+    entries: list[PlanEntry] = []
+    seen: set[int] = set()
+    depth = None
+    for path, module in module_paths(obj):
+        dispatcher = dispatcher_of(module)
+        if dispatcher is None or id(module) in seen:
+            continue
+        seen.add(id(module))
+        measured = {}
+        if dispatcher.plan is not None:  # tuned by tunetree: keep the plan's measurements
+            depth = dispatcher.plan.depth
+            measured = {e.key: e for e in dispatcher.plan.entries if e.path == dispatcher.path}
+        for key, runner in dispatcher.runners.items():
+            known = measured.get(key)
+            entries.append(
+                PlanEntry(
+                    path,
+                    key,
+                    runner.backend,
+                    runner,
+                    known.latency_s if known else None,
+                    known.eager_latency_s if known else None,
+                )
+            )
+    return obj, Plan(entries, depth), []
+
+
+def _save_entry(n: int, entry: PlanEntry, staging: Path, graphs: list[Any]) -> EntryRecord:
+    """Write one runner's artifacts under ``runners/<n>/`` and record the entry."""
+    where = f"{entry.path or '<model>'} {entry.key}"
+    directory = staging / RUNNERS / str(n)
+    directory.mkdir(parents=True)
+    try:
+        saved = save_runner(entry.runner, directory, for_checkpoint=True)
+    except BackendError as exc:
+        raise BackendError(f"{exc} (at {where})") from exc
+    _check_config_round_trip(entry.backend)
+    if not saved.files:
+        directory.rmdir()
+    tolerances = entry.backend.tolerances()
+    winner = next(
+        (g.winner for g in graphs if g.path == entry.path and g.graph.key == entry.key), None
+    )
+    return EntryRecord(
+        path=entry.path,
+        graph=entry.key,
+        graph_text=str(entry.key),
+        backend=BackendRecord.of(entry.backend, for_checkpoint=True),
+        runner=saved.description,
+        members=[f"{RUNNERS}/{n}/{f.path}" for f in saved.files],
+        latency_s=entry.latency_s,
+        eager_latency_s=entry.eager_latency_s,
+        tolerances=tolerances.to_json() if tolerances is not None else None,
+        max_abs_diff=getattr(winner, "max_abs_diff", None),
+    )
+
+
+def _check_config_round_trip(backend: Backend) -> None:
+    try:
+        same = type(backend)(**backend.config()) == backend
+    except Exception:
+        same = False
+    if not same:
+        log.warning(
+            "backend %s does not rebuild exactly from its JSON config; the loaded runner may "
+            "be configured differently",
+            backend.name,
+        )
+
+
+def _write_weights(model: Any, path: Path) -> int:
+    """The model's state dict as safetensors (no pickle). Tensors that share memory (tied
+    weights) or are not contiguous are copied first, as safetensors requires."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[tuple[str, int]] = set()
+    for name, value in model_state(model).items():
+        tensor = value.detach()
+        storage = (str(tensor.device), tensor.untyped_storage().data_ptr())
+        if storage in storages or not tensor.is_contiguous():
+            tensor = tensor.clone(memory_format=torch.contiguous_format)
+        storages.add(storage)
+        tensors[name] = tensor
+    try:
+        save_file(tensors, str(path), metadata={"tunetree_format": str(FORMAT_VERSION)})
+    except Exception as exc:
+        raise CheckpointError(
+            f"could not write the model's weights as safetensors: {type(exc).__name__}: {exc}"
+        ) from exc
+    return len(tensors)
+
+
+def model_state(model: Any) -> dict[str, torch.Tensor]:
+    """State dict of a module, or of every module of a pipeline under its attribute name."""
+    state: dict[str, torch.Tensor] = {}
+    for prefix, module in root_modules(model).items():
+        for name, value in module.state_dict().items():
+            key = f"{prefix}.{name}" if prefix else name
+            if not isinstance(value, torch.Tensor):
+                raise CheckpointError(
+                    f"state dict entry {key} is a {type(value).__name__}, not a tensor: "
+                    "checkpoints store tensors only (no pickled objects)"
+                )
+            state[key] = value
+    return state
+
+
+def _write_tt(staging: Path, record_bytes: bytes, target: Path) -> None:
+    """Header + record + zip of the staging directory, written atomically to ``target``."""
+    tmp = _sibling(target)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(HEADER.pack(FORMAT_VERSION, len(record_bytes)))
+            f.write(record_bytes)
+            with zipfile.ZipFile(f, "w") as archive:
+                names = [MANIFEST, *(n for n in files_under(staging) if n != MANIFEST)]
+                for name in names:
+                    # Weights rarely compress; storing them keeps loading a plain copy.
+                    method = zipfile.ZIP_STORED if name == WEIGHTS else zipfile.ZIP_DEFLATED
+                    archive.write(staging / name, name, compress_type=method)
+            f.flush()
+            os.fsync(f.fileno())
+        _install(tmp, target)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _install(tmp: Path, target: Path) -> None:
+    """Move a fully written (and fsynced) file or directory onto ``target`` and make the
+    rename durable. A file replaces a file in one atomic rename; anything involving a
+    directory moves the old target aside first and deletes it after the new one is in."""
+    if target.exists() and (tmp.is_dir() or target.is_dir()):
+        aside = _sibling(target, "old")
+        os.rename(target, aside)
+        os.rename(tmp, target)
+        fsync_dir(target.parent)
+        if aside.is_dir():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.unlink()
+    else:
+        os.replace(tmp, target)
+    fsync_dir(target.parent)
+
+
+def _sibling(target: Path, tag: str = "tmp") -> Path:
+    return target.with_name(f"{target.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for filename in filenames:
+            with open(os.path.join(dirpath, filename), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(dirpath))
