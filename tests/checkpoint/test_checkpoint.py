@@ -28,10 +28,10 @@ from torch import nn
 import tunetree as tt
 import tunetree.backends
 from tunetree import checkpoint
-from tunetree.checkpoint import format as checkpoint_format
-from tunetree.checkpoint import writer
 from tunetree.backends import BACKEND_TYPES
 from tunetree.backends.base import Backend, Runner, original_forward
+from tunetree.checkpoint import format as checkpoint_format
+from tunetree.checkpoint import writer
 from tunetree.graph import Graph, GraphKey, TensorSpec
 from tunetree.wrap import wrapped_paths
 
