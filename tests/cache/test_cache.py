@@ -7,8 +7,10 @@ steps where real processes matter (kills, concurrency, edited source files).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ import tunetree as tt
 from tests.cache import fakes as cache_fakes
 from tests.cache.fakes import Counting, Flaky, Saving, tree
 from tests.fakes import Failing
+from tunetree import evaluate
 from tunetree.backends import Eager, Inductor
 from tunetree.cache import TuningCache, default_directory, open_cache
 from tunetree.cache import keys as cache_keys
@@ -564,3 +567,45 @@ def test_cli_ls_verify_gc(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "1 invalid entries" in capsys.readouterr().out
     assert main(["cache", "--dir", str(tmp_path), "ls", "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 1
+
+
+# --------------------------------------------------------------------------- measurement lock
+
+
+def test_batch_size_search_measures_under_the_device_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a miss every measurement, those of the batch-size search's derived sessions
+    included, runs inside the cache's device lock."""
+    held: list[bool] = []
+    inside = [False]
+
+    @contextlib.contextmanager
+    def recording_lock(self: TuningCache, device: Any) -> Iterator[None]:
+        inside[0] = True
+        try:
+            yield
+        finally:
+            inside[0] = False
+
+    real_measure = evaluate.measure
+
+    def spy(calls: Any, device: Any, config: Any) -> Any:
+        held.append(inside[0])
+        return real_measure(calls, device, config)
+
+    monkeypatch.setattr(TuningCache, "device_lock", recording_lock)
+    monkeypatch.setattr(evaluate, "measure", spy)
+    strategy = tt.HighestThroughputStrategy(
+        [tt.backends.Eager()], search_max_batch_size=True, max_batch_size=8
+    )
+    tt.tune(
+        tree(),
+        data(2),
+        strategy=strategy,
+        measure_config=tt.MeasureConfig.quick(),
+        verbose=False,
+        cache=TuningCache(tmp_path),
+    )
+    assert len(held) >= 2, "the search measured no larger batch"
+    assert all(held), f"measured outside the device lock: {held}"
