@@ -149,24 +149,45 @@ def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
                 path.unlink(missing_ok=True)
 
     if max_size is not None:
-        sizes = {sha: store.artifact_size(sha) for i in infos.values() for sha in i.artifacts}
-        total = sum(store.entry_dir_size(k) for k in infos) + sum(sizes.values())
-        for key, _info in sorted(infos.items(), key=lambda kv: kv[1].last_used):
-            if total <= max_size:
-                break
-            remove_entry(store, key)
-            report.evicted_entries += 1
-            del infos[key]
-            still = {sha for i in infos.values() for sha in i.artifacts}
-            total = sum(store.entry_dir_size(k) for k in infos) + sum(
-                size for sha, size in sizes.items() if sha in still
-            )
+        report.evicted_entries = _evict(store, infos, max_size)
 
     for key in store.entry_keys():  # entries published while we worked count too
         if key not in infos:
             with contextlib.suppress(EntryFault):
                 protected.update(r.sha256 for r in store.read_manifest(key).referenced())
     referenced = protected | {sha for i in infos.values() for sha in i.artifacts}
+    report.artifacts = _sweep_artifacts(store, referenced, start)
+    with contextlib.suppress(OSError):
+        for path in store.hits.iterdir():
+            if not (store.entries / path.name).exists():
+                path.unlink(missing_ok=True)
+    report.size_after = store.size()
+    report.freed_bytes = max(0, report.size_before - report.size_after)
+    return report
+
+
+def _evict(store: CacheStore, infos: dict[str, EntryInfo], max_size: int) -> int:
+    """Remove least-recently-used entries (from ``infos`` too) until the entries and the
+    artifacts they reference fit ``max_size`` bytes; returns how many were removed."""
+    sizes = {sha: store.artifact_size(sha) for i in infos.values() for sha in i.artifacts}
+    total = sum(store.entry_dir_size(k) for k in infos) + sum(sizes.values())
+    evicted = 0
+    for key, _info in sorted(infos.items(), key=lambda kv: kv[1].last_used):
+        if total <= max_size:
+            break
+        remove_entry(store, key)
+        evicted += 1
+        del infos[key]
+        still = {sha for i in infos.values() for sha in i.artifacts}
+        total = sum(store.entry_dir_size(k) for k in infos) + sum(
+            size for sha, size in sizes.items() if sha in still
+        )
+    return evicted
+
+
+def _sweep_artifacts(store: CacheStore, referenced: set[str], start: float) -> int:
+    """Delete artifacts nothing references that are older than this gc; returns how many."""
+    removed = 0
     for path in list(store.artifacts.glob("*/*")):
         if path.name in referenced:
             continue
@@ -177,14 +198,8 @@ def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
         if st.st_mtime >= start:
             continue  # placed after gc began by a writer gc did not see yet
         path.unlink(missing_ok=True)
-        report.artifacts += 1
-    with contextlib.suppress(OSError):
-        for path in store.hits.iterdir():
-            if not (store.entries / path.name).exists():
-                path.unlink(missing_ok=True)
-    report.size_after = store.size()
-    report.freed_bytes = max(0, report.size_before - report.size_after)
-    return report
+        removed += 1
+    return removed
 
 
 def remove_entry(store: CacheStore, key: str) -> None:
