@@ -14,10 +14,13 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._table import format_seconds, format_table
 from .cache.cli import add_cache_commands
+
+if TYPE_CHECKING:
+    from .checkpoint.info import CheckpointInfo
 
 EXIT_OK = 0
 EXIT_INCOMPATIBLE = 1
@@ -35,12 +38,12 @@ def _flat_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _print_info(info: Any) -> None:
+def _print_info(info: CheckpointInfo) -> None:
     m = info.manifest
     print(f"checkpoint: {info.path}")
     print(f"format version: {info.version}")
-    print(f"model: {m.get('model_type', '?')}  device: {m.get('device', '?')}", end="")
-    print(f"  depth: {m.get('depth')}  saved: {m.get('created_utc', '?')}")
+    print(f"model: {m.model_type or '?'}  device: {m.device}", end="")
+    print(f"  depth: {m.depth}  saved: {m.created_utc or '?'}")
     print("environment record (where it was tuned):")
     print("\n".join(_flat_lines(info.record)))
     if info.compatible:
