@@ -65,9 +65,11 @@ class Backend(ABC):
             return
         kind = cls.__dict__["kind"]
         if not isinstance(kind, str) or not kind.strip():
+            del cls.kind  # the refused class stays unreachable until it is collected
             raise BackendError(f"{_qualified(cls)}.kind must be a non-empty string, not {kind!r}")
         for other in backend_classes():
             if other is not cls and other.kind == kind and _qualified(other) != _qualified(cls):
+                del cls.kind
                 raise BackendError(
                     f"backend kind {kind!r} of {_qualified(cls)} is already declared by "
                     f"{_qualified(other)}: every backend class needs a kind of its own"
