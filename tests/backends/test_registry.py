@@ -33,7 +33,7 @@ from tunetree.errors import BackendError, BackendUnavailableError, TunetreeError
 
 from .export_models import hide_packages
 
-PLUGIN_SOURCE = '''
+PLUGIN_SOURCE = """
 import dataclasses
 from typing import ClassVar
 
@@ -45,7 +45,7 @@ class PluginBackend(Backend):
     kind: ClassVar[str] = "test-plugin"
     libraries: ClassVar[tuple[str, ...]] = ("tt-test-plugin-runtime",)
     build = Eager.build
-'''
+"""
 
 
 def _entry_points(monkeypatch: pytest.MonkeyPatch, *values: tuple[str, str]) -> None:
