@@ -122,6 +122,17 @@ def test_subclass_without_its_own_kind_is_a_variant_not_registered() -> None:
     assert LoudEager not in registered_backends()
 
 
+def test_abstract_class_with_a_kind_is_not_registered() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Unfinished(Backend):  # no build: cannot be instantiated
+        kind: ClassVar[str] = "test-unfinished"
+
+    with pytest.raises(BackendUnavailableError):
+        backend_type("test-unfinished")
+    with pytest.raises(TypeError):
+        Unfinished()  # type: ignore[abstract]
+
+
 def test_test_defined_backends_register_without_patching() -> None:
     @dataclasses.dataclass(frozen=True)
     class Local(Eager):
