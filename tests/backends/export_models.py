@@ -233,10 +233,10 @@ def check_conformance(
 
     saved = tmp_path / "saved"
     saved.mkdir()
-    description = runner.save(saved)
-    json.dumps(description)
+    saved_record = runner.save(saved)
+    json.dumps(saved_record)
     assert sorted(os.listdir(tmp_path)) == ["saved"]
-    loaded = backend.load(module, graph.key, saved, description, CPU)
+    loaded = backend.load(module, graph.key, saved, saved_record, CPU)
     for a, b in zip(outputs, run_all(loaded, graph), strict=True):
         assert_same(a, b)
 

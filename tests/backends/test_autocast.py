@@ -72,8 +72,8 @@ def test_bf16_on_cpu_close_but_not_equal(tmp_path: Path) -> None:
     strict = compare_all(graph.outputs, outputs, Tolerances())
     assert not strict.ok and strict.max_abs_diff > 1e-4
 
-    description = runner.save(tmp_path)
+    saved_record = runner.save(tmp_path)
     assert not any(tmp_path.iterdir())
-    loaded = backend.load(module, graph.key, tmp_path, description, CPU)
+    loaded = backend.load(module, graph.key, tmp_path, saved_record, CPU)
     again = run_all(loaded, graph)
     assert all(torch.equal(a["logits"], b["logits"]) for a, b in zip(outputs, again, strict=True))

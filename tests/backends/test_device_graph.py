@@ -327,10 +327,10 @@ def test_matches_eager_and_round_trips(model: str, tmp_path: Path) -> None:
     _run_all(runner, samples[1:])
     assert all(torch.equal(a, b) for a, b in zip(kept, _tensors(first), strict=True))
 
-    # Save writes nothing but a description; load captures again from placeholder inputs.
-    description = runner.save(tmp_path)
+    # Save writes nothing but its record; load captures again from placeholder inputs.
+    saved_record = runner.save(tmp_path)
     assert not any(tmp_path.iterdir())
-    loaded = backend.load(module, graph.key, tmp_path, description, CUDA)
+    loaded = backend.load(module, graph.key, tmp_path, saved_record, CUDA)
     result = compare_all(graph.outputs, _run_all(loaded, samples), Tolerances())
     assert result.ok, result.reason
 

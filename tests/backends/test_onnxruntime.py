@@ -62,8 +62,8 @@ def test_awkward_inputs_and_outputs(tmp_path: Path) -> None:
     reordered = dict(reversed(list(sample.kwargs.items())))
     assert_same(runner(*sample.args, **reordered), outputs[0])
 
-    description = runner.save(tmp_path)
-    loaded = OnnxRuntime().load(module, graph.key, tmp_path, description, CPU)
+    saved_record = runner.save(tmp_path)
+    loaded = OnnxRuntime().load(module, graph.key, tmp_path, saved_record, CPU)
     for a, b in zip(outputs, run_all(loaded, graph), strict=True):
         assert_same(a, b)
 
@@ -103,7 +103,7 @@ def test_session_options() -> None:
 def test_missing_package_gives_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     hide_packages(monkeypatch, "onnxruntime")
     reason = OnnxRuntime().unavailable_reason(CPU)
-    assert reason == "onnxruntime not installed: pip install 'tunetree[onnx]'"
+    assert reason == "onnxruntime is not installed: pip install 'tunetree[onnx]'"
     hide_packages(monkeypatch, "onnx", "onnxscript")
     reason = OnnxRuntime().unavailable_reason(CPU)
     assert reason is not None and "onnx, onnxscript" in reason and "tunetree[onnx]" in reason
@@ -146,7 +146,7 @@ def test_bfloat16_inputs_are_refused() -> None:
         OnnxRuntime().build(module, graph, CPU)
 
 
-def test_bad_description_is_a_backend_error(tmp_path: Path) -> None:
+def test_bad_saved_record_is_a_backend_error(tmp_path: Path) -> None:
     module, samples = mlp()
     graph = graph_of(module, samples)
     with pytest.raises(BackendError):

@@ -59,9 +59,9 @@ def test_awkward_inputs_and_outputs(tmp_path: Path) -> None:
     assert_same(runner(*sample.args, **reordered), outputs[0])
 
     # A namedtuple's structure cannot be serialised: load learns it by running eager once.
-    description = runner.save(tmp_path)
-    assert description["outputs"]["spec"] is None
-    loaded = OpenVINO().load(module, graph.key, tmp_path, description, CPU)
+    saved_record = runner.save(tmp_path)
+    assert saved_record["outputs"]["spec"] is None
+    loaded = OpenVINO().load(module, graph.key, tmp_path, saved_record, CPU)
     for a, b in zip(outputs, run_all(loaded, graph), strict=True):
         assert_same(a, b)
 
@@ -153,7 +153,7 @@ def test_bfloat16_inputs_are_refused() -> None:
         OpenVINO().build(module, graph, CPU)
 
 
-def test_bad_description_is_a_backend_error(tmp_path: Path) -> None:
+def test_bad_saved_record_is_a_backend_error(tmp_path: Path) -> None:
     module, samples = mlp()
     graph = graph_of(module, samples)
     with pytest.raises(BackendError):

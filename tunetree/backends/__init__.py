@@ -1,5 +1,6 @@
 """Candidate backends. Each lives in its own module; heavy packages are imported lazily,
-so every backend class can be imported and named even where its package is missing."""
+so every backend class can be imported and named even where its package is missing.
+Backends are found by kind through :mod:`.registry` (built-ins, entry point plugins)."""
 
 from __future__ import annotations
 
@@ -12,30 +13,12 @@ from .eager import Eager
 from .inductor import Inductor
 from .onnxruntime import OnnxRuntime
 from .openvino import OpenVINO, OpenVINOBf16
+from .registry import BUILTIN_BACKENDS, backend_type, libraries_of, registered_backends
 from .torchao import TorchAO
 
-BACKEND_TYPES: tuple[type[Backend], ...] = (
-    Eager,
-    Inductor,
-    DeviceGraph,
-    Autocast,
-    TorchAO,
-    OpenVINO,
-    OpenVINOBf16,
-    OnnxRuntime,
-)
-"""Every backend class tunetree knows, used to rebuild a backend from a checkpoint."""
-
-
-def backend_type(kind: str) -> type[Backend]:
-    """The backend class whose ``kind`` is ``kind``."""
-    for cls in BACKEND_TYPES:
-        if cls.kind == kind:
-            return cls
-    from ..errors import BackendUnavailableError
-
-    known = ", ".join(cls.kind for cls in BACKEND_TYPES)
-    raise BackendUnavailableError(f"unknown backend {kind!r}; this tunetree knows: {known}")
+BACKEND_TYPES: tuple[type[Backend], ...] = BUILTIN_BACKENDS
+"""The backend classes that ship with tunetree (read-only; plugins and other subclasses are
+found by :func:`registered_backends` and :func:`backend_type`)."""
 
 
 def default_backends(device: torch.device) -> list[Backend]:
@@ -63,5 +46,7 @@ __all__ = [
     "TorchAO",
     "backend_type",
     "default_backends",
+    "libraries_of",
     "original_forward",
+    "registered_backends",
 ]

@@ -18,8 +18,8 @@ from torch import nn
 
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey, dtype_name, flatten, unflatten
-from .base import ChangesResults, Runner, compile_unavailable_reason, original_forward
-from .inductor import fresh_entry
+from .base import ChangesResults, Runner, original_forward
+from .inductor import compile_unavailable_reason, fresh_entry
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -118,10 +118,10 @@ class Autocast(ChangesResults):
         module: nn.Module,
         key: GraphKey,
         directory: Path,
-        description: dict[str, Any],
+        saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        dtypes = description.get("output_dtypes")
+        dtypes = saved.get("output_dtypes")
         if not isinstance(dtypes, list):
             raise BackendError("the saved Autocast runner lacks its output dtypes; tune again")
         return AutocastRunner(self, module, device, dtypes)

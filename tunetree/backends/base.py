@@ -4,12 +4,15 @@ A backend is a small frozen dataclass whose fields are its configuration. It say
 why it cannot run on a device (:meth:`Backend.unavailable_reason`) instead of
 failing late, builds a :class:`Runner` for one graph, and loads a runner that a
 previous :meth:`Runner.save` wrote.
+
+A concrete subclass that declares its own ``kind`` registers itself under that kind just by
+being defined (:meth:`Backend.__init_subclass__` refuses a kind another class already
+declares); :mod:`tunetree.backends.registry` finds it by walking the subclasses.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
@@ -33,8 +36,8 @@ class Runner(ABC):
         """Run the graph; returns outputs with eager's structure and types."""
 
     def save(self, directory: Path) -> dict[str, Any]:
-        """Write artifacts into ``directory`` (which exists and is empty) and return a small
-        JSON-serialisable description that :meth:`Backend.load` takes back."""
+        """Write artifacts into ``directory`` (which exists and is empty) and return the
+        runner's saved record: small JSON data that :meth:`Backend.load` takes back."""
         return {}
 
 
@@ -47,7 +50,30 @@ class Backend(ABC):
     preserves_results: ClassVar[bool] = True
     """False for backends that change numbers (quantisation, bf16): never chosen by default."""
     extra: ClassVar[str | None] = None
-    """The pip extra that installs this backend's package, named in error messages."""
+    """The pip extra that installs this backend's package, named in install hints."""
+    libraries: ClassVar[tuple[str, ...]] = ()
+    """Pip distributions whose versions decide what this backend builds (recorded in the
+    environment of checkpoints and cache entries)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Register a subclass that declares its own ``kind``: the kind must be a non-empty
+        string that no other live backend class declares. A class defined again under the
+        same module and name (a reloaded module, a test run twice) replaces the old one.
+        Subclasses that inherit their parent's kind are variants of it, not registered."""
+        super().__init_subclass__(**kwargs)
+        if "kind" not in cls.__dict__:
+            return
+        kind = cls.__dict__["kind"]
+        if not isinstance(kind, str) or not kind.strip():
+            del cls.kind  # the refused class stays unreachable until it is collected
+            raise BackendError(f"{_qualified(cls)}.kind must be a non-empty string, not {kind!r}")
+        for other in backend_classes():
+            if other is not cls and other.kind == kind and _qualified(other) != _qualified(cls):
+                del cls.kind
+                raise BackendError(
+                    f"backend kind {kind!r} of {_qualified(cls)} is already declared by "
+                    f"{_qualified(other)}: every backend class needs a kind of its own"
+                )
 
     @property
     def name(self) -> str:
@@ -81,10 +107,11 @@ class Backend(ABC):
         module: nn.Module,
         key: GraphKey,
         directory: Path,
-        description: dict[str, Any],
+        saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        """Rebuild a runner from what :meth:`Runner.save` wrote."""
+        """Rebuild a runner from ``directory`` and the record ``saved`` that
+        :meth:`Runner.save` returned."""
         raise BackendError(f"backend {self.kind!r} cannot load saved runners")
 
     def __str__(self) -> str:
@@ -111,13 +138,6 @@ class ChangesResults(Backend):
         return Tolerances.uniform(self.atol, self.rtol)
 
 
-def compile_unavailable_reason(device: torch.device, what: str = "compile=True") -> str | None:
-    """Why ``torch.compile`` cannot run on ``device`` here (Inductor on CUDA needs triton)."""
-    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
-        return f"{what} on CUDA needs triton (pip install triton)"
-    return None
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in sorted(value.items())}
@@ -132,3 +152,32 @@ def original_forward(module: nn.Module) -> Any:
     """The module's forward as its class defines it, bound to the module (never a tunetree
     dispatcher, so a runner that calls it cannot recurse into itself)."""
     return type(module).forward.__get__(module, type(module))
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_abstract(cls: type) -> bool:
+    """Whether ``cls`` leaves an abstract method unimplemented. Computed here because
+    ``ABCMeta`` sets ``__abstractmethods__`` only after ``__init_subclass__`` has run."""
+    names = {name for base in cls.__mro__[1:] for name in getattr(base, "__abstractmethods__", ())}
+    names.update(cls.__dict__)
+    return any(getattr(getattr(cls, name, None), "__isabstractmethod__", False) for name in names)
+
+
+def backend_classes() -> list[type[Backend]]:
+    """Every live concrete backend class that declares its own ``kind``, in definition
+    order (a class defined again under the same name comes after the one it replaces)."""
+    found: list[type[Backend]] = []
+    seen: set[type[Backend]] = set()
+    stack = list(reversed(Backend.__subclasses__()))
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        if "kind" in cls.__dict__ and not _is_abstract(cls):
+            found.append(cls)
+        stack.extend(reversed(cls.__subclasses__()))
+    return found

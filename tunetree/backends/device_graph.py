@@ -23,8 +23,8 @@ from torch import nn
 from ..errors import BackendError, InvalidInputError
 from ..graph import _DTYPE_SHORT, Graph, GraphKey, Sample, TensorSpec, detach_clone, flatten
 from ..graph import unflatten as unflatten_tree
-from .base import Backend, Runner, compile_unavailable_reason, original_forward
-from .inductor import fresh_entry
+from .base import Backend, Runner, original_forward
+from .inductor import compile_unavailable_reason, fresh_entry
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that capture CUDA graphs themselves; nesting them in ours fails."""
@@ -271,7 +271,7 @@ class DeviceGraph(Backend):
         module: nn.Module,
         key: GraphKey,
         directory: Path,
-        description: dict[str, Any],
+        saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
         return DeviceGraphRunner(self, module, sample_from_key(key, device), device)

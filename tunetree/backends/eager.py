@@ -38,7 +38,7 @@ class Eager(Backend):
         module: nn.Module,
         key: GraphKey,
         directory: Path,
-        description: dict[str, Any],
+        saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
         return EagerRunner(self, module)

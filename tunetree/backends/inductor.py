@@ -11,7 +11,8 @@ from torch import nn
 
 from ..errors import InvalidInputError
 from ..graph import Graph, GraphKey, detach_clone
-from .base import Backend, Runner, compile_unavailable_reason, original_forward
+from .base import Backend, Runner, original_forward
+from .packages import install_hint, missing_packages
 
 
 def fresh_entry(forward: Any) -> Any:
@@ -28,6 +29,13 @@ def fresh_entry(forward: Any) -> Any:
 
     entry.__code__ = entry.__code__.replace()
     return entry
+
+
+def compile_unavailable_reason(device: torch.device, what: str = "compile=True") -> str | None:
+    """Why ``torch.compile`` cannot run on ``device`` here (Inductor on CUDA needs triton)."""
+    if device.type == "cuda" and missing_packages("triton"):
+        return f"{what} on CUDA needs triton ({install_hint(Inductor)})"
+    return None
 
 
 class InductorRunner(Runner):
@@ -62,6 +70,7 @@ class Inductor(Backend):
     """
 
     kind: ClassVar[str] = "inductor"
+    libraries: ClassVar[tuple[str, ...]] = ("triton",)
     mode: str | None = None
     dynamic: bool | None = False
     fullgraph: bool = False
@@ -94,7 +103,7 @@ class Inductor(Backend):
         module: nn.Module,
         key: GraphKey,
         directory: Path,
-        description: dict[str, Any],
+        saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
         return InductorRunner(self, module)

@@ -20,20 +20,12 @@ from torch import nn
 
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
-from ._flat import (
-    FlatGraph,
-    FlatInputs,
-    FlatOutputs,
-    as_numpy,
-    as_torch,
-    copy_files,
-    describe_error,
-    exporting,
-    missing_packages,
-    numpy_dtype,
-    quiet,
-)
 from .base import Backend, Runner
+from .dtypes import as_numpy, as_torch, numpy_dtype
+from .export_context import describe_error, exporting, quiet
+from .files import copy_files
+from .flat import FlatGraph, FlatInputs, FlatOutputs
+from .packages import not_installed_reason
 
 _MODEL_FILE = "model.onnx"
 _OPTIMIZATION_LEVELS = {
@@ -140,8 +132,8 @@ class OnnxRuntimeRunner(Runner):
         return {
             "model": _MODEL_FILE,
             "files": files,
-            "inputs": self.inputs.describe(),
-            "outputs": self.outputs.describe(),
+            "inputs": self.inputs.to_json(),
+            "outputs": self.outputs.to_json(),
         }
 
 
@@ -158,6 +150,7 @@ class OnnxRuntime(Backend):
 
     kind: ClassVar[str] = "onnxruntime"
     extra: ClassVar[str | None] = "onnx"
+    libraries: ClassVar[tuple[str, ...]] = ("onnxruntime", "onnx", "onnxscript")
     graph_optimization_level: str = "all"
     intra_op_num_threads: int | None = None
     inter_op_num_threads: int | None = None
@@ -216,9 +209,9 @@ class OnnxRuntime(Backend):
         return options
 
     def unavailable_reason(self, device: torch.device) -> str | None:
-        missing = missing_packages("onnxruntime", "onnx", "onnxscript")
-        if missing:
-            return f"{', '.join(missing)} not installed: pip install 'tunetree[onnx]'"
+        missing = not_installed_reason(self, "onnxruntime", "onnx", "onnxscript")
+        if missing is not None:
+            return missing
         if device.type not in ("cpu", "cuda"):
             return f"the ONNX Runtime backend runs on cpu and cuda devices, not {device.type!r}"
         import onnxruntime
@@ -247,17 +240,15 @@ class OnnxRuntime(Backend):
         module: nn.Module,
         key: GraphKey,
         directory: Path,
-        description: dict[str, Any],
+        saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
         try:
-            files = [str(f) for f in description["files"]]
-            inputs = FlatInputs.from_description(description["inputs"])
-            outputs = FlatOutputs.from_description(description["outputs"], module, key, device)
+            files = [str(f) for f in saved["files"]]
+            inputs = FlatInputs.from_json(saved["inputs"])
+            outputs = FlatOutputs.from_json(saved["outputs"], module, key, device)
         except (KeyError, TypeError) as exc:
-            raise BackendError(
-                f"saved ONNX Runtime runner description is incomplete: {exc!r}"
-            ) from exc
+            raise BackendError(f"saved ONNX Runtime runner record is incomplete: {exc!r}") from exc
         if _MODEL_FILE not in files:
             raise BackendError(f"saved ONNX Runtime runner lists no {_MODEL_FILE}")
         # The runner owns a copy (hard links where possible): the checkpoint's directory may

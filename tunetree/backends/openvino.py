@@ -21,20 +21,11 @@ from torch import nn
 from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
-from ._flat import (
-    FlatGraph,
-    FlatInputs,
-    FlatOutputs,
-    as_numpy,
-    as_torch,
-    describe_error,
-    exporting,
-    missing_packages,
-    numpy_dtype,
-    parameters_on_cpu,
-    quiet,
-)
 from .base import Backend, Runner
+from .dtypes import as_numpy, as_torch, numpy_dtype
+from .export_context import describe_error, exporting, parameters_on_cpu, quiet
+from .flat import FlatGraph, FlatInputs, FlatOutputs
+from .packages import not_installed_reason
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +96,8 @@ class OpenVINORunner(Runner):
         openvino.save_model(self.model, str(directory / _MODEL_FILE), compress_to_fp16=False)
         return {
             "model": _MODEL_FILE,
-            "inputs": self.inputs.describe(),
-            "outputs": self.outputs.describe(),
+            "inputs": self.inputs.to_json(),
+            "outputs": self.outputs.to_json(),
         }
 
 
@@ -123,6 +114,7 @@ class OpenVINO(Backend):
 
     kind: ClassVar[str] = "openvino"
     extra: ClassVar[str | None] = "openvino"
+    libraries: ClassVar[tuple[str, ...]] = ("openvino",)
     device: str | None = None
     precision: str = "f32"
     performance_hint: str = "LATENCY"
@@ -164,8 +156,9 @@ class OpenVINO(Backend):
         return config
 
     def unavailable_reason(self, device: torch.device) -> str | None:
-        if missing_packages("openvino"):
-            return "openvino is not installed: pip install 'tunetree[openvino]'"
+        missing = not_installed_reason(self, "openvino")
+        if missing is not None:
+            return missing
         if self.device is None and device.type not in ("cpu", "xpu"):
             return (
                 f"OpenVINO runs on CPUs and Intel GPUs, not on {device.type!r}; set "
@@ -191,15 +184,15 @@ class OpenVINO(Backend):
         module: nn.Module,
         key: GraphKey,
         directory: Path,
-        description: dict[str, Any],
+        saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
         try:
-            model_file = directory / str(description["model"])
-            inputs = FlatInputs.from_description(description["inputs"])
-            outputs = FlatOutputs.from_description(description["outputs"], module, key, device)
+            model_file = directory / str(saved["model"])
+            inputs = FlatInputs.from_json(saved["inputs"])
+            outputs = FlatOutputs.from_json(saved["outputs"], module, key, device)
         except (KeyError, TypeError) as exc:
-            raise BackendError(f"saved OpenVINO runner description is incomplete: {exc!r}") from exc
+            raise BackendError(f"saved OpenVINO runner record is incomplete: {exc!r}") from exc
         if not model_file.is_file():
             raise BackendError(f"saved OpenVINO model {model_file} is missing")
         model = _core().read_model(str(model_file))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,8 +19,9 @@ from torch import nn
 
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
-from .base import ChangesResults, Runner, compile_unavailable_reason, original_forward
-from .inductor import fresh_entry
+from .base import ChangesResults, Runner, original_forward
+from .inductor import compile_unavailable_reason, fresh_entry
+from .packages import install_hint, not_installed_reason
 
 SCHEMES = ("int8-weight-only", "int8-dynamic", "float8-dynamic")
 """``int8-weight-only``: int8 weights, activations unchanged. ``int8-dynamic``: int8 weights
@@ -37,7 +37,7 @@ def _quantization_config(scheme: str) -> Any:
     except Exception as exc:  # a torchao built for another torch can fail in many ways
         raise BackendError(
             f"torchao could not be imported ({type(exc).__name__}: {exc}); install a torchao "
-            "that matches this PyTorch: pip install 'tunetree[ao]'"
+            f"that matches this PyTorch: {install_hint(TorchAO)}"
         ) from exc
     names = {
         "int8-weight-only": "Int8WeightOnlyConfig",
@@ -48,7 +48,7 @@ def _quantization_config(scheme: str) -> Any:
     if cls is None:
         raise BackendError(
             f"this torchao has no torchao.quantization.{names[scheme]}; "
-            "upgrade it: pip install -U 'tunetree[ao]'"
+            f"upgrade it: {install_hint(TorchAO, upgrade=True)}"
         )
     try:
         return cls(set_inductor_config=False)
@@ -103,6 +103,7 @@ class TorchAO(ChangesResults):
 
     kind: ClassVar[str] = "torchao"
     extra: ClassVar[str | None] = "ao"
+    libraries: ClassVar[tuple[str, ...]] = ("torchao",)
     scheme: str = "int8-weight-only"
     compile: bool = False
 
@@ -113,8 +114,9 @@ class TorchAO(ChangesResults):
             )
 
     def unavailable_reason(self, device: torch.device) -> str | None:
-        if importlib.util.find_spec("torchao") is None:
-            return f"torchao is not installed: pip install 'tunetree[{self.extra}]'"
+        missing = not_installed_reason(self, "torchao")
+        if missing is not None:
+            return missing
         if device.type == "cuda" and not torch.cuda.is_available():
             return "CUDA is not available here (torch.cuda.is_available() is False)"
         if self.scheme == "float8-dynamic":
@@ -141,7 +143,7 @@ class TorchAO(ChangesResults):
         module: nn.Module,
         key: GraphKey,
         directory: Path,
-        description: dict[str, Any],
+        saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
         return TorchAORunner(self, module)

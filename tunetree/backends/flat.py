@@ -1,5 +1,5 @@
-"""Flat tensor I/O shared by backends that compile a module into a graph with tensors in and
-tensors out (OpenVINO, ONNX Runtime).
+"""Flat tensor I/O for backends that compile a module into a graph with tensors in and tensors
+out (OpenVINO, ONNX Runtime).
 
 Such a graph takes a flat list of tensors and returns a flat list of tensors. From one sample
 and eager's output this module records which leaves of a call's ``(args, kwargs)`` are graph
@@ -11,96 +11,23 @@ rebuilt without samples.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import importlib.util
-import io
 import itertools
 import json
-import logging
-import os
-import re
-import shutil
-import warnings
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError
-from ..graph import Graph, GraphKey, Sample, TensorSpec, dtype_name
+from ..graph import Graph, GraphKey, Sample, TensorSpec
 from .base import original_forward
+from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
 
 PathEntry = tuple[str, Any]
 """One step into a call's ``(args, kwargs)``: ``("i", index)``, ``("k", key)``, ``("a", name)``."""
-
-_DTYPES: dict[str, torch.dtype] = {
-    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
-}
-_SHORT_DTYPES: dict[str, torch.dtype] = {dtype_name(v): v for v in _DTYPES.values()}
-
-
-def missing_packages(*names: str) -> list[str]:
-    """Which of the top-level packages ``names`` cannot be imported here (checked without
-    importing them)."""
-    missing = []
-    for name in names:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """The torch dtype called ``name`` (``"float32"``), as :func:`dtype_to_name` wrote it."""
-    dtype = _DTYPES.get(name)
-    if dtype is None:
-        raise BackendError(f"unknown dtype {name!r} in a saved runner description")
-    return dtype
-
-
-def dtype_to_name(dtype: torch.dtype) -> str:
-    """The stable name of ``dtype`` for JSON descriptions (``"float32"``)."""
-    return str(dtype).removeprefix("torch.")
-
-
-def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
-    """The numpy dtype holding ``dtype``; BackendError where numpy has none (bfloat16)."""
-    try:
-        return torch.empty(0, dtype=dtype).numpy().dtype
-    except TypeError as exc:
-        raise BackendError(
-            f"{dtype_to_name(dtype)} tensors cannot be passed through numpy; this backend "
-            "needs graph inputs and outputs of numpy-compatible dtypes (cast the model or "
-            "use another backend)"
-        ) from exc
-
-
-def as_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A C-contiguous numpy view of ``tensor`` (a copy only when it is not on the CPU or not
-    contiguous)."""
-    if tensor.requires_grad:
-        tensor = tensor.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    return tensor.contiguous().numpy()
-
-
-def as_torch(array: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A numpy result as a tensor of ``dtype`` on ``device``, without a copy where possible."""
-    tensor = torch.from_numpy(np.asarray(array))
-    if tensor.dtype != dtype:
-        tensor = tensor.to(dtype)
-    if device.type != "cpu":
-        tensor = tensor.to(device)
-    return tensor
 
 
 def _path_entry(key: Any) -> PathEntry:
@@ -142,7 +69,8 @@ class FlatInputs:
             picked.append(obj)
         return picked
 
-    def describe(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON data (:meth:`from_json` reads it back)."""
         return {
             "paths": [[list(entry) for entry in path] for path in self.paths],
             "names": list(self.names),
@@ -151,18 +79,19 @@ class FlatInputs:
         }
 
     @classmethod
-    def from_description(cls, description: dict[str, Any]) -> FlatInputs:
+    def from_json(cls, data: dict[str, Any]) -> FlatInputs:
+        """The record :meth:`to_json` wrote; BackendError when it is malformed."""
         try:
             return cls(
                 paths=tuple(
-                    tuple((str(kind), key) for kind, key in path) for path in description["paths"]
+                    tuple((str(kind), key) for kind, key in path) for path in data["paths"]
                 ),
-                names=tuple(str(n) for n in description["names"]),
-                dtypes=tuple(dtype_from_name(d) for d in description["dtypes"]),
-                shapes=tuple(tuple(int(x) for x in s) for s in description["shapes"]),
+                names=tuple(str(n) for n in data["names"]),
+                dtypes=tuple(dtype_from_name(d) for d in data["dtypes"]),
+                shapes=tuple(tuple(int(x) for x in s) for s in data["shapes"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise BackendError(f"saved runner description has bad inputs: {exc!r}") from exc
+            raise BackendError(f"saved runner record has bad inputs: {exc!r}") from exc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,10 +130,10 @@ class FlatOutputs:
             leaves[position] = tensor
         return pytree.tree_unflatten(leaves, self.spec)
 
-    def describe(self) -> dict[str, Any]:
-        """JSON description. The structure is pytree's serialised tree spec where the output
+    def to_json(self) -> dict[str, Any]:
+        """The record as JSON data. The structure is pytree's serialised tree spec where the output
         types support it (tuples, lists, dicts, Hugging Face ``ModelOutput``); otherwise None,
-        and :meth:`from_description` learns it again by running the module once."""
+        and :meth:`from_json` learns it again by running the module once."""
         try:
             spec: str | None = pytree.treespec_dumps(self.spec)
         except Exception:  # unregistered namedtuples and custom nodes cannot be serialised
@@ -229,18 +158,20 @@ class FlatOutputs:
         }
 
     @classmethod
-    def from_description(
-        cls, description: dict[str, Any], module: nn.Module, key: GraphKey, device: torch.device
+    def from_json(
+        cls, data: dict[str, Any], module: nn.Module, key: GraphKey, device: torch.device
     ) -> FlatOutputs:
+        """The record :meth:`to_json` wrote; where its structure was not saved, learnt again
+        by running ``module`` once on zeros shaped like ``key``."""
         try:
-            num_leaves = int(description["num_leaves"])
-            positions = tuple(int(p) for p in description["positions"])
-            constants = {int(i): v for i, v in description["constants"].items()}
-            dtypes = tuple(dtype_from_name(d) for d in description["dtypes"])
-            shapes = tuple(tuple(int(x) for x in s) for s in description["shapes"])
-            dumped = description["spec"]
+            num_leaves = int(data["num_leaves"])
+            positions = tuple(int(p) for p in data["positions"])
+            constants = {int(i): v for i, v in data["constants"].items()}
+            dtypes = tuple(dtype_from_name(d) for d in data["dtypes"])
+            shapes = tuple(tuple(int(x) for x in s) for s in data["shapes"])
+            dumped = data["spec"]
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise BackendError(f"saved runner description has bad outputs: {exc!r}") from exc
+            raise BackendError(f"saved runner record has bad outputs: {exc!r}") from exc
         spec = None
         if dumped is not None:
             try:
@@ -278,7 +209,7 @@ def _output_spec_by_running(
 
 def _value_from_signature(signature: Any, device: torch.device) -> Any:
     if isinstance(signature, TensorSpec):
-        dtype = _SHORT_DTYPES.get(signature.dtype)
+        dtype = dtype_from_short_name(signature.dtype)
         if dtype is None:
             raise BackendError(f"cannot rebuild an input of dtype {signature.dtype!r}")
         return torch.zeros(signature.shape, dtype=dtype, device=device)
@@ -376,93 +307,3 @@ def _unique(names: list[str]) -> tuple[str, ...]:
         seen.add(candidate)
         result.append(candidate)
     return tuple(result)
-
-
-@contextlib.contextmanager
-def exporting(module: nn.Module) -> Iterator[None]:
-    """Conditions for exporting ``module``: no autograd, and the fused multi-head-attention
-    fast path off (``nn.TransformerEncoder`` would otherwise trace to
-    ``aten::_transformer_encoder_layer_fwd``, which exporters cannot translate). Restores the
-    fast-path switch and every submodule's training flag afterwards."""
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    modes = [(m, m.training) for m in module.modules()]
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
-        for m, training in modes:
-            m.training = training
-
-
-@contextlib.contextmanager
-def parameters_on_cpu(module: nn.Module) -> Iterator[None]:
-    """Temporarily give every parameter and buffer of ``module`` CPU data, for converters that
-    read weights on the host; afterwards each one holds its original data again."""
-    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
-    try:
-        for tensor in itertools.chain(module.parameters(), module.buffers()):
-            if tensor.device.type != "cpu":
-                saved.append((tensor, tensor.data))
-                tensor.data = tensor.data.cpu()
-        yield
-    finally:
-        for tensor, data in saved:
-            tensor.data = data
-
-
-def copy_files(source: Path, target: Path, names: Sequence[str]) -> None:
-    """Copy ``names`` from ``source`` to ``target`` (hard links where the file system allows:
-    artifacts are never modified after they are written)."""
-    for name in names:
-        if Path(name).name != name:
-            raise BackendError(f"refusing artifact name {name!r}: not a plain file name")
-        src = source / name
-        if not src.is_file():
-            raise BackendError(f"artifact {name!r} is missing from {source}")
-        try:
-            os.link(src, target / name)
-        except OSError:
-            shutil.copyfile(src, target / name)
-
-
-_NOISY_LOGGERS = ("torch.onnx", "onnxscript", "torch.export", "torch._export", "openvino")
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """Silence exporters' and converters' warnings and progress logs while one runs: a tune
-    tries many candidates, and a failure is reported through the error it raises (and a
-    wrong result through the comparison with eager)."""
-    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    sink = io.StringIO()  # some exporter strategies print the graphs they tried
-    try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stdout(sink),
-            contextlib.redirect_stderr(sink),
-        ):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def describe_error(error: BaseException) -> str:
-    """One line naming the root cause of ``error`` (exporters wrap it in long advice)."""
-    root = error
-    seen = {id(root)}
-    while root.__cause__ is not None and id(root.__cause__) not in seen:
-        root = root.__cause__
-        seen.add(id(root))
-    lines = [line.strip() for line in _ANSI.sub("", str(root)).splitlines() if line.strip()]
-    text = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
-    return text[:300]

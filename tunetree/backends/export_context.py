@@ -1,0 +1,91 @@
+"""Conditions around one export or conversion (torch.export, ONNX, OpenVINO): no autograd and
+no fused attention fast path, weights readable on the host, exporters' noise silenced, and
+their long errors reduced to one line. Everything is restored afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import logging
+import re
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def exporting(module: nn.Module) -> Iterator[None]:
+    """Conditions for exporting ``module``: no autograd, and the fused multi-head-attention
+    fast path off (``nn.TransformerEncoder`` would otherwise trace to
+    ``aten::_transformer_encoder_layer_fwd``, which exporters cannot translate). Restores the
+    fast-path switch and every submodule's training flag afterwards."""
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    modes = [(m, m.training) for m in module.modules()]
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+        for m, training in modes:
+            m.training = training
+
+
+@contextlib.contextmanager
+def parameters_on_cpu(module: nn.Module) -> Iterator[None]:
+    """Temporarily give every parameter and buffer of ``module`` CPU data, for converters that
+    read weights on the host; afterwards each one holds its original data again."""
+    saved: list[tuple[torch.Tensor, torch.Tensor]] = []
+    try:
+        for tensor in itertools.chain(module.parameters(), module.buffers()):
+            if tensor.device.type != "cpu":
+                saved.append((tensor, tensor.data))
+                tensor.data = tensor.data.cpu()
+        yield
+    finally:
+        for tensor, data in saved:
+            tensor.data = data
+
+
+_NOISY_LOGGERS = ("torch.onnx", "onnxscript", "torch.export", "torch._export", "openvino")
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence exporters' and converters' warnings and progress logs while one runs: a tune
+    tries many candidates, and a failure is reported through the error it raises (and a
+    wrong result through the comparison with eager)."""
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    sink = io.StringIO()  # some exporter strategies print the graphs they tried
+    try:
+        with (
+            warnings.catch_warnings(),
+            contextlib.redirect_stdout(sink),
+            contextlib.redirect_stderr(sink),
+        ):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def describe_error(error: BaseException) -> str:
+    """One line naming the root cause of ``error`` (exporters wrap it in long advice)."""
+    root = error
+    seen = {id(root)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:
+        root = root.__cause__
+        seen.add(id(root))
+    lines = [line.strip() for line in _ANSI.sub("", str(root)).splitlines() if line.strip()]
+    text = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
+    return text[:300]
