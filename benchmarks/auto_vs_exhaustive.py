@@ -18,7 +18,7 @@ from typing import Any
 
 import tunetree as tt
 from tunetree.graph import as_samples
-from tunetree.inspection import run_model
+from tunetree.modules import run_model
 from tunetree.measure import cycle_calls
 
 from . import common, zoo

@@ -21,7 +21,7 @@ import torch
 import tunetree as tt
 from tunetree._table import format_table
 from tunetree.graph import as_samples
-from tunetree.inspection import run_model
+from tunetree.modules import run_model
 from tunetree.measure import cycle_calls
 
 from . import common, zoo
