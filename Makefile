@@ -30,9 +30,10 @@ lint: setup
 	$(VENV)/bin/ruff check tunetree tests examples benchmarks
 	$(VENV)/bin/ruff format --check tunetree tests examples benchmarks
 	$(VENV)/bin/mypy tunetree
+	$(VENV)/bin/lint-imports --no-logo
 
 examples: setup
 	@set -e; for script in examples/*/run.py; do echo "== $$script"; $(PY) $$script; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

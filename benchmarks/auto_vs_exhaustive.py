@@ -12,14 +12,21 @@ the ratio of auto_tune's selected latency to the best combination's.
 
 from __future__ import annotations
 
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
 import copy
 import time
 from typing import Any
 
 import tunetree as tt
 from tunetree.graph import as_samples
-from tunetree.inspection import run_model
 from tunetree.measure import cycle_calls
+from tunetree.modules import run_model
 
 from . import common, zoo
 

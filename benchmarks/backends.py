@@ -10,6 +10,13 @@ candidate, checks it against eager and measures all of them interleaved (one
 
 from __future__ import annotations
 
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
 from typing import Any
 
 import torch

@@ -1,16 +1,24 @@
 """Median latency of eager, device-graph capture, Inductor and autocast on a CUDA GPU.
 
-Run on a machine with a CUDA GPU: ``python benchmarks/bench_device_graph.py``. Prints, per
-model, each candidate's build time, median latency per call (CUDA events, blocks of calls
-after one untimed call, candidates interleaved over trials), speed-up over eager, and
-whether its outputs match eager (default tolerances; the backend's own for opt-in ones).
-fp32 with TF32 off, as in DESIGN.md's H200 table.
+Run on a machine with a CUDA GPU: ``python benchmarks/bench_device_graph.py`` (or
+``python -m benchmarks.bench_device_graph``). Prints, per model, each candidate's build time,
+median latency per call and its spread (measured by :func:`tunetree.measure`, like every other
+benchmark: blocks of calls after one untimed call, device synchronised, candidates
+interleaved over trials), speed-up over eager, and whether its outputs match eager (default
+tolerances; the backend's own for opt-in ones). fp32 with TF32 off, as in DESIGN.md's H200
+table.
 """
 
 from __future__ import annotations
 
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +29,9 @@ from torch import nn
 from tunetree.backends import Autocast, Backend, DeviceGraph, Eager, Inductor
 from tunetree.compare import Tolerances, compare_all
 from tunetree.graph import Graph, Sample
+from tunetree.measure import MeasureConfig, measure
+
+from . import common
 
 
 def mlp(device: torch.device) -> tuple[nn.Module, Sample]:
@@ -75,19 +86,7 @@ def candidates(with_compiled_graph: bool) -> list[Backend]:
     return out
 
 
-def time_block(fn: Callable[[], Any], calls: int) -> float:
-    """Milliseconds per call over one block of ``calls`` calls, after one untimed call."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
-
-
-def bench(name: str, device: torch.device, trials: int, calls: int, compiled_graph: bool) -> None:
+def bench(name: str, device: torch.device, config: MeasureConfig, compiled_graph: bool) -> None:
     torch.manual_seed(0)
     module, sample = MODELS[name](device)
     with torch.no_grad():
@@ -110,35 +109,29 @@ def bench(name: str, device: torch.device, trials: int, calls: int, compiled_gra
         match = compare_all([reference], [out], backend.tolerances() or Tolerances())
         strict = compare_all([reference], [out], Tolerances())
         rows[backend.name] = [build_s, match, strict.max_abs_diff]
-
-        def call(runner: Any = runner) -> Any:
-            with torch.no_grad():
-                return runner(*sample.args, **sample.kwargs)
-
-        runners[backend.name] = call
-    times: dict[str, list[float]] = {n: [] for n in runners}
-    names = list(runners)
-    for trial in range(trials):
-        # Rotate the order so no candidate always runs right after the same one.
-        for n in names[trial % len(names) :] + names[: trial % len(names)]:
-            times[n].append(time_block(runners[n], calls))
-    eager_ms = statistics.median(times["eager"])
-    print(f"\n== {name} (median of {trials} trials x {calls} calls, ms per call)")
-    print(f"{'candidate':48} {'build s':>8} {'median':>8} {'vs eager':>8}  check (max|diff|)")
+        runners[backend.name] = lambda r=runner: r(*sample.args, **sample.kwargs)
+    # One interleaved measurement of every candidate (measure runs them under no_grad).
+    timings = measure(runners, device, config)
+    eager_s = timings["eager"].median_s
+    print(f"\n== {name} ({config.trials} trials, ms per call, median ±half the IQR)")
+    print(f"{'candidate':48} {'build s':>8} {'median':>8} {'spread':>7} {'vs eager':>8}  check")
     for n, row in rows.items():
-        if n not in times:
+        if n not in timings:
             print(f"{n:48} {row[0]}")
             continue
-        med = statistics.median(times[n])
+        timing = timings[n]
         build_s, match, diff = row
         check = "match" if match.ok else f"REJECTED {match.reason[:60]}"
-        print(f"{n:48} {build_s:8.2f} {med:8.3f} {eager_ms / med:7.2f}x  {check} ({diff:.2g})")
+        print(
+            f"{n:48} {build_s:8.2f} {timing.median_s * 1e3:8.3f} {100 * timing.spread / 2:6.1f}% "
+            f"{eager_s / timing.median_s:7.2f}x  {check} (max|diff| {diff:.2g})"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--trials", type=int, default=15)
-    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--trials", type=int, default=15, help="timed blocks per candidate")
+    parser.add_argument("--block-ms", type=float, default=5.0, help="target length of a block")
     parser.add_argument("--models", nargs="*", default=list(MODELS))
     parser.add_argument(
         "--compiled-graph", action="store_true", help="also DeviceGraph(compile=True)"
@@ -146,12 +139,16 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("this benchmark needs a CUDA GPU")
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    device = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}")
+    common.cuda_setup("cuda")
+    common.header(common.command_line())
+    config = MeasureConfig(
+        block_s=args.block_ms / 1e3,
+        trials=args.trials,
+        min_trials=min(3, args.trials),
+        max_s_per_candidate=60.0,
+    )
     for name in args.models:
-        bench(name, device, args.trials, args.calls, args.compiled_graph)
+        bench(name, torch.device("cuda"), config, args.compiled_graph)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,13 @@ fresh process's first eager calls (inspection) several times over: note the load
 
 from __future__ import annotations
 
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
 import argparse
 import json
 import os

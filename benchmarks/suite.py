@@ -12,6 +12,13 @@ benchmarks/README.md for the method.
 
 from __future__ import annotations
 
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,8 +28,8 @@ import torch
 import tunetree as tt
 from tunetree._table import format_table
 from tunetree.graph import as_samples
-from tunetree.inspection import run_model
 from tunetree.measure import cycle_calls
+from tunetree.modules import run_model
 
 from . import common, zoo
 

@@ -5,6 +5,13 @@ python -m benchmarks.to_markdown out/suite-cpu/suite-cpu.json
 
 from __future__ import annotations
 
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
 import json
 import sys
 from pathlib import Path

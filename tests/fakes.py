@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+import tunetree as tt
 from tunetree.backends.base import Backend, Runner, original_forward
 from tunetree.graph import Graph
 
@@ -138,3 +139,19 @@ class Shortcut(Backend):
 def mlp(width: int = 16) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(width, width), nn.ReLU(), nn.Linear(width, width)).eval()
+
+
+def quick_tune(
+    model: Any, data: list[Any], backends: list[Backend], depth: int = 0, **kw: Any
+) -> tt.TuneResult:
+    """``tt.tune`` with quick measurements, no progress output and the fastest backend winning."""
+    strategy = tt.HighestThroughputStrategy(backends)
+    return tt.tune(
+        model,
+        data,
+        depth=depth,
+        strategy=strategy,
+        measure_config=tt.MeasureConfig.quick(),
+        verbose=False,
+        **kw,
+    )

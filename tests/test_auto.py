@@ -62,7 +62,7 @@ def test_depth_where_every_module_fails_is_skipped() -> None:
     model = two_level(root_tuned=12 * MS, broken=True)
     result = auto(model, max_depth=1)
     row1 = next(r for r in result.rows if r.depth == 1)
-    assert row1.status == "skipped"
+    assert row1.status is tt.DepthStatus.SKIPPED
     assert "every module failed" in row1.error and "broken" in row1.error
     assert result.depth == 0
     assert wrapped_paths(model) == []  # depth 0 wraps a copy
@@ -78,8 +78,10 @@ def test_time_budget_stops_new_depths_with_exact_error() -> None:
     model = two_level()
     result = auto(model, backend=SlowBuild(), time_budget=0.8)
     first, *rest = result.rows
-    assert first.status == "measured"  # started within the budget, finished past it
-    assert rest and all(r.error == TIME_BUDGET_ERROR and r.status == "skipped" for r in rest)
+    assert first.status is tt.DepthStatus.MEASURED  # started within the budget, finished past it
+    assert rest and all(
+        r.error == TIME_BUDGET_ERROR and r.status is tt.DepthStatus.SKIPPED for r in rest
+    )
     assert TIME_BUDGET_ERROR in str(result)
 
 
@@ -164,7 +166,7 @@ def test_dry_run_and_argument_checks() -> None:
     )
     assert backend.builds == []
     assert [(r.depth, r.modules, r.graphs) for r in result.rows] == [(0, 1, 1), (1, 2, 2)]
-    assert "Dry run" in str(result)
+    assert "Dry run" in str(result) and "dry run" in str(result).splitlines()[-1]
     with pytest.raises(tt.InvalidInputError):
         tt.auto_tune(two_level(), [torch.randn(2, 4)], min_depth=2, max_depth=1)
     with pytest.raises(TypeError):
@@ -200,5 +202,18 @@ def test_opt_in_backend_tolerance_applies_end_to_end() -> None:
 
     model = two_level(root_tuned=1 * MS)
     result = auto(model, backend=Noisy(), max_depth=0)
-    assert result.rows[0].status == "measured"
+    assert result.rows[0].status is tt.DepthStatus.MEASURED
     assert result.depth == 0
+
+
+def test_depth_statuses_print_as_before() -> None:
+    """The table shows each status as users knew it: the enum's text plus its reason."""
+    result = auto(two_level(), backend=tt.backends.Eager(), max_depth=0)
+    assert result.rows[0].status is tt.DepthStatus.NO_CHANGE
+    assert result.depth is None
+    assert "no change: every graph kept eager" in str(result)
+    twin = tt.DepthRow(2, 3, 3, tt.DepthStatus.SAME_CUT, same_as=1, error="Boom: x")
+    assert twin.status_text == "same cut as depth 1: Boom: x"
+    skipped = tt.DepthRow(1, 2, 2, tt.DepthStatus.SKIPPED, error=TIME_BUDGET_ERROR)
+    assert skipped.status_text == f"skipped: {TIME_BUDGET_ERROR}"
+    assert tt.DepthRow(0, 1, 1).status_text == "not started"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import backends
-from .auto import AutoTuneResult, DepthRow, auto_tune
+from .auto import AutoTuneResult, DepthRow, DepthStatus, auto_tune
 from .cache import TuningCache
 from .checkpoint import load, save
 from .compare import Tolerance, Tolerances
@@ -44,6 +44,7 @@ __all__ = [
     "CandidateRow",
     "CheckpointError",
     "DepthRow",
+    "DepthStatus",
     "FirstWinsStrategy",
     "Graph",
     "GraphKey",

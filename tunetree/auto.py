@@ -8,6 +8,7 @@ shallowest wins; when no depth beats the untuned model, the model stays untuned.
 
 from __future__ import annotations
 
+import enum
 import os
 import time
 from collections.abc import Iterable
@@ -36,6 +37,22 @@ MAX_DEFAULT_DEPTH = 3
 """Default deepest depth tried: deeper cuts wrap many tiny modules and rarely win."""
 
 
+class DepthStatus(str, enum.Enum):
+    """What happened to one depth of an auto-tune (the reason, if any, is in ``DepthRow.error``)."""
+
+    NOT_STARTED = "not started"
+    DRY_RUN = "dry run"
+    SKIPPED = "skipped"
+    SAME_CUT = "same cut"
+    NO_CHANGE = "no change: every graph kept eager"
+    REJECTED = "rejected"
+    FAILED = "failed"
+    MEASURED = "measured"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class DepthRow:
     """One depth of an auto-tune."""
@@ -43,7 +60,7 @@ class DepthRow:
     depth: int
     modules: int
     graphs: int
-    status: str = "not started"
+    status: DepthStatus = DepthStatus.NOT_STARTED
     timing: Timing | None = None
     speedup: float | None = None
     error: str = ""
@@ -52,6 +69,14 @@ class DepthRow:
     @property
     def latency_s(self) -> float | None:
         return self.timing.median_s if self.timing else None
+
+    @property
+    def status_text(self) -> str:
+        """The status as the table shows it, with its reason."""
+        text = str(self.status)
+        if self.status is DepthStatus.SAME_CUT:
+            text = f"same cut as depth {self.same_as}"
+        return text + (f": {self.error}" if self.error else "")
 
 
 @dataclass
@@ -97,7 +122,6 @@ class AutoTuneResult:
         rows = []
         for r in self.rows:
             mark = "*" if r.depth == self.depth else ""
-            status = r.status + (f": {r.error}" if r.error else "")
             rows.append(
                 [
                     f"{mark}{r.depth}",
@@ -105,7 +129,7 @@ class AutoTuneResult:
                     r.graphs,
                     str(r.timing) if r.timing else "-",
                     f"{r.speedup:.2f}x" if r.speedup else "-",
-                    status,
+                    r.status_text,
                 ]
             )
         if self.dry_run:
@@ -218,111 +242,52 @@ def auto_tune(
     ``verbose=False``. ``cache`` is the tuning cache consulted per graph, as in
     :func:`tunetree.tune` (None: the default directory; False: none).
     """
-    if min_depth < 0 or (max_depth is not None and max_depth < min_depth):
-        raise InvalidInputError(f"need 0 <= min_depth <= max_depth, got {min_depth}, {max_depth}")
-    if tie_tolerance < 0:
-        raise InvalidInputError("tie_tolerance must be >= 0")
+    _check_arguments(min_depth, max_depth, tie_tolerance)
     start = time.perf_counter()
     check_untuned(model)
     dev = check_device(model, device)
     progress = Progress(verbose)
-    config = measure_config or MeasureConfig()
     progress("inspecting the model")
     info = inspect(model, dataset, call=call, device=dev)
-    last = min(info.max_depth, MAX_DEFAULT_DEPTH) if max_depth is None else max_depth
-    last = min(last, info.max_depth)
-    rows = [
-        DepthRow(d, s.modules, s.graphs)
-        for d in range(min_depth, last + 1)
-        for s in [info.summary(d)]
-    ]
+    rows = _depth_rows(info, min_depth, max_depth)
     if dry_run:
         for row in rows:
-            row.status = "dry run"
+            row.status = DepthStatus.DRY_RUN
         return AutoTuneResult(model, None, rows, None, info=info, dry_run=True, original=model)
 
-    graph_cache = open_cache(cache)
-    strategy = strategy or default_strategy(dev)  # built once: its log lines appear once
-    devices = _tensor_devices(model)
+    run = _Run(
+        model=model,
+        info=info,
+        call=call,
+        config=measure_config or MeasureConfig(),
+        strategy=strategy or default_strategy(dev),  # built once: its log lines appear once
+        tolerances=tolerances,
+        progress=progress,
+        cache=open_cache(cache),
+        devices=_tensor_devices(model),
+        deadline=None if time_budget is None else start + time_budget,
+    )
     progress("measuring the untuned model")
-    before = _measure_model(model, info, call, config)
-    memo: GraphMemo = {}
-    plans: dict[int, Plan] = {}
-    graphs: dict[int, list[GraphResult]] = {}
-    cuts: dict[tuple[str, ...], int] = {}
-    try:
-        for row in rows:
-            if time_budget is not None and time.perf_counter() - start > time_budget:
-                row.status, row.error = "skipped", TIME_BUDGET_ERROR
-                continue
-            cut = tuple(info.cut(row.depth))
-            if cut in cuts:
-                twin = next(r for r in rows if r.depth == cuts[cut])
-                row.status, row.same_as = f"same cut as depth {twin.depth}", twin.depth
-                row.timing, row.error = twin.timing, twin.error
-                continue
-            cuts[cut] = row.depth
-            progress(f"depth {row.depth}", f"{row.modules} modules, {row.graphs} graphs")
-            results = _tune_cut(
-                model,
-                info,
-                row.depth,
-                strategy=strategy,
-                tolerances=tolerances or Tolerances(),
-                measure_config=config,
-                progress=progress,
-                memo=memo,
-                cache=graph_cache,
-            )
-            _restore_devices(devices)
-            graphs[row.depth] = results
-            plan = plan_from(results, row.depth)
-            if not plan.entries:
-                reasons = [r.reason for g in results for r in g.rows if r.reason]
-                row.status = "skipped"
-                row.error = "every module failed to tune" + (f" ({reasons[0]})" if reasons else "")
-                continue
-            runners = plan.runners()
-            if not runners:
-                row.status = "no change: every graph kept eager"
-                continue
-            plans[row.depth] = plan
-            tuned = wrap(model, runners)
-            try:
-                with torch.no_grad():
-                    outputs = [run_model(tuned, s, call) for s in info.samples]
-                check = compare_all(info.outputs, outputs, _end_to_end_tolerances(plan, tolerances))
-                if not check.ok:
-                    row.status, row.error = "rejected", f"end-to-end output: {check.reason}"
-                    continue
-                progress(f"depth {row.depth}", "measuring end to end")
-                row.timing = _measure_model(tuned, info, call, config)
-                row.status = "measured"
-            except Exception as exc:
-                row.status, row.error = "failed", f"{type(exc).__name__}: {exc}"
-            finally:
-                unwrap(model)
-                _restore_devices(devices)
-    except BaseException:
-        unwrap(model)
-        _restore_devices(devices)
-        raise
+    before = run.measure(model)
+    _tune_depths(run, rows)
+    return _finish(run, rows, before, tie_tolerance, start)
 
+
+def _finish(
+    run: _Run, rows: list[DepthRow], before: Timing, tie_tolerance: float, start: float
+) -> AutoTuneResult:
+    """Measure the untuned model again, pick the depth and wrap the model with its plan."""
     after = None
     if any(r.timing is not None and r.same_as is None for r in rows):
-        progress("measuring the untuned model again")
-        after = _measure_model(model, info, call, config)
+        run.progress("measuring the untuned model again")
+        after = run.measure(run.model)
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
     for row in rows:
         if row.latency_s:
             row.speedup = untuned.median_s / row.latency_s
-
     selected = _select(rows, untuned, tie_tolerance)
-    tuned_model: Any = model
-    plan = Plan()
-    if selected is not None:
-        plan = plans[selected]
-        tuned_model = wrap(model, plan.runners(), plan)
+    plan = run.plans[selected] if selected is not None else Plan()
+    tuned_model = wrap(run.model, plan.runners(), plan) if selected is not None else run.model
     return AutoTuneResult(
         tuned_model,
         selected,
@@ -331,11 +296,128 @@ def auto_tune(
         before,
         after,
         plan,
-        graphs,
-        info,
+        run.graphs,
+        run.info,
         time.perf_counter() - start,
-        original=model,
+        original=run.model,
     )
+
+
+def _check_arguments(min_depth: int, max_depth: int | None, tie_tolerance: float) -> None:
+    if min_depth < 0 or (max_depth is not None and max_depth < min_depth):
+        raise InvalidInputError(f"need 0 <= min_depth <= max_depth, got {min_depth}, {max_depth}")
+    if tie_tolerance < 0:
+        raise InvalidInputError("tie_tolerance must be >= 0")
+
+
+def _depth_rows(info: ModelInfo, min_depth: int, max_depth: int | None) -> list[DepthRow]:
+    """One row per depth tried: ``max_depth`` (default :data:`MAX_DEFAULT_DEPTH`) capped at
+    the model's deepest depth."""
+    last = min(info.max_depth, MAX_DEFAULT_DEPTH) if max_depth is None else max_depth
+    last = min(last, info.max_depth)
+    return [
+        DepthRow(d, s.modules, s.graphs)
+        for d in range(min_depth, last + 1)
+        for s in [info.summary(d)]
+    ]
+
+
+@dataclass
+class _Run:
+    """What the depths of one :func:`auto_tune` call share, and what they leave behind."""
+
+    model: Any
+    info: ModelInfo
+    call: CallFn | None
+    config: MeasureConfig
+    strategy: Strategy
+    tolerances: Tolerances | None
+    progress: Progress
+    cache: GraphCache | None
+    devices: Placement
+    deadline: float | None
+    memo: GraphMemo = field(default_factory=dict)
+    cuts: dict[tuple[str, ...], DepthRow] = field(default_factory=dict)
+    plans: dict[int, Plan] = field(default_factory=dict)
+    graphs: dict[int, list[GraphResult]] = field(default_factory=dict)
+
+    def measure(self, model: Any) -> Timing:
+        """End-to-end latency of ``model`` (tuned or not) over the inspected samples."""
+        return _measure_model(model, self.info, self.call, self.config)
+
+    def restore(self) -> None:
+        """Unwrap the model and put back every tensor a backend moved."""
+        unwrap(self.model)
+        _restore_devices(self.devices)
+
+
+def _tune_depths(run: _Run, rows: list[DepthRow]) -> None:
+    """Tune and measure each row's depth in turn; the model is left untuned, even on error."""
+    try:
+        for row in rows:
+            _tune_depth(run, row)
+    except BaseException:
+        run.restore()
+        raise
+
+
+def _tune_depth(run: _Run, row: DepthRow) -> None:
+    """Tune one depth's cut, check it end to end and measure it; the outcome goes in ``row``."""
+    if run.deadline is not None and time.perf_counter() > run.deadline:
+        row.status, row.error = DepthStatus.SKIPPED, TIME_BUDGET_ERROR
+        return
+    cut = tuple(run.info.cut(row.depth))
+    twin = run.cuts.get(cut)
+    if twin is not None:
+        row.status, row.same_as = DepthStatus.SAME_CUT, twin.depth
+        row.timing, row.error = twin.timing, twin.error
+        return
+    run.cuts[cut] = row
+    run.progress(f"depth {row.depth}", f"{row.modules} modules, {row.graphs} graphs")
+    results = _tune_cut(
+        run.model,
+        run.info,
+        row.depth,
+        strategy=run.strategy,
+        tolerances=run.tolerances or Tolerances(),
+        measure_config=run.config,
+        progress=run.progress,
+        memo=run.memo,
+        cache=run.cache,
+    )
+    _restore_devices(run.devices)
+    run.graphs[row.depth] = results
+    plan = plan_from(results, row.depth)
+    if not plan.entries:
+        reasons = [r.reason for g in results for r in g.rows if r.reason]
+        row.status = DepthStatus.SKIPPED
+        row.error = "every module failed to tune" + (f" ({reasons[0]})" if reasons else "")
+        return
+    if not plan.runners():
+        row.status = DepthStatus.NO_CHANGE
+        return
+    run.plans[row.depth] = plan
+    _measure_depth(run, row, plan)
+
+
+def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
+    """Wrap the model with ``plan``, compare its outputs with eager's, then time it."""
+    tuned = wrap(run.model, plan.runners())
+    try:
+        with torch.no_grad():
+            outputs = [run_model(tuned, s, run.call) for s in run.info.samples]
+        tolerances = _end_to_end_tolerances(plan, run.tolerances)
+        check = compare_all(run.info.outputs, outputs, tolerances)
+        if not check.ok:
+            row.status, row.error = DepthStatus.REJECTED, f"end-to-end output: {check.reason}"
+            return
+        run.progress(f"depth {row.depth}", "measuring end to end")
+        row.timing = run.measure(tuned)
+        row.status = DepthStatus.MEASURED
+    except Exception as exc:
+        row.status, row.error = DepthStatus.FAILED, f"{type(exc).__name__}: {exc}"
+    finally:
+        run.restore()
 
 
 def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:

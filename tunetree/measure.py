@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ._table import format_seconds
-from .inspection import synchronize
+from .modules import synchronize
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from torch import nn
 from .backends.base import Runner, original_forward
 from .errors import InvalidInputError
 from .graph import GraphKey
-from .inspection import find_module, module_paths
+from .modules import find_module, module_paths
 from .plan import Plan
 
 log = logging.getLogger(__name__)

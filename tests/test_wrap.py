@@ -1,0 +1,75 @@
+"""Wrapping: dispatch by graph, fallback on unseen signatures, state_dict/hooks kept, undo."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import tunetree as tt
+from tests.fakes import Delayed, Wrong, mlp
+from tests.fakes import quick_tune as tune
+from tunetree.wrap import dispatcher_of
+
+
+def test_unseen_signature_falls_back_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    model = mlp()
+    result = tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=1)
+    tuned = result.model
+    with caplog.at_level(logging.WARNING, logger="tunetree.wrap"), torch.no_grad():
+        out = tuned(torch.randn(7, 16))
+        tuned(torch.randn(7, 16))
+    assert out.shape == (7, 16)
+    warnings = [r for r in caplog.records if "was not seen while tuning" in r.getMessage()]
+    assert len(warnings) == 3  # one per wrapped module (two Linear, one ReLU), not per call
+
+
+def test_wrapping_keeps_state_dict_hooks_and_can_be_undone() -> None:
+    model = mlp()
+    keys = list(model.state_dict())
+    seen = []
+    model[0].register_forward_hook(lambda m, a, o: seen.append(o.shape))
+    result = tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=1)
+    assert result.model is model
+    assert dispatcher_of(model[0]) is not None
+    assert list(model.state_dict()) == keys
+    with torch.no_grad():
+        model(torch.randn(4, 16))
+    assert seen and seen[-1] == (4, 16)
+    assert sorted(tt.unwrap(model)) == ["0", "1", "2"]
+    assert all(dispatcher_of(m) is None for m in model.modules())
+    with pytest.raises(tt.InvalidInputError, match="already tuned"):
+        tune(
+            tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=1).model,
+            [torch.randn(4, 16)],
+            [Delayed(0.0)],
+        )
+
+
+def test_result_undo_restores_forward() -> None:
+    model = mlp()
+    result = tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=2)
+    assert result.undo() is model
+    assert all(dispatcher_of(m) is None for m in model.modules())
+
+
+def test_training_mode_runs_the_original_forward() -> None:
+    model = mlp()
+    result = tune(model, [torch.randn(4, 16)], [Wrong(0.5)], depth=0)
+    assert result.graphs[0].winner is None  # wrong numbers are never installed
+    result = tune(model, [torch.randn(4, 16)], [Delayed(0.0)], depth=0)
+    fast = result.model
+    calls = []
+    fast.forward.runners = {
+        k: type(r)(r.backend, lambda *a, **kw: calls.append(1) or model[0](*a, **kw))
+        for k, r in fast.forward.runners.items()
+    }
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        fast(x)
+        assert calls == [1]
+        fast.train()
+        assert torch.equal(fast(x), model(x))
+        assert calls == [1]  # the runner was not used in training mode
+        fast.eval()
