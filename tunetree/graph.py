@@ -41,15 +41,78 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_SHORT.get(dtype, str(dtype).replace("torch.", ""))
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """Dtype and shape of one tensor in a signature."""
+MAX_DIM_SIZE = 2**31 - 1
+"""Largest axis size a :class:`Dim` may declare (sizes beyond it are not real inputs)."""
 
-    dtype: str
-    shape: tuple[int, ...]
+
+@dataclass(frozen=True)
+class Dim:
+    """A named dynamic axis: every size from ``min`` to ``max`` (inclusive) is served.
+
+    Axes of different inputs that carry the same name always have the same size in one
+    call (the batch axis of ``input_ids`` and ``attention_mask``). ``tt.Dim("batch", 1, 64)``.
+    """
+
+    name: str
+    min: int
+    max: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise InvalidInputError(f"a Dim's name must be an identifier, got {self.name!r}")
+        for bound in (self.min, self.max):
+            if not isinstance(bound, int) or isinstance(bound, bool):
+                raise InvalidInputError(f"Dim {self.name!r}: bounds must be integers")
+        if not 1 <= self.min <= self.max <= MAX_DIM_SIZE:
+            raise InvalidInputError(
+                f"Dim {self.name!r}: need 1 <= min <= max <= {MAX_DIM_SIZE}, "
+                f"got min={self.min}, max={self.max}"
+            )
+
+    def accepts(self, size: int) -> bool:
+        """True when ``size`` lies in this range."""
+        return self.min <= size <= self.max
 
     def __str__(self) -> str:
-        return f"{self.dtype}[{','.join(str(s) for s in self.shape)}]"
+        return f"{self.name} {self.min}..{self.max}"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Dtype and shape of one tensor in a signature; an axis is a fixed size or a :class:`Dim`."""
+
+    dtype: str
+    shape: tuple[int | Dim, ...]
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True when some axis is a :class:`Dim`."""
+        return any(isinstance(s, Dim) for s in self.shape)
+
+    def accepts(self, shape: tuple[int, ...], bound: dict[str, int]) -> bool:
+        """True when a concrete ``shape`` fits this spec; ``bound`` holds the sizes that
+        named dimensions took earlier in the same call and is extended here."""
+        if len(shape) != len(self.shape):
+            return False
+        for want, got in zip(self.shape, shape, strict=True):
+            if isinstance(want, Dim):
+                if not want.accepts(got) or bound.setdefault(want.name, got) != got:
+                    return False
+            elif want != got:
+                return False
+        return True
+
+    def __str__(self) -> str:
+        sep = ", " if self.is_dynamic else ","
+        return f"{self.dtype}[{sep.join(str(s) for s in self.shape)}]"
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """A tensor leaf with its sizes left out: what graphs that differ only in sizes share."""
+
+    dtype: str
+    rank: int
 
 
 def _leaf_signature(value: Any) -> Any:
@@ -97,6 +160,44 @@ class GraphKey:
             _is_opaque(sig) for _, sig in self.kwargs
         )
 
+    @property
+    def is_dynamic(self) -> bool:
+        """True when some tensor axis is a named :class:`Dim` range."""
+        return any(spec.is_dynamic for spec in self.tensor_specs())
+
+    def tensor_specs(self) -> list[TensorSpec]:
+        """Every tensor leaf's spec, in a fixed order (args first, then kwargs by name)."""
+        found: list[TensorSpec] = []
+        _collect_specs(self.args, found)
+        _collect_specs(self.kwargs, found)
+        return found
+
+    def pattern(self) -> GraphKey:
+        """This key with every tensor's sizes left out (dtype and rank kept): calls whose
+        keys share a pattern differ only in sizes."""
+        return GraphKey(_strip_sizes(self.args), _strip_sizes(self.kwargs))
+
+    def accepts(self, exact: GraphKey) -> bool:
+        """True when a call with the exact key ``exact`` falls inside this key's ranges.
+        The two keys must share a :meth:`pattern` (the caller looks them up by it)."""
+        ours, theirs = self.tensor_specs(), exact.tensor_specs()
+        if len(ours) != len(theirs):
+            return False
+        bound: dict[str, int] = {}
+        return all(
+            o.dtype == t.dtype and o.accepts(t.shape, bound)  # type: ignore[arg-type]
+            for o, t in zip(ours, theirs, strict=True)
+        )
+
+    def dims(self) -> dict[str, Dim]:
+        """The named dynamic dimensions of this key, by name."""
+        return {
+            size.name: size
+            for spec in self.tensor_specs()
+            for size in spec.shape
+            if isinstance(size, Dim)
+        }
+
     def digest(self) -> str:
         """Stable 16-hex-digit id of this signature (the same in every process)."""
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
@@ -131,7 +232,7 @@ class GraphKey:
 
 def _sig_to_json(sig: Any) -> Any:
     if isinstance(sig, TensorSpec):
-        return {"dtype": sig.dtype, "shape": list(sig.shape)}
+        return {"dtype": sig.dtype, "shape": [_size_to_json(n) for n in sig.shape]}
     if isinstance(sig, tuple):
         return [_sig_to_json(s) for s in sig]
     if sig is None or isinstance(sig, bool | int | float | str):
@@ -146,15 +247,49 @@ def _sig_from_json(data: Any) -> Any:
             set(data) != {"dtype", "shape"}
             or not isinstance(dtype, str)
             or not isinstance(shape, list)
-            or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape)
         ):
             raise ValueError(f"not a tensor signature: {data!r}")
-        return TensorSpec(dtype, tuple(shape))
+        return TensorSpec(dtype, tuple(_size_from_json(n) for n in shape))
     if isinstance(data, list):
         return tuple(_sig_from_json(d) for d in data)
     if data is None or isinstance(data, bool | int | float | str):
         return data
     raise ValueError(f"a graph signature cannot hold a {type(data).__name__}")
+
+
+def _size_to_json(size: int | Dim) -> Any:
+    if isinstance(size, Dim):
+        return {"dim": size.name, "min": size.min, "max": size.max}
+    return size
+
+
+def _size_from_json(data: Any) -> int | Dim:
+    if isinstance(data, int) and not isinstance(data, bool):
+        if not 0 <= data <= MAX_DIM_SIZE:
+            raise ValueError(f"axis size {data} is out of range")
+        return data
+    if isinstance(data, dict) and set(data) == {"dim", "min", "max"}:
+        try:
+            return Dim(data["dim"], data["min"], data["max"])
+        except InvalidInputError as exc:
+            raise ValueError(str(exc)) from None
+    raise ValueError(f"an axis is a size or a {{dim, min, max}} range, not {data!r}")
+
+
+def _collect_specs(sig: Any, found: list[TensorSpec]) -> None:
+    if isinstance(sig, TensorSpec):
+        found.append(sig)
+    elif isinstance(sig, tuple) and not (len(sig) == 3 and sig[0] in ("const", "object")):
+        for part in sig:
+            _collect_specs(part, found)
+
+
+def _strip_sizes(sig: Any) -> Any:
+    if isinstance(sig, TensorSpec):
+        return RankSpec(sig.dtype, len(sig.shape))
+    if isinstance(sig, tuple) and not (len(sig) == 3 and sig[0] in ("const", "object")):
+        return tuple(_strip_sizes(part) for part in sig)
+    return sig
 
 
 def _is_opaque(sig: Any) -> bool:
