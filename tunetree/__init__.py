@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import backends
+from ._version import __version__
 from .auto import AutoTuneResult, DepthRow, DepthStatus, auto_tune
 from .cache import TuningCache
 from .checkpoint import load, save
@@ -33,8 +34,6 @@ from .strategy import (
 )
 from .tune import GraphResult, TuneResult, tune
 from .wrap import unwrap
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AutoTuneResult",

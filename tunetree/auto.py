@@ -23,8 +23,9 @@ from .cache import open_cache
 from .compare import Tolerances, compare_all
 from .errors import InvalidInputError, MissingDependencyError
 from .graph import Sample
-from .inspection import CallFn, ModelInfo, inspect, module_paths, run_model
+from .inspection import ModelInfo, inspect
 from .measure import MeasureConfig, Timing, cycle_calls, measure
+from .modules import CallFn, module_paths, run_model
 from .plan import Plan
 from .progress import Progress
 from .strategy import Strategy, default_strategy

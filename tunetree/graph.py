@@ -89,6 +89,11 @@ class TensorSpec:
         """True when some axis is a :class:`Dim`."""
         return any(isinstance(s, Dim) for s in self.shape)
 
+    def example_shape(self) -> tuple[int, ...]:
+        """A concrete shape inside this spec: each :class:`Dim` at its smallest size above 1
+        (sizes 0 and 1 are special-cased by tracers), within its range."""
+        return tuple(s if isinstance(s, int) else min(max(s.min, 2), s.max) for s in self.shape)
+
     def accepts(self, shape: tuple[int, ...], bound: dict[str, int]) -> bool:
         """True when a concrete ``shape`` fits this spec; ``bound`` holds the sizes that
         named dimensions took earlier in the same call and is extended here."""

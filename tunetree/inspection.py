@@ -19,31 +19,7 @@ from torch import nn
 from ._table import format_table
 from .errors import InvalidInputError
 from .graph import Graph, GraphKey, Sample, as_samples, detach_clone, to_device
-from .modules import (
-    CallFn,
-    find_module,
-    module_paths,
-    resolve_device,
-    root_modules,
-    run_model,
-    synchronize,
-)
-
-# find_module, resolve_device, root_modules, run_model and synchronize are re-exported for the
-# cache/checkpoint modules (other branches still import them from here); remove after merge.
-__all__ = [
-    "CallFn",
-    "DepthSummary",
-    "ModelInfo",
-    "ModuleRecord",
-    "find_module",
-    "inspect",
-    "module_paths",
-    "resolve_device",
-    "root_modules",
-    "run_model",
-    "synchronize",
-]
+from .modules import CallFn, module_paths, resolve_device, run_model, synchronize
 
 
 @dataclass

@@ -16,8 +16,9 @@ from .cache import open_cache
 from .compare import Tolerances
 from .errors import InvalidInputError
 from .evaluate import GraphSession
-from .inspection import CallFn, ModelInfo, find_module, inspect, resolve_device
+from .inspection import ModelInfo, inspect
 from .measure import MeasureConfig
+from .modules import CallFn, find_module, resolve_device
 from .plan import Plan, PlanEntry
 from .progress import Progress
 from .results import GraphCache, GraphResult

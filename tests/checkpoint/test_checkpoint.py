@@ -164,9 +164,8 @@ class ArtifactBackend(Backend):
 
 
 @pytest.fixture
-def artifact_backend(monkeypatch: pytest.MonkeyPatch) -> ArtifactBackend:
-    """Registers :class:`ArtifactBackend` so that checkpoints can rebuild it."""
-    monkeypatch.setattr(tunetree.backends, "BACKEND_TYPES", (*BACKEND_TYPES, ArtifactBackend))
+def artifact_backend() -> ArtifactBackend:
+    """:class:`ArtifactBackend` (registered by being defined, so checkpoints can rebuild it)."""
     return ArtifactBackend()
 
 
@@ -674,13 +673,18 @@ def test_other_device_type_refused(saved: tuple[Path, list[torch.Tensor]]) -> No
         load_fresh(path)
 
 
-def test_unknown_backend_refused(
-    saved: tuple[Path, list[torch.Tensor]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_unknown_backend_refused(saved: tuple[Path, list[torch.Tensor]]) -> None:
     path, _ = saved
-    monkeypatch.setattr(tunetree.backends, "BACKEND_TYPES", BACKEND_TYPES)
+
+    def unknown(p: Any) -> None:
+        manifest = p.manifest
+        for entry in manifest["entries"]:
+            entry["backend"]["kind"] = "no-such-backend"
+        p.manifest = manifest
+
+    rewrite(path, unknown)
     with pytest.raises(
-        tt.IncompatibleCheckpointError, match="'test-artifact', which this tunetree"
+        tt.IncompatibleCheckpointError, match="'no-such-backend', which this tunetree"
     ):
         load_fresh(path)
 

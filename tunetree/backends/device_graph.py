@@ -46,7 +46,7 @@ def _dummy_value(sig: Any, device: torch.device) -> Any:
         # Floats get ones (no log(0) or 0/0 during warm-up); integers and booleans get zeros,
         # which are valid token ids, indices and masks.
         fill = torch.ones if dtype.is_floating_point or dtype.is_complex else torch.zeros
-        return fill(sig.shape, dtype=dtype, device=device)
+        return fill(sig.example_shape(), dtype=dtype, device=device)
     if isinstance(sig, tuple) and len(sig) == 3 and sig[0] == "const":
         _, type_name, value = sig
         if type_name == "dtype":

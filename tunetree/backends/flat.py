@@ -212,7 +212,7 @@ def _value_from_signature(signature: Any, device: torch.device) -> Any:
         dtype = dtype_from_short_name(signature.dtype)
         if dtype is None:
             raise BackendError(f"cannot rebuild an input of dtype {signature.dtype!r}")
-        return torch.zeros(signature.shape, dtype=dtype, device=device)
+        return torch.zeros(signature.example_shape(), dtype=dtype, device=device)
     kind = signature[0] if isinstance(signature, tuple) and signature else None
     if kind == "const" and signature[1] in ("NoneType", "bool", "int", "float", "str"):
         return signature[2]

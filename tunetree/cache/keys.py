@@ -79,6 +79,11 @@ def stable(value: Any, depth: int = 0) -> Any:
             "dict",
             sorted([str(k), stable(v, depth + 1)] for k, v in value.items()),
         ]
+    return _stable_object(value, depth)
+
+
+def _stable_object(value: Any, depth: int) -> Any:
+    """:func:`stable` for classes, dataclasses, configuration objects and callables."""
     if isinstance(value, type):
         return f"class:{value.__module__}.{value.__qualname__}"
     if dataclasses.is_dataclass(value):

@@ -124,29 +124,8 @@ def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
     artifact no entry or live writer references."""
     report = GcReport(size_before=store.size())
     start = time.time()
-    protected: set[str] = set()
-    for path, dead in temporaries(store):
-        if dead:
-            remove_tree(path)
-            report.temporaries += 1
-        else:
-            with contextlib.suppress(OSError):
-                protected.update((path / JOURNAL).read_text().split())
-    with contextlib.suppress(OSError):
-        for path in store.trash.iterdir():
-            remove_tree(path)
-            report.trash += 1
-
-    infos = {key: entry_info(store, key) for key in store.entry_keys()}
-    for key, info in list(infos.items()):
-        if info.problem is not None:
-            remove_entry(store, key)
-            report.invalid_entries += 1
-            del infos[key]
-    with contextlib.suppress(OSError):
-        for path in store.invalid.iterdir():
-            if path.name not in infos:
-                path.unlink(missing_ok=True)
+    protected = _clear_temporaries(store, report)
+    infos = _drop_invalid(store, report)
 
     if max_size is not None:
         report.evicted_entries = _evict(store, infos, max_size)
@@ -164,6 +143,39 @@ def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
     report.size_after = store.size()
     report.freed_bytes = max(0, report.size_before - report.size_after)
     return report
+
+
+def _clear_temporaries(store: CacheStore, report: GcReport) -> set[str]:
+    """Remove dead writers' temporaries and the trash; returns the artifacts that live
+    writers' journals still claim."""
+    protected: set[str] = set()
+    for path, dead in temporaries(store):
+        if dead:
+            remove_tree(path)
+            report.temporaries += 1
+        else:
+            with contextlib.suppress(OSError):
+                protected.update((path / JOURNAL).read_text().split())
+    with contextlib.suppress(OSError):
+        for path in store.trash.iterdir():
+            remove_tree(path)
+            report.trash += 1
+    return protected
+
+
+def _drop_invalid(store: CacheStore, report: GcReport) -> dict[str, EntryInfo]:
+    """Remove entries with a problem and stale invalid marks; returns the sound entries."""
+    infos = {key: entry_info(store, key) for key in store.entry_keys()}
+    for key, info in list(infos.items()):
+        if info.problem is not None:
+            remove_entry(store, key)
+            report.invalid_entries += 1
+            del infos[key]
+    with contextlib.suppress(OSError):
+        for path in store.invalid.iterdir():
+            if path.name not in infos:
+                path.unlink(missing_ok=True)
+    return infos
 
 
 def _evict(store: CacheStore, infos: dict[str, EntryInfo], max_size: int) -> int:

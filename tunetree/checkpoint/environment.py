@@ -22,21 +22,12 @@ from typing import Any
 
 import torch
 
+from .._version import __version__
+from ..backends.registry import libraries_of
+from ..errors import BackendUnavailableError
+
 NOT_INSTALLED = "not installed"
 """The version recorded for a library that is absent."""
-
-BACKEND_LIBRARIES: dict[str, tuple[str, ...]] = {
-    "eager": (),
-    "autocast": (),
-    "device-graph": (),
-    "inductor": ("triton",),
-    "openvino": ("openvino",),
-    "onnxruntime": ("onnxruntime", "onnx", "onnxscript"),
-    "torchao": ("torchao",),
-}
-"""Distributions whose versions decide what a backend kind builds. A backend class may
-declare its own with a ``libraries`` class attribute; an unknown kind is looked up as a
-distribution of the same name."""
 
 
 def backend_kinds(backends_used: Iterable[Any]) -> list[str]:
@@ -48,22 +39,12 @@ def backend_kinds(backends_used: Iterable[Any]) -> list[str]:
 
 
 def backend_libraries(kind: str) -> tuple[str, ...]:
-    """Distribution names whose versions matter for ``kind``: the class's own ``libraries``
-    attribute, else those of the nearest known kind among its base classes (so
-    ``openvino-bf16`` records openvino), else a distribution named like the kind."""
-    from ..backends import BACKEND_TYPES
-
-    for cls in BACKEND_TYPES:
-        if cls.kind != kind:
-            continue
-        declared = getattr(cls, "libraries", None)
-        if isinstance(declared, tuple | list):
-            return tuple(str(name) for name in declared)
-        for base in cls.__mro__:
-            base_kind = getattr(base, "kind", None)
-            if isinstance(base_kind, str) and base_kind in BACKEND_LIBRARIES:
-                return BACKEND_LIBRARIES[base_kind]
-    return BACKEND_LIBRARIES.get(kind, (kind,))
+    """Distribution names whose versions matter for ``kind``: what its backend class declares
+    in ``libraries``; a kind no longer known is looked up as a distribution of its own name."""
+    try:
+        return libraries_of(kind)
+    except BackendUnavailableError:
+        return (kind,)
 
 
 def library_version(distribution: str) -> str:
@@ -153,13 +134,11 @@ def environment_record(backends_used: Iterable[Any] = ()) -> dict[str, Any]:
 
     Two records are equal exactly when a tuning measured in one holds in the other.
     """
-    import tunetree
-
     kinds = backend_kinds(backends_used)
     versions: dict[str, str] = {
         "python": f"{platform.python_implementation()} {platform.python_version()}",
         "torch": str(torch.__version__),
-        "tunetree": str(tunetree.__version__),
+        "tunetree": __version__,
     }
     for kind in kinds:
         for distribution in backend_libraries(kind):

@@ -21,7 +21,7 @@ from ..errors import (
     InvalidInputError,
 )
 from ..graph import GraphKey
-from ..inspection import find_module, resolve_device, root_modules
+from ..modules import find_module, resolve_device, root_modules
 from ..wrap import wrap, wrapped_paths
 from .environment import compare_records, environment_record
 from .format import RUNNERS, EntryRecord, Manifest

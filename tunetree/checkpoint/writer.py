@@ -24,7 +24,7 @@ from .._fs import fsync_dir
 from ..artifacts import BackendRecord, file_sha256, files_under, save_runner
 from ..backends.base import Backend
 from ..errors import BackendError, CheckpointError, InvalidInputError
-from ..inspection import module_paths, resolve_device, root_modules
+from ..modules import module_paths, resolve_device, root_modules
 from ..plan import Plan, PlanEntry
 from ..wrap import dispatcher_of
 from .environment import environment_record
