@@ -278,7 +278,9 @@ def _size_from_json(data: Any) -> int | Dim:
             return Dim(data["dim"], data["min"], data["max"])
         except InvalidInputError as exc:
             raise ValueError(str(exc)) from None
-    raise ValueError(f"an axis is a size or a {{dim, min, max}} range, not {data!r}")
+    raise ValueError(
+        f"not a tensor signature: an axis is a size or a {{dim, min, max}} range, not {data!r}"
+    )
 
 
 def _collect_specs(sig: Any, found: list[TensorSpec]) -> None:

@@ -480,7 +480,7 @@ def test_file_layout(saved: tuple[Path, list[torch.Tensor]]) -> None:
 
 
 def test_losing_candidates_are_pruned(tmp_path: Path, artifact_backend: ArtifactBackend) -> None:
-    fast, slow = ArtifactBackend(tag="fast"), ArtifactBackend(tag="slow", delay_s=2e-3)
+    fast, slow = ArtifactBackend(tag="fast"), ArtifactBackend(tag="slow", delay_s=10e-3)
     result = tt.tune(
         tiny(),
         data(),
