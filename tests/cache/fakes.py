@@ -26,6 +26,8 @@ from tunetree.backends.base import Backend, Runner, original_forward
 from tunetree.cache import default_directory
 from tunetree.graph import Graph, GraphKey
 
+from ..fakes import spin
+
 BUILDS: list[str] = []
 """Every build in this process, as ``kind:path`` (the path from :data:`PATHS`)."""
 
@@ -39,12 +41,6 @@ GONE_ENV = "TT_TEST_BACKEND_GONE"
 def name_modules(model: nn.Module) -> None:
     PATHS.clear()
     PATHS.update({id(m): path for path, m in model.named_modules()})
-
-
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
 
 
 def _record(kind: str, module: nn.Module, build_delay_s: float) -> None:
@@ -63,7 +59,7 @@ class SavingRunner(Runner):
         self.forward = original_forward(module)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _spin(self.delay_s)
+        spin(self.delay_s)
         return self.forward(*args, **kwargs)
 
     def save(self, directory: Path) -> dict[str, Any]:
@@ -126,7 +122,7 @@ class CountingRunner(Runner):
         self.forward = original_forward(module)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        _spin(self.delay_s)
+        spin(self.delay_s)
         return self.forward(*args, **kwargs)
 
 
