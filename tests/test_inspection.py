@@ -42,11 +42,15 @@ def test_time_shares_are_consistent() -> None:
 def test_multiple_graphs_per_module() -> None:
     model = encoder(layers=2)
     data = [torch.randn(2, 8, 32), torch.randn(2, 16, 32), torch.randn(2, 8, 32)]
-    info = tt.inspect(model, data)
+    info = tt.inspect(model, data, dynamic_shapes=False)
     graphs = info.modules["layers.0"].graphs
     assert len(graphs) == 2
     assert sorted(len(g.samples) for g in graphs.values()) == [1, 2]
     assert info.summary(1).graphs == 4
+    # by default the varying axis becomes a range: one graph holding every sample
+    (ranged,) = tt.inspect(model, data).modules["layers.0"].graphs.values()
+    assert str(ranged.key) == "(f32[2, seq 8..16, 32])"
+    assert len(ranged.samples) == 3
 
 
 def test_dict_kwargs_dataset_and_hf_model() -> None:
@@ -77,7 +81,8 @@ def test_dict_kwargs_dataset_and_hf_model() -> None:
     # The recorded eager output keeps its Hugging Face type.
     assert type(info.outputs[0]).__name__ == "BaseModelOutputWithPoolingAndCrossAttentions"
     root_graph = next(iter(info.modules[""].graphs.values()))
-    assert "input_ids=i64[2,12]" in str(root_graph.key)
+    # keyword arguments are bound to the forward's parameters: input_ids, attention_mask
+    assert str(root_graph.key) == "(i64[2,12], i64[2,12])"
 
 
 def test_pipeline_object_with_call_function() -> None:
