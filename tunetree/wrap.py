@@ -13,6 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from .backends.base import Runner, original_forward
@@ -68,6 +69,7 @@ class Dispatcher:
         self._runners = dict(runners)
         self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
         self._routes: dict[GraphKey, Runner | None] = dict(self._exact)
+        self._fast: dict[tuple[Any, ...], Runner | None] = {}
         self._ranged: dict[GraphKey, list[tuple[GraphKey, Runner]]] = {}
         for key, runner in self._runners.items():
             if key.is_dynamic:
@@ -84,11 +86,19 @@ class Dispatcher:
                     self.path or "<model>",
                 )
             return self.original(*args, **kwargs)
-        args, kwargs = self.binder.bind(args, kwargs)
-        key = GraphKey.of(args, kwargs)
-        runner = self._routes.get(key, _MISS)
+        fast = _fast_key(args) if not kwargs else None
+        runner = self._fast.get(fast, _MISS) if fast is not None else _MISS
         if runner is _MISS:
-            runner = self.route(key)
+            bound_args, kwargs = self.binder.bind(args, kwargs)
+            key = GraphKey.of(bound_args, kwargs)
+            runner = self._routes.get(key, _MISS)
+            if runner is _MISS:
+                runner = self.route(key)
+            if fast is not None and bound_args is args:  # the call was canonical already
+                if len(self._fast) >= MEMO_LIMIT:
+                    self._fast.clear()
+                self._fast[fast] = runner
+            args = bound_args
         if runner is None:
             return self.original(*args, **kwargs)
         return runner(*args, **kwargs)  # type: ignore[operator]
@@ -148,6 +158,17 @@ class Dispatcher:
     def __repr__(self) -> str:
         backends = sorted({r.backend.name for r in self.runners.values()})
         return f"Dispatcher({self.path or '<model>'}: {', '.join(backends)})"
+
+
+def _fast_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """For a call of positional tensors only (the common case), dtypes and shapes: cheaper
+    to build than a :class:`GraphKey` and enough to remember the routing decision."""
+    key = []
+    for arg in args:
+        if type(arg) is not torch.Tensor:
+            return None
+        key.append((arg.dtype, arg.shape))
+    return tuple(key)
 
 
 def dispatcher_of(module: nn.Module) -> Dispatcher | None:
