@@ -122,7 +122,24 @@ class ModelInfo:
             [[s.depth, s.modules, s.graphs, f"{100 * s.time_share:.1f}"] for s in self.summaries()],
             title="Cuts",
         )
-        return tree + "\n\n" + cuts
+        return tree + "\n\n" + cuts + self._graphs_table()
+
+    def _graphs_table(self, max_depth: int = 1, limit: int = 20) -> str:
+        """The graphs of the shallow modules with their ranges (``i64[batch 1..16, ...]``)."""
+        rows = [
+            [m.path or "<model>", str(g.key), len(g.samples)]
+            for m in self.modules.values()
+            if m.depth <= max_depth
+            for g in m.graphs.values()
+        ]
+        if not rows:
+            return ""
+        more = f" (first {limit} of {len(rows)})" if len(rows) > limit else ""
+        return "\n\n" + format_table(
+            ["module", "graph (a range: one runner serves every size in it)", "samples"],
+            rows[:limit],
+            title=f"Graphs at depth <= {max_depth}{more}",
+        )
 
 
 def _shape_only(tensor: torch.Tensor) -> torch.Tensor:

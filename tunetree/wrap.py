@@ -87,7 +87,7 @@ class Dispatcher:
                 )
             return self.original(*args, **kwargs)
         fast = _fast_key(args) if not kwargs else None
-        runner = self._fast.get(fast, _MISS) if fast is not None else _MISS
+        runner: Any = self._fast.get(fast, _MISS) if fast is not None else _MISS
         if runner is _MISS:
             bound_args, kwargs = self.binder.bind(args, kwargs)
             key = GraphKey.of(bound_args, kwargs)
@@ -101,7 +101,7 @@ class Dispatcher:
             args = bound_args
         if runner is None:
             return self.original(*args, **kwargs)
-        return runner(*args, **kwargs)  # type: ignore[operator]
+        return runner(*args, **kwargs)
 
     def route(self, key: GraphKey) -> Runner | None:
         """The runner serving the exact signature ``key`` (None: the original forward),
