@@ -83,3 +83,13 @@ def test_defaults_are_dropped_by_value_for_constants() -> None:
     assert binder.bind((x,), {"y": y, "scale": 1.0, "mask": None}) == canonical
     assert binder.bind((x, y, 2.0), {}) == ((x, y, 2.0), {})
     assert binder.bind((x, y), {"mask": y}) == ((x, y, 1.0, y), {})
+
+
+def test_a_forward_without_self_is_keyed_as_called() -> None:
+    def wrapper(*args, **kwargs):
+        return args
+
+    binder = Binder(wrapper)
+    a = torch.ones(1)
+    assert binder.signature is None
+    assert binder.bind((a,), {"k": 1}) == ((a,), {"k": 1})

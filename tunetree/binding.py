@@ -32,14 +32,13 @@ class Binder:
             signature = inspect.signature(forward)
         except (TypeError, ValueError):  # builtins, odd callables: key calls as given
             signature = None
-        params = list(signature.parameters.values())[1:] if signature is not None else []
+        by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = list(signature.parameters.values()) if signature is not None else []
+        if not params or params[0].kind not in by_position:  # no `self` to bind: key as given
+            signature, params = None, []
+        params = params[1:]
         self.signature = signature
-        self.positional = [
-            p
-            for p in params
-            if p.kind
-            in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        ]
+        self.positional = [p for p in params if p.kind in by_position]
         self.names = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
         """Parameter names (no ``self``, no ``*args``), for naming inputs in ``dynamic_shapes``."""
         self.defaults = {p.name: p.default for p in params}

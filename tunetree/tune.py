@@ -140,6 +140,7 @@ def tune_cut(
                 outcome = own.run(session)
                 result = GraphResult(path, graph, outcome.rows, outcome.winner, own.describe())
                 _measure_shapes(session, result)
+                graph.checks = None  # probe outputs can be large; the graph is tuned once
                 if cache is not None:
                     cache.store(session, own, result)
             winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
