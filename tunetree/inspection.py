@@ -164,9 +164,8 @@ class _Recorder:
 
     def pre(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.probing:  # only the shapes matter: meta tensors hold no memory
-            binder = self.binders.get(path) or Binder.of_module(module)
-            bound = binder.bind(tuple(args), dict(kwargs))
-            self.pending.append(Sample(*map_tensors(_shape_only, bound)))
+            bound = self._bind(path, module, args, kwargs)
+            self.pending.append(Sample(*map_tensors(_shape_only, (bound.args, bound.kwargs))))
             self.stack.append((path, 0.0, 0.0))
             return
         parent = self.stack[-1][0] if self.stack else None
@@ -178,21 +177,22 @@ class _Recorder:
                 self.records[parent].children.append(path)
         record.depth = min(record.depth, len(self.stack))
         sample = self._bind(path, module, args, kwargs)
-        count = self.kept.get((path, sample.key), 0)
+        key = sample.key
+        count = self.kept.get((path, key), 0)
         keep = count < self.max_samples
         if keep:
-            self.kept[(path, sample.key)] = count + 1
-        self.pending.append(sample if keep else None)
+            self.kept[(path, key)] = count + 1
+        self.pending.append(detach_clone(sample) if keep else None)
         synchronize(self.device)
         self.stack.append((path, time.perf_counter(), 0.0))
 
     def _bind(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> Sample:
-        """The call in its canonical form (:mod:`tunetree.binding`), owning its tensors."""
+        """The call in its canonical form (:mod:`tunetree.binding`)."""
         binder = self.binders.get(path)
         if binder is None:
             binder = self.binders[path] = Binder.of_module(module)
         bound_args, bound_kwargs = binder.bind(tuple(args), dict(kwargs))
-        return detach_clone(Sample(tuple(bound_args), dict(bound_kwargs)))
+        return Sample(tuple(bound_args), dict(bound_kwargs))
 
     def post(self, path: str, output: Any) -> None:
         if self.probing:
