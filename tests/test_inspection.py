@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -42,11 +44,15 @@ def test_time_shares_are_consistent() -> None:
 def test_multiple_graphs_per_module() -> None:
     model = encoder(layers=2)
     data = [torch.randn(2, 8, 32), torch.randn(2, 16, 32), torch.randn(2, 8, 32)]
-    info = tt.inspect(model, data)
+    info = tt.inspect(model, data, dynamic_shapes=False)
     graphs = info.modules["layers.0"].graphs
     assert len(graphs) == 2
     assert sorted(len(g.samples) for g in graphs.values()) == [1, 2]
     assert info.summary(1).graphs == 4
+    # by default the varying axis becomes a range: one graph holding every sample
+    (ranged,) = tt.inspect(model, data).modules["layers.0"].graphs.values()
+    assert str(ranged.key) == "(f32[2, seq 8..16, 32])"
+    assert len(ranged.samples) == 3
 
 
 def test_dict_kwargs_dataset_and_hf_model() -> None:
@@ -77,7 +83,8 @@ def test_dict_kwargs_dataset_and_hf_model() -> None:
     # The recorded eager output keeps its Hugging Face type.
     assert type(info.outputs[0]).__name__ == "BaseModelOutputWithPoolingAndCrossAttentions"
     root_graph = next(iter(info.modules[""].graphs.values()))
-    assert "input_ids=i64[2,12]" in str(root_graph.key)
+    # keyword arguments are bound to the forward's parameters: input_ids, attention_mask
+    assert str(root_graph.key) == "(i64[2,12], i64[2,12])"
 
 
 def test_pipeline_object_with_call_function() -> None:
@@ -103,3 +110,67 @@ def test_bad_inputs_raise_typed_errors() -> None:
         tt.inspect(model, [object()])
     with pytest.raises(tt.InvalidInputError, match=r"neither an nn\.Module"):
         tt.inspect(object.__new__(type("P", (), {})), [torch.randn(1)])
+
+
+def small_bert() -> Any:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=512,
+    )
+    torch.manual_seed(0)
+    return transformers.BertModel(config).eval()
+
+
+def bert_data() -> list[dict[str, torch.Tensor]]:
+    """The issue's traffic: batch and sequence length both vary."""
+    torch.manual_seed(0)
+    return [
+        {
+            "input_ids": torch.randint(0, 1000, (b, n)),
+            "attention_mask": torch.ones(b, n, dtype=torch.long),
+        }
+        for b, n in zip([1, 4, 8, 2, 16], [17, 64, 128, 200, 33], strict=True)
+    ]
+
+
+def test_axes_that_vary_become_shared_ranges_on_bert() -> None:
+    info = tt.inspect(small_bert(), bert_data())
+    (root,) = info.modules[""].graphs.values()
+    assert str(root.key) == "(i64[batch 1..16, seq 17..200], i64[batch 1..16, seq 17..200])"
+    assert len(root.samples) == 5 and not root.probes
+    # submodules borrow the root's names for axes with the same sizes
+    (layer,) = info.modules["encoder.layer.0"].graphs.values()
+    assert "f32[batch 1..16, seq 17..200, 64]" in str(layer.key)
+    # dynamic_shapes=False: every exact shape is its own graph, as before
+    exact = tt.inspect(small_bert(), bert_data(), dynamic_shapes=False)
+    assert len(exact.modules[""].graphs) == 5
+
+
+def test_declared_dims_reach_every_module() -> None:
+    batch, seq = tt.Dim("batch", 1, 32), tt.Dim("seq", 1, 256)
+    info = tt.inspect(
+        small_bert(),
+        bert_data()[:2],
+        dynamic_shapes={
+            "input_ids": {0: batch, 1: seq},
+            "attention_mask": {0: "batch", 1: "seq"},
+        },
+    )
+    (root,) = info.modules[""].graphs.values()
+    assert str(root.key) == "(i64[batch 1..32, seq 1..256], i64[batch 1..32, seq 1..256])"
+    assert len(root.samples) == 2  # probe calls widen ranges, they are not samples
+    assert root.probes and info.modules[""].calls == 2
+    (layer,) = info.modules["encoder.layer.1"].graphs.values()
+    assert "f32[batch 1..32, seq 1..256, 64]" in str(layer.key)
+    assert len(layer.samples) == 2
+    with pytest.raises(tt.InvalidInputError, match="outside the declared"):
+        tt.inspect(
+            small_bert(),
+            bert_data(),
+            dynamic_shapes={"input_ids": {0: tt.Dim("batch", 1, 8)}},
+        )

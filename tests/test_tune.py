@@ -171,3 +171,19 @@ def test_opaque_detection_looks_at_structure_not_text() -> None:
     assert tt.GraphKey.of((torch.ones(1), Thing()), {}).has_opaque
     assert tt.GraphKey.of((), {"nested": [{"x": Thing()}]}).has_opaque
     assert not tt.GraphKey.of((torch.ones(1), "object"), {"mode": "object"}).has_opaque
+
+
+def test_ranged_graph_is_measured_over_the_mix_with_per_shape_figures() -> None:
+    torch.manual_seed(0)
+    data = [torch.randn(b, 16) for b in (2, 8, 2)]
+    result = tune(mlp(), data, [Delayed(0.0, label="a"), tt.backends.Eager()])
+    (graph,) = result.graphs
+    assert graph.graph.key.is_dynamic and len(graph.graph.samples) == 3
+    assert graph.winner is not None and graph.winner.timing is not None
+    assert set(graph.winner.per_shape) == {"batch=2", "batch=8"}
+    eager = next(r for r in graph.rows if r.backend.kind == "eager")
+    assert set(eager.per_shape) == {"batch=2", "batch=8"}
+    table = result.shapes()
+    assert "batch=8" in table and "latency per recorded shape" in table
+    # an exact-shape tune has no per-shape figures
+    assert tune(mlp(), data[:1], [tt.backends.Eager()]).shapes() == ""

@@ -73,3 +73,39 @@ def test_training_mode_runs_the_original_forward() -> None:
         assert torch.equal(fast(x), model(x))
         assert calls == [1]  # the runner was not used in training mode
         fast.eval()
+
+
+def test_ranged_graph_serves_unrecorded_sizes_and_falls_back_outside(caplog) -> None:
+    model = mlp()
+    torch.manual_seed(0)
+    data = [torch.randn(b, 16) for b in (2, 4, 8)]
+    result = tune(model, data, [Delayed(0.0)], depth=0)
+    dispatcher = result.model.forward
+    (key,) = dispatcher.runners
+    assert str(key) == "(f32[batch 2..8, 16])"
+    served = []
+    dispatcher.runners = {
+        k: type(r)(r.backend, lambda x, r=r: served.append(x.shape[0]) or r(x))
+        for k, r in dispatcher.runners.items()
+    }
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tunetree.wrap"):
+        for b in (3, 7, 3):
+            assert torch.equal(result.model(torch.ones(b, 16)), model(torch.ones(b, 16)))
+        assert served == [3, 7, 3]
+        assert not caplog.records
+        for b in (1, 9, 20):  # outside batch 2..8: the original forward, logged once
+            assert torch.equal(result.model(torch.ones(b, 16)), model(torch.ones(b, 16)))
+    assert served == [3, 7, 3]
+    (record,) = caplog.records
+    assert "outside the tuned range (f32[batch 2..8, 16])" in record.getMessage()
+
+
+def test_routing_memo_is_bounded(monkeypatch) -> None:
+    model = mlp()
+    result = tune(model, [torch.randn(b, 16) for b in (1, 64)], [Delayed(0.0)], depth=0)
+    dispatcher = result.model.forward
+    monkeypatch.setattr("tunetree.wrap.MEMO_LIMIT", 3)
+    with torch.no_grad():
+        for b in range(1, 10):
+            result.model(torch.ones(b, 16))
+    assert len(dispatcher._routes) <= 3

@@ -19,10 +19,11 @@ from .errors import (
     TunetreeError,
 )
 from .evaluate import CandidateRow, Status
-from .graph import Graph, GraphKey, Sample
+from .graph import Dim, Graph, GraphKey, Sample
 from .inspection import ModelInfo, ModuleRecord, inspect
 from .measure import MeasureConfig, Timing, measure
 from .plan import Plan, PlanEntry
+from .shapes import rebatch
 from .strategy import (
     FirstWinsStrategy,
     HighestThroughputStrategy,
@@ -44,6 +45,7 @@ __all__ = [
     "CheckpointError",
     "DepthRow",
     "DepthStatus",
+    "Dim",
     "FirstWinsStrategy",
     "Graph",
     "GraphKey",
@@ -76,6 +78,7 @@ __all__ = [
     "inspect",
     "load",
     "measure",
+    "rebatch",
     "save",
     "tune",
     "unwrap",

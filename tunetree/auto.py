@@ -28,6 +28,7 @@ from .measure import MeasureConfig, Timing, cycle_calls, measure
 from .modules import CallFn, module_paths, run_model
 from .plan import Plan
 from .progress import Progress
+from .shapes import DynamicShapes
 from .strategy import Strategy, default_strategy
 from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
 from .tune import tune_cut as _tune_cut
@@ -118,6 +119,12 @@ class AutoTuneResult:
         """Remove the selected depth's wraps; returns the untuned model."""
         unwrap(self.original)
         return self.original
+
+    def shapes(self) -> str:
+        """Per recorded shape, the latency of each ranged graph's winner and of eager at
+        the selected depth."""
+        graphs = self.graphs.get(self.depth, []) if self.depth is not None else []
+        return "\n\n".join(t for g in graphs if (t := g.per_shape_table()))
 
     def __str__(self) -> str:
         rows = []
@@ -230,6 +237,7 @@ def auto_tune(
     measure_config: MeasureConfig | None = None,
     verbose: bool = True,
     cache: GraphCache | str | os.PathLike[str] | bool | None = None,
+    dynamic_shapes: DynamicShapes = None,
 ) -> AutoTuneResult:
     """Tune every distinct cut from ``min_depth`` to ``max_depth``, measure each end to end
     on ``dataset``, and keep the fastest (the shallowest within ``tie_tolerance``), or the
@@ -241,7 +249,8 @@ def auto_tune(
     call) stops new depths from starting; the depth in progress finishes. ``dry_run``
     reports what each depth would wrap and tunes nothing. Progress goes to stderr unless
     ``verbose=False``. ``cache`` is the tuning cache consulted per graph, as in
-    :func:`tunetree.tune` (None: the default directory; False: none).
+    :func:`tunetree.tune` (None: the default directory; False: none). ``dynamic_shapes`` as
+    in :func:`tunetree.tune`; every depth is measured on the same mix of recorded shapes.
     """
     _check_arguments(min_depth, max_depth, tie_tolerance)
     start = time.perf_counter()
@@ -249,7 +258,7 @@ def auto_tune(
     dev = check_device(model, device)
     progress = Progress(verbose)
     progress("inspecting the model")
-    info = inspect(model, dataset, call=call, device=dev)
+    info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
     rows = _depth_rows(info, min_depth, max_depth)
     if dry_run:
         for row in rows:

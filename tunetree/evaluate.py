@@ -20,9 +20,11 @@ from torch import nn
 from ._table import format_seconds
 from .backends.base import Backend, Runner
 from .compare import Tolerances, compare_all
-from .graph import Graph, batch_size
+from .graph import Graph, Sample, batch_size
 from .measure import MeasureConfig, Timing, cycle_calls, measure
+from .probes import checks
 from .progress import Progress
+from .shapes import sizes_of
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,9 @@ class CandidateRow:
     batch: int = 1
     max_batch_size: int | None = None
     runner: Runner | None = field(default=None, repr=False, compare=False)
+    per_shape: dict[str, Timing] = field(default_factory=dict, repr=False)
+    """Latency per recorded shape of a ranged graph (winner and eager; see
+    :meth:`GraphSession.measure_shapes`), by the sizes of its dimensions."""
 
     @property
     def latency_s(self) -> float | None:
@@ -122,6 +127,9 @@ class GraphSession:
             return CandidateRow(
                 backend, Status.REJECTED, comparison.reason, build_s, comparison.max_abs_diff
             )
+        wrong = None if backend.kind == "eager" else self._probe(runner, tolerances)
+        if wrong is not None:
+            return CandidateRow(backend, Status.REJECTED, wrong, build_s, comparison.max_abs_diff)
         return CandidateRow(
             backend,
             Status.OK,
@@ -130,6 +138,19 @@ class GraphSession:
             batch=batch_size(self.graph.samples[0]),
             runner=runner,
         )
+
+    def _probe(self, runner: Runner, tolerances: Tolerances) -> str | None:
+        """Why ``runner`` is wrong on a probe call (:mod:`tunetree.probes`), or None."""
+        for label, sample, expected in checks(self.module, self.graph):
+            try:
+                with torch.no_grad():
+                    got = runner(*sample.args, **sample.kwargs)
+            except Exception as exc:
+                return f"fails on {label}: {_short(exc, 200)}"
+            comparison = compare_all([expected], [got], tolerances)
+            if not comparison.ok:
+                return f"wrong on {label}: {comparison.reason}"
+        return None
 
     def measure(self, rows: list[CandidateRow]) -> None:
         """Time every usable row, interleaved, and store each row's :class:`Timing`."""
@@ -145,6 +166,32 @@ class GraphSession:
             timings = self._time(calls, usable)
         for name, timing in timings.items():
             usable[int(name)].timing = timing
+
+    def measure_shapes(self, rows: list[CandidateRow]) -> None:
+        """For a ranged graph, time ``rows`` on each recorded shape apart (``per_shape``);
+        the mean over the mix stays in ``timing``."""
+        shapes: dict[str, list[Sample]] = {}
+        for sample in self.graph.samples:
+            sizes = sizes_of(sample, self.graph.key)
+            label = ", ".join(f"{n}={v}" for n, v in sorted(sizes.items()))
+            shapes.setdefault(label, []).append(sample)
+        usable = [r for r in rows if r.usable]
+        if len(shapes) < 2 or not usable:
+            return
+        calls: dict[str, Callable[[], object]] = {}
+        for i, row in enumerate(usable):
+            assert row.runner is not None
+            for label, samples in shapes.items():
+                calls[f"{i}|{label}"] = cycle_calls(row.runner, samples)
+        with self.measure_lock() if self.measure_lock is not None else nullcontext():
+            try:
+                timings = measure(calls, self.device, self.measure_config)
+            except Exception as exc:
+                log.debug("per-shape measurement failed: %s", exc)
+                return
+        for name, timing in timings.items():
+            index, label = name.split("|", 1)
+            usable[int(index)].per_shape[label] = timing
 
     def _time(
         self, calls: dict[str, Callable[[], object]], usable: list[CandidateRow]

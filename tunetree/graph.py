@@ -351,6 +351,11 @@ class Graph:
     key: GraphKey
     samples: list[Sample]
     outputs: list[Any]
+    probes: list[Sample] = field(default_factory=list, repr=False)
+    """Calls recorded only to find the ranges (the root run at declared range ends): they
+    widen the key's ranges but are not part of the measured workload."""
+    checks: list[tuple[str, Sample, Any]] | None = field(default=None, repr=False, compare=False)
+    """Probe calls with eager's outputs, built once per graph by the evaluator (cached)."""
 
     def __str__(self) -> str:
         return str(self.key)

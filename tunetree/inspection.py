@@ -17,9 +17,21 @@ import torch
 from torch import nn
 
 from ._table import format_table
+from .binding import Binder
 from .errors import InvalidInputError
-from .graph import Graph, GraphKey, Sample, as_samples, detach_clone, to_device
+from .graph import Dim, Graph, GraphKey, Sample, as_samples, detach_clone, map_tensors, to_device
 from .modules import CallFn, module_paths, resolve_device, run_model, synchronize
+from .shapes import (
+    AxisRef,
+    DynamicShapes,
+    declared_axes,
+    dim_sizes,
+    group_graphs,
+    largest,
+    probe_sizes,
+    ranged_key,
+    resize,
+)
 
 
 @dataclass
@@ -110,7 +122,28 @@ class ModelInfo:
             [[s.depth, s.modules, s.graphs, f"{100 * s.time_share:.1f}"] for s in self.summaries()],
             title="Cuts",
         )
-        return tree + "\n\n" + cuts
+        return tree + "\n\n" + cuts + self._graphs_table()
+
+    def _graphs_table(self, max_depth: int = 1, limit: int = 20) -> str:
+        """The graphs of the shallow modules with their ranges (``i64[batch 1..16, ...]``)."""
+        rows = [
+            [m.path or "<model>", str(g.key), len(g.samples)]
+            for m in self.modules.values()
+            if m.depth <= max_depth
+            for g in m.graphs.values()
+        ]
+        if not rows:
+            return ""
+        more = f" (first {limit} of {len(rows)})" if len(rows) > limit else ""
+        return "\n\n" + format_table(
+            ["module", "graph (a range: one runner serves every size in it)", "samples"],
+            rows[:limit],
+            title=f"Graphs at depth <= {max_depth}{more}",
+        )
+
+
+def _shape_only(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
 
 
 class _Recorder:
@@ -121,9 +154,20 @@ class _Recorder:
         self.max_samples = max_samples_per_graph
         self.records: dict[str, ModuleRecord] = {}
         self.stack: list[tuple[str, float, float]] = []  # path, start, time in children
-        self.pending: list[tuple[GraphKey, Sample] | None] = []
+        self.pending: list[Sample | None] = []
+        self.binders: dict[str, Binder] = {}
+        self.calls: dict[str, list[tuple[Sample, Any]]] = {}
+        self.probe_calls: dict[str, list[tuple[Sample, Any]]] = {}
+        self.kept: dict[tuple[str, GraphKey], int] = {}
+        self.probing = False
+        """True while the root runs probe calls: they are kept apart and not counted."""
 
     def pre(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.probing:  # only the shapes matter: meta tensors hold no memory
+            bound = self._bind(path, module, args, kwargs)
+            self.pending.append(Sample(*map_tensors(_shape_only, (bound.args, bound.kwargs))))
+            self.stack.append((path, 0.0, 0.0))
+            return
         parent = self.stack[-1][0] if self.stack else None
         record = self.records.get(path)
         if record is None:
@@ -132,15 +176,31 @@ class _Recorder:
             if parent is not None and path not in self.records[parent].children:
                 self.records[parent].children.append(path)
         record.depth = min(record.depth, len(self.stack))
-        sample = Sample(tuple(args), dict(kwargs))
+        sample = self._bind(path, module, args, kwargs)
         key = sample.key
-        graph = record.graphs.get(key)
-        keep = graph is None or len(graph.samples) < self.max_samples
-        self.pending.append((key, detach_clone(sample)) if keep else None)
+        count = self.kept.get((path, key), 0)
+        keep = count < self.max_samples
+        if keep:
+            self.kept[(path, key)] = count + 1
+        self.pending.append(detach_clone(sample) if keep else None)
         synchronize(self.device)
         self.stack.append((path, time.perf_counter(), 0.0))
 
+    def _bind(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> Sample:
+        """The call in its canonical form (:mod:`tunetree.binding`)."""
+        binder = self.binders.get(path)
+        if binder is None:
+            binder = self.binders[path] = Binder.of_module(module)
+        bound_args, bound_kwargs = binder.bind(tuple(args), dict(kwargs))
+        return Sample(tuple(bound_args), dict(bound_kwargs))
+
     def post(self, path: str, output: Any) -> None:
+        if self.probing:
+            self.stack.pop()
+            sample = self.pending.pop()
+            if sample is not None and path in self.records:
+                self.probe_calls.setdefault(path, []).append((sample, None))
+            return
         synchronize(self.device)
         end = time.perf_counter()
         top, start, in_children = self.stack.pop()
@@ -153,12 +213,26 @@ class _Recorder:
         record.calls += 1
         record.total_s += elapsed
         record.self_s += elapsed - in_children
-        pending = self.pending.pop()
-        if pending is not None:
-            key, sample = pending
-            graph = record.graphs.setdefault(key, Graph(key, [], []))
-            graph.samples.append(sample)
-            graph.outputs.append(detach_clone(output))
+        sample = self.pending.pop()
+        if sample is not None:
+            self.calls.setdefault(path, []).append((sample, detach_clone(output)))
+
+    def group(self, dynamic: bool, declared: dict[AxisRef, Dim] | None) -> None:
+        """Group every module's recorded calls into graphs (ranges from the root first,
+        whose dimension names the other modules borrow)."""
+        known: list[tuple[frozenset[int], str]] = []
+        roots = [r.path for r in self.records.values() if r.parent is None]
+        for path in roots + [p for p in self.records if p not in roots]:
+            graphs = group_graphs(
+                self.calls.get(path, []),
+                dynamic=dynamic,
+                declared=declared if path == "" else None,
+                known=known,
+                probes=self.probe_calls.get(path, []),
+            )
+            self.records[path].graphs = graphs
+            if path in roots:
+                known.extend(k for g in graphs.values() for k in dim_sizes(g))
 
     @contextmanager
     def hooks(self, model: Any) -> Iterator[None]:
@@ -192,12 +266,17 @@ def inspect(
     call: CallFn | None = None,
     device: torch.device | str | None = None,
     max_samples_per_graph: int = 4,
+    dynamic_shapes: DynamicShapes = None,
 ) -> ModelInfo:
     """Run ``model`` once per dataset item with forward hooks and record every executed module.
 
     ``dataset`` items are what the model is called with: a tensor, a tuple/list of
     positional arguments, or a dict of keyword arguments. ``model`` may also be a plain
     object whose attributes hold modules, run by ``call(model, *args, **kwargs)``.
+    ``dynamic_shapes``: None makes axes whose size varies across the recorded calls dynamic
+    (one graph serves a range of sizes); False keys every exact shape apart; a
+    torch.export-style nest of :class:`tunetree.Dim` declares the root's dimensions (the
+    root is then also run, unrecorded, at the ranges' ends so every module sees them).
     ``print()`` the result for the module tree and, per depth, how many modules a cut wraps.
     """
     samples = as_samples(dataset)
@@ -213,6 +292,43 @@ def inspect(
                 outputs.append(detach_clone(run_model(model, sample, call)))
             synchronize(dev)
             total = time.perf_counter() - start
-    if not recorder.records:
-        raise InvalidInputError("no module ran: check the model and the call function")
+            if not recorder.records:
+                raise InvalidInputError("no module ran: check the model and the call function")
+            declared = _declared(model, recorder, dynamic_shapes)
+            if declared:
+                _run_probes(model, recorder, declared, call)
+    recorder.group(dynamic_shapes is not False, declared)
     return ModelInfo(recorder.records, samples, [to_device(o, dev) for o in outputs], total, dev)
+
+
+def _declared(model: Any, recorder: _Recorder, spec: DynamicShapes) -> dict[AxisRef, Dim]:
+    """The root's declared dimensions, resolved against its first recorded call."""
+    if spec is None or spec is False:
+        return {}
+    root_calls = recorder.calls.get("")
+    if not isinstance(model, nn.Module) or not root_calls:
+        raise InvalidInputError(
+            "dynamic_shapes declares the inputs of the model's forward: it needs an "
+            "nn.Module called directly (not a pipeline or a call= entry point)"
+        )
+    return declared_axes(spec, root_calls[0][0], recorder.binders[""].names)
+
+
+def _run_probes(
+    model: nn.Module, recorder: _Recorder, declared: dict[AxisRef, Dim], call: CallFn | None
+) -> None:
+    """Run the root at the declared ranges' ends and an odd size in between, so every
+    module records the sizes it sees there; these calls are kept apart as probes."""
+    root_calls = recorder.calls[""]
+    patterns: dict[GraphKey, list[Sample]] = {}
+    for sample, _ in root_calls:
+        patterns.setdefault(sample.key.pattern(), []).append(sample)
+    recorder.probing = True
+    try:
+        for group in patterns.values():
+            key = ranged_key([s.key for s in group], declared)
+            base = largest(group)
+            for sizes in probe_sizes(key):
+                run_model(model, resize(base, key, sizes), call)
+    finally:
+        recorder.probing = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from ._table import format_table
 from .evaluate import CandidateRow, GraphSession
 from .graph import Graph
 
@@ -33,6 +34,19 @@ class GraphResult:
             if row.backend.kind == "eager" and row.timing is not None:
                 return row.timing.median_s
         return None
+
+    def per_shape_table(self) -> str:
+        """Latency of the winner and eager on each recorded shape of a ranged graph
+        (empty when the graph has one shape or nothing was measured per shape)."""
+        rows = [r for r in self.rows if r.per_shape]
+        if not rows:
+            return ""
+        labels = list(rows[0].per_shape)
+        return format_table(
+            ["shape", *(r.backend.name for r in rows)],
+            [[label, *(str(r.per_shape.get(label, "-")) for r in rows)] for label in labels],
+            title=f"{self.path or '<model>'} {self.graph.key}: latency per recorded shape",
+        )
 
 
 class GraphCache(Protocol):

@@ -172,24 +172,46 @@ def group_graphs(
     dynamic: bool = True,
     declared: Mapping[AxisRef, Dim] | None = None,
     known: Iterable[tuple[frozenset[int], str]] = (),
+    probes: Sequence[tuple[Sample, Any]] = (),
 ) -> dict[GraphKey, Graph]:
     """Group recorded ``(sample, eager output)`` calls of one module into graphs.
 
     With ``dynamic`` calls that differ only in sizes share a graph whose key has ranges
     (:func:`ranged_key`); without it every exact signature is its own graph.
-    ``declared`` applies to every group (the root's declared dimensions).
+    ``declared`` applies to every group (the root's declared dimensions). ``probes`` are
+    calls made only to find ranges: they widen the ranges of the graph whose pattern they
+    share and land in its ``probes``, never in its samples (a probe of no recorded
+    pattern is dropped).
     """
     groups: dict[GraphKey, list[tuple[Sample, Any]]] = {}
     for sample, output in calls:
         exact = sample.key
         groups.setdefault(exact.pattern() if dynamic else exact, []).append((sample, output))
+    extra: dict[GraphKey, list[Sample]] = {}
+    if dynamic:
+        for sample, _ in probes:
+            pattern = sample.key.pattern()
+            if pattern in groups:
+                extra.setdefault(pattern, []).append(sample)
     known = list(known)
     graphs: dict[GraphKey, Graph] = {}
-    for members in groups.values():
-        exact_keys = [s.key for s, _ in members]
+    for group, members in groups.items():
+        exact_keys = [s.key for s, _ in members] + [p.key for p in extra.get(group, [])]
         key = ranged_key(exact_keys, declared, known) if dynamic else exact_keys[0]
-        graphs[key] = Graph(key, [s for s, _ in members], [o for _, o in members])
+        graphs[key] = Graph(
+            key, [s for s, _ in members], [o for _, o in members], extra.get(group, [])
+        )
     return graphs
+
+
+def dim_sizes(graph: Graph) -> list[tuple[frozenset[int], str]]:
+    """For each named dimension of ``graph``'s key, the sizes it took over the graph's
+    samples and probes: what :func:`group_graphs` takes as ``known`` to lend the name."""
+    seen: dict[str, set[int]] = {}
+    for sample in [*graph.samples, *graph.probes]:
+        for name, size in sizes_of(sample, graph.key).items():
+            seen.setdefault(name, set()).add(size)
+    return [(frozenset(sizes), name) for name, sizes in seen.items()]
 
 
 # --------------------------------------------------------------------------- declared dims

@@ -22,6 +22,7 @@ from .modules import CallFn, find_module, resolve_device
 from .plan import Plan, PlanEntry
 from .progress import Progress
 from .results import GraphCache, GraphResult
+from .shapes import DynamicShapes
 from .strategy import Strategy, default_strategy
 from .wrap import unwrap, wrap, wrapped_paths
 
@@ -72,6 +73,10 @@ class TuneResult:
             ["module", "graph", "backend", "status", "latency", "vs eager", "build", "max diff"],
             rows,
         )
+
+    def shapes(self) -> str:
+        """Per recorded shape, the latency of each ranged graph's winner and of eager."""
+        return "\n\n".join(t for g in self.graphs if (t := g.per_shape_table()))
 
     def __str__(self) -> str:
         if self.dry_run:
@@ -134,6 +139,8 @@ def tune_cut(
             else:
                 outcome = own.run(session)
                 result = GraphResult(path, graph, outcome.rows, outcome.winner, own.describe())
+                _measure_shapes(session, result)
+                graph.checks = None  # probe outputs can be large; the graph is tuned once
                 if cache is not None:
                     cache.store(session, own, result)
             winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
@@ -142,6 +149,16 @@ def tune_cut(
                 memo[(path, key)] = result
             results.append(result)
     return results
+
+
+def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
+    """Per-shape latencies of the winner and eager on a ranged graph (the mean over the
+    recorded mix decided the winner; these show how each size fares)."""
+    if result.winner is None or not session.graph.key.is_dynamic:
+        return
+    eager = next((r for r in result.rows if r.backend.kind == "eager" and r.usable), None)
+    rows = [result.winner] + ([eager] if eager is not None and eager is not result.winner else [])
+    session.measure_shapes(rows)
 
 
 def plan_from(results: list[GraphResult], depth: int) -> Plan:
@@ -197,6 +214,7 @@ def tune(
     verbose: bool = True,
     info: ModelInfo | None = None,
     cache: GraphCache | str | os.PathLike[str] | bool | None = None,
+    dynamic_shapes: DynamicShapes = None,
 ) -> TuneResult:
     """Tune the modules of one cut: every executed module at ``depth`` plus executed
     leaves shallower than it. Each graph (input signature) of each module gets its own
@@ -210,13 +228,17 @@ def tune(
     are loaded from the tuning cache instead of built; None or True uses
     ``$TUNETREE_CACHE_DIR`` or ``~/.cache/tunetree``, a path another directory, False none
     (see :class:`tunetree.TuningCache`).
+
+    ``dynamic_shapes``: None (axes that vary across the samples become ranges served by
+    one runner), False (every exact shape is its own graph) or a torch.export-style nest
+    of :class:`tunetree.Dim` for the model's inputs (see :func:`tunetree.inspect`).
     """
     check_untuned(model)
     dev = check_device(model, device)
     progress = Progress(verbose)
     if info is None:
         progress("inspecting the model")
-        info = inspect(model, dataset, call=call, device=dev)
+        info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
     if dry_run:
         return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
     graphs = tune_cut(

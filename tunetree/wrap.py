@@ -13,9 +13,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from .backends.base import Runner, original_forward
+from .binding import Binder
 from .errors import InvalidInputError
 from .graph import GraphKey
 from .modules import find_module, module_paths
@@ -24,8 +26,21 @@ from .plan import Plan
 log = logging.getLogger(__name__)
 
 
+MEMO_LIMIT = 4096
+"""Most exact signatures a dispatcher remembers its routing decision for (then it forgets)."""
+
+_MISS = object()
+
+
 class Dispatcher:
-    """Replaces ``module.forward``: picks the runner for the call's graph."""
+    """Replaces ``module.forward``: picks the runner for the call's graph.
+
+    A call is bound to the forward's signature first (:mod:`tunetree.binding`), so
+    equivalent calls share a graph. An exact signature tuned as such goes straight to its
+    runner; otherwise the first ranged graph of the same pattern whose ranges hold the
+    call's sizes serves it. Decisions are remembered per exact signature, so a steady
+    stream of calls costs one key and one dict lookup each.
+    """
 
     def __init__(
         self,
@@ -35,13 +50,30 @@ class Dispatcher:
         plan: Plan | None = None,
     ) -> None:
         self.path = path
-        self.runners = dict(runners)
+        self.runners = runners
         self.plan = plan
         """The plan this dispatcher belongs to (measured latencies, depth), when known."""
         self.original = original_forward(module)
+        self.binder = Binder.of_module(module)
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
         self._warned_training = False
+
+    @property
+    def runners(self) -> dict[GraphKey, Runner]:
+        """The runner of each tuned graph (exact or ranged key)."""
+        return self._runners
+
+    @runners.setter
+    def runners(self, runners: Mapping[GraphKey, Runner]) -> None:
+        self._runners = dict(runners)
+        self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
+        self._routes: dict[GraphKey, Runner | None] = dict(self._exact)
+        self._fast: dict[tuple[Any, ...], Runner | None] = {}
+        self._ranged: dict[GraphKey, list[tuple[GraphKey, Runner]]] = {}
+        for key, runner in self._runners.items():
+            if key.is_dynamic:
+                self._ranged.setdefault(key.pattern(), []).append((key, runner))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.original.__self__.training:
@@ -54,33 +86,89 @@ class Dispatcher:
                     self.path or "<model>",
                 )
             return self.original(*args, **kwargs)
-        key = GraphKey.of(args, kwargs)
-        runner = self.runners.get(key)
+        fast = _fast_key(args) if not kwargs else None
+        runner: Any = self._fast.get(fast, _MISS) if fast is not None else _MISS
+        if runner is _MISS:
+            bound_args, kwargs = self.binder.bind(args, kwargs)
+            key = GraphKey.of(bound_args, kwargs)
+            runner = self._routes.get(key, _MISS)
+            if runner is _MISS:
+                runner = self.route(key)
+            if fast is not None and bound_args is args:  # the call was canonical already
+                if len(self._fast) >= MEMO_LIMIT:
+                    self._fast.clear()
+                self._fast[fast] = runner
+            args = bound_args
         if runner is None:
-            if key.has_opaque:  # identity-keyed objects: warn once per module, not per call
-                if not self._warned_opaque:
-                    self._warned_opaque = True
-                    log.warning(
-                        "%s: called with an object it was not tuned with (%s); running the "
-                        "original forward, since a tuned runner may have baked the tuning-time "
-                        "object in",
-                        self.path or "<model>",
-                        key,
-                    )
-            elif key not in self._warned:
-                self._warned.add(key)
-                log.warning(
-                    "%s: input signature %s was not seen while tuning; running the original "
-                    "forward (tune with an input like this one to speed it up)",
-                    self.path or "<model>",
-                    key,
-                )
             return self.original(*args, **kwargs)
         return runner(*args, **kwargs)
+
+    def route(self, key: GraphKey) -> Runner | None:
+        """The runner serving the exact signature ``key`` (None: the original forward),
+        remembered for the next call with it."""
+        runner = self._exact.get(key)
+        if runner is None:
+            runner = next(
+                (r for ranged, r in self._ranged.get(key.pattern(), []) if ranged.accepts(key)),
+                None,
+            )
+        if runner is None:
+            self._warn(key)
+        if len(self._routes) >= len(self._exact) + MEMO_LIMIT:
+            self._routes = dict(self._exact)
+        self._routes[key] = runner
+        return runner
+
+    def _warn(self, key: GraphKey) -> None:
+        """Log once why a call takes the original forward."""
+        where = self.path or "<model>"
+        if key.has_opaque:  # identity-keyed objects: warn once per module, not per call
+            if not self._warned_opaque:
+                self._warned_opaque = True
+                log.warning(
+                    "%s: called with an object it was not tuned with (%s); running the "
+                    "original forward, since a tuned runner may have baked the tuning-time "
+                    "object in",
+                    where,
+                    key,
+                )
+            return
+        ranges = self._ranged.get(key.pattern())
+        if ranges:
+            pattern = key.pattern()
+            if pattern not in self._warned:
+                self._warned.add(pattern)
+                log.warning(
+                    "%s: input %s is outside the tuned range%s %s; running the original "
+                    "forward (tune with inputs of these sizes to widen the range)",
+                    where,
+                    key,
+                    "s" if len(ranges) > 1 else "",
+                    " or ".join(str(k) for k, _ in ranges),
+                )
+        elif key not in self._warned:
+            self._warned.add(key)
+            log.warning(
+                "%s: input signature %s was not seen while tuning; running the original "
+                "forward (tune with an input like this one to speed it up)",
+                where,
+                key,
+            )
 
     def __repr__(self) -> str:
         backends = sorted({r.backend.name for r in self.runners.values()})
         return f"Dispatcher({self.path or '<model>'}: {', '.join(backends)})"
+
+
+def _fast_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """For a call of positional tensors only (the common case), dtypes and shapes: cheaper
+    to build than a :class:`GraphKey` and enough to remember the routing decision."""
+    key = []
+    for arg in args:
+        if type(arg) is not torch.Tensor:
+            return None
+        key.append((arg.dtype, arg.shape))
+    return tuple(key)
 
 
 def dispatcher_of(module: nn.Module) -> Dispatcher | None:

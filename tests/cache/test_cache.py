@@ -609,3 +609,24 @@ def test_batch_size_search_measures_under_the_device_lock(
     )
     assert len(held) >= 2, "the search measured no larger batch"
     assert all(held), f"measured outside the device lock: {held}"
+
+
+# --- ranges (issue 12)
+
+
+def test_cache_hit_keeps_the_range_and_a_wider_range_is_tuned_again(tmp_path: Path) -> None:
+    cache = TuningCache(tmp_path)
+    first, builds = tune(tree(), cache, data(2, 4))
+    assert str(first.graphs[0].graph.key) == "(f32[batch 2..4, 8])"
+    assert builds
+    again, builds = tune(tree(), TuningCache(tmp_path), data(2, 4))
+    assert builds == []  # a hit
+    assert str(again.graphs[0].graph.key) == "(f32[batch 2..4, 8])"
+    with torch.no_grad():  # batch 3 was never recorded: the cached runner serves it
+        x = torch.randn(3, 8)
+        assert again.model.forward.route(tt.GraphKey.of((x,), {})) is not None
+        torch.testing.assert_close(again.model(x), tree()(x))
+    # a range wider than the cached entry's is not served by it: tuned again
+    wider, builds = tune(tree(), TuningCache(tmp_path), data(2, 8))
+    assert str(wider.graphs[0].graph.key) == "(f32[batch 2..8, 8])"
+    assert builds

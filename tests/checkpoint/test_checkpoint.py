@@ -949,3 +949,33 @@ def test_pipeline_of_modules(tmp_path: Path, artifact_backend: ArtifactBackend) 
     loaded = tt.load(Pipeline(3), path)
     with torch.no_grad():
         assert_same([call(loaded, x) for x in data()], [call(result.model, x) for x in data()])
+
+
+# --- ranges (issue 12)
+
+
+def test_ranges_survive_save_load_and_serve_unrecorded_sizes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.cache.fakes import Saving
+    from tunetree.cli import main
+    from tunetree.wrap import dispatcher_of
+
+    g = torch.Generator().manual_seed(5)
+    dataset = [torch.randn(b, 16, generator=g) for b in (2, 4, 8)]
+    model = tiny()
+    result = tune(model, Saving(), 0, dataset)
+    assert str(result.graphs[0].graph.key) == "(f32[batch 2..8, 16])"
+    path = tt.save(result, tmp_path / "ranged.tt")
+    (row,) = checkpoint.read_info(path).plan_rows()
+    assert row["graph"] == "(f32[batch 2..8, 16])"
+    assert main(["info", str(path)]) == 0
+    assert "f32[batch 2..8, 16]" in capsys.readouterr().out
+    loaded = tt.load(tiny(seed=7), path)
+    (key,) = dispatcher_of(loaded).runners
+    assert key.dims() == {"batch": tt.Dim("batch", 2, 8)}
+    x = torch.randn(5, 16, generator=g)  # a batch size never recorded, inside the range
+    runner = dispatcher_of(loaded).route(GraphKey.of((x,), {}))
+    assert runner is not None and runner.backend.kind == "test-saving"
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))

@@ -1,0 +1,79 @@
+"""Bind a call's arguments to the forward's signature, so equivalent calls share one graph.
+
+``f(x, y)``, ``f(x, y=y)``, ``f(y=y, x=x)`` and a call that omits an optional argument
+instead of passing its default are the same call. The canonical form: every parameter that
+can be passed by position is (defaults filled in between), trailing arguments equal to
+their default are dropped, keyword-only and ``**kwargs`` entries stay keywords (those equal
+to their default dropped). The recorder and the dispatcher both key calls in this form and
+runners are built and called with it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+_CONSTANTS = (type(None), bool, int, float, str)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if default is inspect.Parameter.empty:
+        return False
+    if value is default:
+        return True
+    return type(value) is type(default) and isinstance(value, _CONSTANTS) and value == default
+
+
+class Binder:
+    """The canonical form of calls to one module's forward (built once per module)."""
+
+    def __init__(self, forward: Any) -> None:
+        try:
+            signature = inspect.signature(forward)
+        except (TypeError, ValueError):  # builtins, odd callables: key calls as given
+            signature = None
+        by_position = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = list(signature.parameters.values()) if signature is not None else []
+        if not params or params[0].kind not in by_position:  # no `self` to bind: key as given
+            signature, params = None, []
+        params = params[1:]
+        self.signature = signature
+        self.positional = [p for p in params if p.kind in by_position]
+        self.names = [p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+        """Parameter names (no ``self``, no ``*args``), for naming inputs in ``dynamic_shapes``."""
+        self.defaults = {p.name: p.default for p in params}
+        self.has_var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+
+    @classmethod
+    def of_module(cls, module: Any) -> Binder:
+        """The binder of ``type(module).forward`` (the class's forward, never a dispatcher)."""
+        return cls(type(module).forward)
+
+    def _plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """True when the call is already canonical: positional only, no trailing default."""
+        if kwargs or len(args) > len(self.positional):
+            return False
+        return not args or not _is_default(args[-1], self.positional[len(args) - 1].default)
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """The canonical ``(args, kwargs)`` of one call; the call as given when it does not
+        bind (the forward will raise its own error)."""
+        if self.signature is None or self._plain(args, kwargs):
+            return args, kwargs
+        try:
+            bound = self.signature.bind(None, *args, **kwargs)
+        except TypeError:
+            return args, kwargs
+        bound.apply_defaults()
+        positional = list(bound.args[1:])
+        if not self.has_var_positional or len(positional) <= len(self.positional):
+            while positional and _is_default(
+                positional[-1], self.positional[len(positional) - 1].default
+            ):
+                positional.pop()
+        keywords = {
+            k: v
+            for k, v in bound.kwargs.items()
+            if not _is_default(v, self.defaults.get(k, inspect.Parameter.empty))
+        }
+        return tuple(positional), keywords
