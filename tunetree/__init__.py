@@ -17,6 +17,7 @@ from .errors import (
     InvalidInputError,
     MissingDependencyError,
     TunetreeError,
+    UntrustedConfigError,
 )
 from .evaluate import CandidateRow, Status
 from .graph import Graph, GraphKey, Sample
@@ -69,6 +70,7 @@ __all__ = [
     "TuneResult",
     "TunetreeError",
     "TuningCache",
+    "UntrustedConfigError",
     "__version__",
     "auto_tune",
     "backends",

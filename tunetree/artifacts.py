@@ -85,11 +85,17 @@ class BackendRecord:
             fields.get("name", str, ""),
         )
 
-    def backend(self) -> Backend:
+    def backend(self, *, trust_config: bool = False) -> Backend:
         """The backend this record describes. Raises
         :class:`~tunetree.errors.BackendUnavailableError` for a kind this tunetree does not
-        know, and ``TypeError``/``ValueError`` for a config its class refuses."""
-        return backend_type(self.kind)(**self.config)
+        know, :class:`~tunetree.errors.UntrustedConfigError` for a config that fails the
+        class's :meth:`~tunetree.backends.base.Backend.check_saved_config` (skipped with
+        ``trust_config``: only for files the user wrote), and ``TypeError``/``ValueError``
+        for a config its class refuses."""
+        cls = backend_type(self.kind)
+        if not trust_config:
+            cls.check_saved_config(self.config)
+        return cls(**self.config)
 
 
 @dataclass(frozen=True)
