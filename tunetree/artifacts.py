@@ -35,6 +35,9 @@ from .graph import GraphKey
 KIND = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 """What a backend kind in a record may look like (it names distributions to look up)."""
 
+SHA256 = re.compile(r"[0-9a-f]{64}")
+"""A SHA-256 as records hold it (it names a file in the cache's artifact store)."""
+
 _CHUNK = 1 << 20
 
 
@@ -115,7 +118,13 @@ class FileRecord:
         size = fields.get("size", int)
         if size < 0:
             raise fields.fail("size", "is negative")
-        return cls(fields.get("path", str), fields.get("sha256", str), size)
+        path, sha = fields.get("path", str), fields.get("sha256", str)
+        parts = path.split("/")
+        if not path or "\\" in path or "\x00" in path or any(p in ("", ".", "..") for p in parts):
+            raise fields.fail("path", f"is {path[:80]!r}, which leaves its directory")
+        if not SHA256.fullmatch(sha):
+            raise fields.fail("sha256", "is not a SHA-256 in hex")
+        return cls(path, sha, size)
 
 
 @dataclass(frozen=True)

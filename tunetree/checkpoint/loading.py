@@ -24,7 +24,7 @@ from ..errors import (
 from ..graph import GraphKey
 from ..modules import find_module, resolve_device, root_modules
 from ..wrap import wrap, wrapped_paths
-from .environment import compare_records, environment_record
+from .environment import compare_records, environment_record, unrecorded_libraries
 from .format import RUNNERS, EntryRecord, Manifest
 from .reader import (
     Budget,
@@ -73,6 +73,7 @@ def load(
         raise environment_error(path, differences)
     with open_source(path, header) as source:
         manifest = read_manifest(source, header)
+        _check_recorded_libraries(path, header.record, manifest)
         dev = _target_device(model, device, manifest)
         return _load_from(model, source, manifest, dev, trust_config)
 
@@ -103,6 +104,18 @@ def _load_from(
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _check_recorded_libraries(path: Path, record: dict[str, Any], manifest: Manifest) -> None:
+    """Every backend the plan rebuilds, and each of its libraries, must be in the record."""
+    kinds = [manifest.entries[n].backend.kind for n in _needed_entries(manifest)]
+    missing = unrecorded_libraries(record, kinds)
+    if missing:
+        raise CheckpointError(
+            f"{path}: the environment record does not list what the plan needs "
+            f"({'; '.join(missing[:8])}), so the environment cannot be compared: the file "
+            "is damaged or was altered"
+        )
+
+
 def _target_device(
     model: Any, device: torch.device | str | None, manifest: Manifest
 ) -> torch.device:
@@ -112,7 +125,11 @@ def _target_device(
             module.to(device)
     dev = resolve_device(model, device)
     tuned = manifest.device
-    if torch.device(tuned).type != dev.type:
+    try:
+        tuned_type = torch.device(tuned).type
+    except RuntimeError as exc:
+        raise CheckpointError(f"the manifest's device {tuned!r} is not a torch device") from exc
+    if tuned_type != dev.type:
         raise IncompatibleCheckpointError(
             f"the checkpoint was tuned on {tuned} but the model is loaded on {dev}: runners "
             f"measured on one device type do not hold on another. Load with device={tuned!r} "
