@@ -50,7 +50,10 @@ def _cli(cache: Path, *args: str) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)])},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]),
+        },
     )
 
 
@@ -107,7 +110,9 @@ def test_special_manifests_are_reported_not_opened(special: str, command: str, c
     ],
 )
 @pytest.mark.parametrize("command", ["ls", "verify", "gc"])
-def test_wrong_types_with_a_valid_checksum_are_reported(edit: Any, command: str, cache: Path) -> None:
+def test_wrong_types_with_a_valid_checksum_are_reported(
+    edit: Any, command: str, cache: Path
+) -> None:
     _edit_manifest(cache, edit)
     done = _cli(cache, command)
     assert done.returncode in (0, 1), done.stderr[-2000:]

@@ -59,7 +59,9 @@ def rewrite(
     man["environment_sha256"] = hashlib.sha256(raw_record).hexdigest()
     if manifest:
         manifest(man)
-    files["manifest.json"] = manifest_bytes if manifest_bytes is not None else json.dumps(man).encode()
+    files["manifest.json"] = (
+        manifest_bytes if manifest_bytes is not None else json.dumps(man).encode()
+    )
     kinds.update(methods or {})
     with open(target, "wb") as f:
         f.write(struct.pack("<II", 1, len(raw_record)) + raw_record)
@@ -69,7 +71,9 @@ def rewrite(
     return target
 
 
-def patch_zip_member(path: Path, name: str, *, flags: int | None = None, method: int | None = None) -> None:
+def patch_zip_member(
+    path: Path, name: str, *, flags: int | None = None, method: int | None = None
+) -> None:
     """Set the flag bits or method of one member in both its local and central headers,
     as a hand-edited archive would (features the writer never produces)."""
     data = bytearray(path.read_bytes())

@@ -67,9 +67,7 @@ def _marker_program(tmp_path: Path) -> tuple[Path, Path]:
 # --- 1. backend options naming programs and paths -------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "option", ["cpp.cxx", "cpp.march", "trace.debug_dir", "trace.enabled"]
-)
+@pytest.mark.parametrize("option", ["cpp.cxx", "cpp.march", "trace.debug_dir", "trace.enabled"])
 def test_inductor_options_naming_programs_are_refused(
     option: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -160,7 +158,10 @@ def test_saved_structure_round_trips_in_the_closed_vocabulary() -> None:
 
     spec = pytree.tree_flatten(({"a": 1, "b": [2, 3]}, 4))[1]
     node = structure.describe(spec)
-    assert node == ["tuple", [["dict", ["a", "b"], [["leaf"], ["list", [["leaf"], ["leaf"]]]]], ["leaf"]]]
+    assert node == [
+        "tuple",
+        [["dict", ["a", "b"], [["leaf"], ["list", [["leaf"], ["leaf"]]]]], ["leaf"]],
+    ]
     assert structure.build(structure.check(node), lambda: pytest.fail("no learning")) == spec
     assert structure.from_pytree_json(pytree.treespec_dumps(spec)) == node
 
@@ -260,7 +261,10 @@ def _under_memory_limit(path: Path, limit_gib: int = 3) -> str:
             print("untyped:", type(exc).__name__, str(exc)[:200])
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]),
+    }
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, env=env
     )
@@ -278,7 +282,9 @@ def test_a_huge_graph_shape_is_refused_before_allocating(tmp_path: Path) -> None
     assert out.startswith("typed:") and "elements" in out, out
 
 
-def test_huge_saved_output_shapes_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_huge_saved_output_shapes_are_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def edit(m: dict[str, Any]) -> None:
         m["entries"][0]["runner"]["outputs"]["shapes"] = [[1 << 30, 1 << 30]]
 
@@ -301,7 +307,9 @@ def test_unbounded_decompressors_are_refused(
 # --- 5. untyped errors and crashes -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("flags", "method"), [(0x40, None), (0x20, None), (None, 9), (None, 99), (None, 1)])
+@pytest.mark.parametrize(
+    ("flags", "method"), [(0x40, None), (0x20, None), (None, 9), (None, 99), (None, 1)]
+)
 def test_unsupported_zip_features_are_typed(
     flags: int | None, method: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -331,14 +339,18 @@ def test_deep_json_is_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         lambda m: m.update(device="not a device"),
         lambda m: m.update(device="cuda:abc"),
         lambda m: m["entries"][0]["runner"].update(outputs=[]),
-        lambda m: m["entries"][0]["runner"]["inputs"].update(paths=[[["a", "__class__"], ["i", 0]]]),
+        lambda m: m["entries"][0]["runner"]["inputs"].update(
+            paths=[[["a", "__class__"], ["i", 0]]]
+        ),
         lambda m: m["entries"][0]["runner"]["outputs"].update(constants={"x": 1}),
         lambda m: m["entries"][0]["runner"]["outputs"].update(positions=[5]),
         lambda m: m["entries"][0].update(members=["runners/1/model.xml"]),
         lambda m: m["entries"][0]["graph"].update(args=[{"dtype": ["f32"], "shape": [2, 8]}]),
     ],
 )
-def test_wrong_manifest_types_are_typed(edit: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wrong_manifest_types_are_typed(
+    edit: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = rewrite(tmp_path / "a.tt", manifest=edit)
     with pytest.raises(tt.TunetreeError):
         _load(path, monkeypatch)
@@ -417,9 +429,15 @@ def test_openvino_load_writes_nothing_under_home(tmp_path: Path) -> None:
         print("loaded")
         """
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]), "HOME": str(home)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(REPO)]),
+        "HOME": str(home),
+    }
     for name in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
         env.pop(name, None)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
     assert "loaded" in done.stdout, done.stderr[-2000:]
     assert list(home.iterdir()) == []

@@ -375,8 +375,7 @@ def saved_shapes(data: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
     for shape in saved_list(data, "shapes"):
         ok = isinstance(shape, list) and len(shape) <= 64
         if not ok or not all(
-            isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM_SIZE
-            for x in shape
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM_SIZE for x in shape
         ):
             raise BackendError("saved runner record has a shape that is not a list of sizes")
         total += math.prod(shape)
@@ -409,7 +408,11 @@ def saved_constants(
         raise BackendError("saved runner record's constants are not an object of leaves")
     constants = {}
     for index, value in raw.items():
-        if not (index.isascii() and index.isdigit() and len(index) <= 9) or int(index) >= num_leaves or int(index) in positions:
+        if (
+            not (index.isascii() and index.isdigit() and len(index) <= 9)
+            or int(index) >= num_leaves
+            or int(index) in positions
+        ):
             raise BackendError(f"saved runner record has a constant at {index[:20]!r}")
         plain = value is None or isinstance(value, bool | int | float)
         if not plain and not (isinstance(value, str) and len(value) <= 4096):

@@ -44,9 +44,9 @@ program, a compiler flag or a path, and needs ``trust_config=True``."""
 
 def check_inductor_options(kind: str, options: Any) -> None:
     """Refuse Inductor options that are not on :data:`SAFE_OPTIONS` with their type."""
-    pairs = options.items() if isinstance(options, dict) else options
-    if not isinstance(pairs, list | tuple | type({}.items())):
-        raise refuse(kind, "options", "is not a list of (name, value) pairs")
+    pairs: list[Any] = list(options.items()) if isinstance(options, dict) else options
+    if not isinstance(pairs, list | tuple) or len(pairs) > len(SAFE_OPTIONS):
+        raise refuse(kind, "options", "is not a short list of (name, value) pairs")
     for pair in pairs:
         if not isinstance(pair, list | tuple) or len(pair) != 2:
             raise refuse(kind, "options", "holds something other than (name, value) pairs")

@@ -41,7 +41,9 @@ log = logging.getLogger(__name__)
 _MODEL_FILE = "model.xml"
 _MULTI_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
 _ONE_DEVICE = r"(?:CPU|GPU|NPU)(?:\.[0-9]{1,2})?"
-DEVICE = re.compile(rf"{_ONE_DEVICE}|(?:AUTO|MULTI|HETERO|BATCH)(?::{_ONE_DEVICE}(?:,{_ONE_DEVICE}){{0,7}})?")
+DEVICE = re.compile(
+    rf"{_ONE_DEVICE}|(?:AUTO|MULTI|HETERO|BATCH)(?::{_ONE_DEVICE}(?:,{_ONE_DEVICE}){{0,7}})?"
+)
 """OpenVINO device strings a saved config may name: CPU, GPU.1, NPU, AUTO:GPU,CPU ..."""
 _PRECISIONS = ("f32", "bf16", "f16")
 _HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
@@ -183,7 +185,9 @@ class OpenVINO(Backend):
         check_fields(cls.kind, cls, config)
         check_pattern(cls.kind, "device", config.get("device"), DEVICE)
         check_choice(cls.kind, "precision", config.get("precision", "f32"), _PRECISIONS)
-        check_choice(cls.kind, "performance_hint", config.get("performance_hint", "LATENCY"), _HINTS)
+        check_choice(
+            cls.kind, "performance_hint", config.get("performance_hint", "LATENCY"), _HINTS
+        )
         check_count(cls.kind, "num_streams", config.get("num_streams"))
         check_count(cls.kind, "num_threads", config.get("num_threads"))
         for field, value in config.items():

@@ -77,9 +77,9 @@ def check_plain(kind: str, cls: type, config: Mapping[str, Any]) -> None:
 
 def check_choice(kind: str, field: str, value: Any, allowed: Collection[Any]) -> None:
     """``value`` must be one of ``allowed``."""
-    if isinstance(value, bool | int | float | str) or value is None:
-        if value in allowed and type(value) in {type(a) for a in allowed}:
-            return
+    plain = isinstance(value, bool | int | float | str) or value is None
+    if plain and value in allowed and type(value) in {type(a) for a in allowed}:
+        return
     raise refuse(kind, field, f"is {str(value)[:80]!r}, not one of {sorted(map(str, allowed))}")
 
 

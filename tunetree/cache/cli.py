@@ -126,7 +126,9 @@ def _guard(func: Any) -> Any:
             print(f"tunetree cache: {escape_controls(exc)}", file=sys.stderr)
             return 2
         except OSError as exc:  # e.g. gc on a read-only cache: report, never a traceback
-            print(f"tunetree cache: cannot change {args.dir or 'the cache'}: {exc}", file=sys.stderr)
+            print(
+                f"tunetree cache: cannot change {args.dir or 'the cache'}: {exc}", file=sys.stderr
+            )
             return 2
 
     return run

@@ -53,15 +53,20 @@ def record_problem(record: Any) -> str | None:
     top = {
         "host": _text,
         "os": lambda v: _object(v, {"system": _text, "release": _text, "machine": _text}) is None,
-        "cpu": lambda v: _object(v, {"model": _text, "flags": _texts, "logical_cores": _count})
-        is None,
-        "accelerators": lambda v: isinstance(v, dict)
-        and len(v) <= MAX_ITEMS
-        and all(_text(k) and _accelerator(a) for k, a in v.items()),
+        "cpu": lambda v: (
+            _object(v, {"model": _text, "flags": _texts, "logical_cores": _count}) is None
+        ),
+        "accelerators": lambda v: (
+            isinstance(v, dict)
+            and len(v) <= MAX_ITEMS
+            and all(_text(k) and _accelerator(a) for k, a in v.items())
+        ),
         "backends": lambda v: _texts(v) and all(KIND.fullmatch(k) for k in v),
-        "versions": lambda v: isinstance(v, dict)
-        and len(v) <= MAX_ITEMS
-        and all(_text(k) and _text(x) for k, x in v.items()),
+        "versions": lambda v: (
+            isinstance(v, dict)
+            and len(v) <= MAX_ITEMS
+            and all(_text(k) and _text(x) for k, x in v.items())
+        ),
     }
     problem = _object(record, top)
     return f"the record {problem}" if problem else None
