@@ -154,6 +154,8 @@ class FlatOutputs:
             ) from exc
         return {
             "structure": structure.describe(self.spec),
+            # Readers of the first release take a null spec as "learn it by running once".
+            "spec": None,
             "num_leaves": len(self.template),
             "constants": constants,
             "positions": list(self.positions),

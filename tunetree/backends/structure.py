@@ -46,7 +46,9 @@ def describe(spec: pytree.TreeSpec) -> list[Any]:
             if kind is dict:
                 return ["dict", list(spec.context), children]
             return [name, children]
-    return ["named", f"{spec.type.__module__}.{spec.type.__qualname__}", children]
+    # pytree files namedtuples under one node type; the class itself is the context.
+    cls = spec.context if isinstance(spec.context, type) else spec.type
+    return ["named", f"{cls.__module__}.{cls.__qualname__}", children]
 
 
 def check(node: Any) -> list[Any]:
