@@ -17,6 +17,7 @@ from .errors import (
     InvalidInputError,
     MissingDependencyError,
     TunetreeError,
+    UntrustedConfigError,
 )
 from .evaluate import CandidateRow, Status
 from .graph import Dim, Graph, GraphKey, Sample
@@ -71,6 +72,7 @@ __all__ = [
     "TuneResult",
     "TunetreeError",
     "TuningCache",
+    "UntrustedConfigError",
     "__version__",
     "auto_tune",
     "backends",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
 
@@ -19,3 +20,32 @@ def fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of ``path``, which must be a regular file (never a symbolic link, FIFO or
+    device: opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat``) of at most
+    ``limit`` bytes. Raises ``OSError`` otherwise (``FileNotFoundError`` when absent)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        chunks = []
+        size = 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise OSError(f"{path} is larger than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def is_real_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory itself (not a symbolic link to one)."""
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:
+        return False

@@ -46,6 +46,8 @@ class Fields:
         if isinstance(value, bool) and bool not in kinds:
             raise self.fail(field, f"is a bool, not {_names(kinds)}")
         if float in kinds and isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > 1 << 1000:
+                raise self.fail(field, "is an integer too large for a number")
             return float(value)
         if not isinstance(value, kinds):
             raise self.fail(field, f"is a {type(value).__name__}, not {_names(kinds)}")

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
+
+
+def escape_controls(text: object) -> str:
+    """``str(text)`` with control and format characters (terminal escape sequences, new
+    lines, bidi overrides) written as ``\\xNN`` / ``\\uNNNN``: text read from a file is
+    printed as data, never interpreted by the terminal."""
+    out = []
+    for char in str(text):
+        if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]], title: str = "") -> str:
     """Left-aligned columns separated by two spaces, a rule under the header."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    cells = [[escape_controls(h) for h in headers]]
+    cells += [["" if c is None else escape_controls(c) for c in r] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = [title] if title else []
     for n, row in enumerate(cells):

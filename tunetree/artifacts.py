@@ -35,6 +35,9 @@ from .graph import GraphKey
 KIND = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 """What a backend kind in a record may look like (it names distributions to look up)."""
 
+SHA256 = re.compile(r"[0-9a-f]{64}")
+"""A SHA-256 as records hold it (it names a file in the cache's artifact store)."""
+
 _CHUNK = 1 << 20
 
 
@@ -85,11 +88,17 @@ class BackendRecord:
             fields.get("name", str, ""),
         )
 
-    def backend(self) -> Backend:
+    def backend(self, *, trust_config: bool = False) -> Backend:
         """The backend this record describes. Raises
         :class:`~tunetree.errors.BackendUnavailableError` for a kind this tunetree does not
-        know, and ``TypeError``/``ValueError`` for a config its class refuses."""
-        return backend_type(self.kind)(**self.config)
+        know, :class:`~tunetree.errors.UntrustedConfigError` for a config that fails the
+        class's :meth:`~tunetree.backends.base.Backend.check_saved_config` (skipped with
+        ``trust_config``: only for files the user wrote), and ``TypeError``/``ValueError``
+        for a config its class refuses."""
+        cls = backend_type(self.kind)
+        if not trust_config:
+            cls.check_saved_config(self.config)
+        return cls(**self.config)
 
 
 @dataclass(frozen=True)
@@ -109,7 +118,13 @@ class FileRecord:
         size = fields.get("size", int)
         if size < 0:
             raise fields.fail("size", "is negative")
-        return cls(fields.get("path", str), fields.get("sha256", str), size)
+        path, sha = fields.get("path", str), fields.get("sha256", str)
+        parts = path.split("/")
+        if not path or "\\" in path or "\x00" in path or any(p in ("", ".", "..") for p in parts):
+            raise fields.fail("path", f"is {path[:80]!r}, which leaves its directory")
+        if not SHA256.fullmatch(sha):
+            raise fields.fail("sha256", "is not a SHA-256 in hex")
+        return cls(path, sha, size)
 
 
 @dataclass(frozen=True)

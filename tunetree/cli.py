@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._table import format_seconds, format_table
+from ._table import escape_controls, format_seconds, format_table
 from .cache.cli import add_cache_commands
 
 if TYPE_CHECKING:
@@ -34,16 +34,21 @@ def _flat_lines(record: dict[str, Any]) -> list[str]:
     for entry, value in flatten_record(record).items():
         if entry == "cpu.flags" and isinstance(value, list):
             value = f"{len(value)} flags: {' '.join(map(str, value))}"
-        lines.append(f"  {entry}: {value}")
+        lines.append(f"  {escape_controls(entry)}: {escape_controls(value)}")
     return lines
 
 
 def _print_info(info: CheckpointInfo) -> None:
     m = info.manifest
-    print(f"checkpoint: {info.path}")
+    e = escape_controls
+    print(f"checkpoint: {e(info.path)}")
     print(f"format version: {info.version}")
-    print(f"model: {m.model_type or '?'}  device: {m.device}", end="")
-    print(f"  depth: {m.depth}  saved: {m.created_utc or '?'}")
+    print(f"model: {e(m.model_type or '?')}  device: {e(m.device)}", end="")
+    print(f"  depth: {m.depth}  saved: {e(m.created_utc or '?')}")
+    print(
+        "members: not verified (info reads the header and the manifest only; tt.load "
+        "verifies every member it uses against its SHA-256 and refuses a damaged file)"
+    )
     print("environment record (where it was tuned):")
     print("\n".join(_flat_lines(info.record)))
     if info.compatible:
@@ -53,7 +58,7 @@ def _print_info(info: CheckpointInfo) -> None:
             f"comparison with this environment: {len(info.differences)} differing entries "
             "(tuned vs running); tt.load refuses it here:"
         )
-        print("\n".join(f"  {d}" for d in info.differences))
+        print("\n".join(f"  {e(d)}" for d in info.differences))
     rows = [
         [
             r["path"] or "<model>",
@@ -86,7 +91,7 @@ def info_command(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"path": args.path, "error": str(exc)}, indent=2))
         else:
-            print(f"tunetree info: {exc}", file=sys.stderr)
+            print(f"tunetree info: {escape_controls(exc)}", file=sys.stderr)
         return EXIT_UNREADABLE
     if args.json:
         print(json.dumps(info.to_json(), indent=2))

@@ -27,6 +27,11 @@ class IncompatibleCheckpointError(CheckpointError):
     """A checkpoint was written by another format version or tuned in another environment."""
 
 
+class UntrustedConfigError(CheckpointError):
+    """A backend configuration read from a file could name programs, paths or code, and the
+    user did not pass ``trust_config=True``."""
+
+
 class CacheError(TunetreeError):
     """The tuning cache cannot be used (unwritable directory, bad configuration)."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,6 +24,7 @@ from torch import nn
 from ..compare import Tolerances
 from ..errors import BackendError
 from ..graph import Graph, GraphKey
+from .safe_config import check_plain
 
 
 class Runner(ABC):
@@ -88,6 +90,14 @@ class Backend(ABC):
     def config(self) -> dict[str, Any]:
         """The configuration as JSON-serialisable data (``type(self)(**config)`` rebuilds it)."""
         return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def check_saved_config(cls, config: Mapping[str, Any]) -> None:
+        """Refuse a config read from a file that could name programs, paths or code
+        (raises :class:`~tunetree.errors.UntrustedConfigError`). The default admits this
+        class's fields holding plain scalars; backends whose fields reach a library's
+        options narrow that with allow-lists (see :mod:`tunetree.backends.safe_config`)."""
+        check_plain(cls.kind, cls, config)
 
     def tolerances(self) -> Tolerances | None:
         """Tolerances this backend is checked with, or None for the tune's tolerances."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,9 +23,16 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError
-from ..graph import Graph, GraphKey, Sample, TensorSpec
+from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec
+from . import structure
 from .base import original_forward
 from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
+
+MAX_SAVED_TENSORS = 100_000
+"""Most inputs, outputs or output leaves a saved runner record may list."""
+MAX_SAVED_ELEMENTS = 1 << 28
+"""Most elements the tensors of one saved input or output list may hold together (1 GiB
+of float32): a record asking for more is refused before anything is allocated."""
 
 PathEntry = tuple[str, Any]
 """One step into a call's ``(args, kwargs)``: ``("i", index)``, ``("k", key)``, ``("a", name)``."""
@@ -79,19 +87,20 @@ class FlatInputs:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FlatInputs:
-        """The record :meth:`to_json` wrote; BackendError when it is malformed."""
-        try:
-            return cls(
-                paths=tuple(
-                    tuple((str(kind), key) for kind, key in path) for path in data["paths"]
-                ),
-                names=tuple(str(n) for n in data["names"]),
-                dtypes=tuple(dtype_from_name(d) for d in data["dtypes"]),
-                shapes=tuple(tuple(int(x) for x in s) for s in data["shapes"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise BackendError(f"saved runner record has bad inputs: {exc!r}") from exc
+    def from_json(cls, data: Any) -> FlatInputs:
+        """The record :meth:`to_json` wrote, checked as untrusted input (see
+        :func:`saved_list`); BackendError when it is malformed."""
+        if not isinstance(data, dict):
+            raise BackendError("saved runner record has no inputs object")
+        paths = tuple(saved_path(p) for p in saved_list(data, "paths"))
+        names = saved_list(data, "names")
+        if not all(isinstance(n, str) and len(n) <= 256 for n in names):
+            raise BackendError("saved runner record has input names that are not short strings")
+        dtypes = saved_dtypes(data)
+        shapes = saved_shapes(data)
+        if not len(paths) == len(names) == len(dtypes) == len(shapes):
+            raise BackendError("saved runner record has inputs of unequal counts")
+        return cls(paths, tuple(names), dtypes, shapes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,13 +140,8 @@ class FlatOutputs:
         return pytree.tree_unflatten(leaves, self.spec)
 
     def to_json(self) -> dict[str, Any]:
-        """The record as JSON data. The structure is pytree's serialised tree spec where the output
-        types support it (tuples, lists, dicts, Hugging Face ``ModelOutput``); otherwise None,
-        and :meth:`from_json` learns it again by running the module once."""
-        try:
-            spec: str | None = pytree.treespec_dumps(self.spec)
-        except Exception:  # unregistered namedtuples and custom nodes cannot be serialised
-            spec = None
+        """The record as JSON data; the structure in tunetree's closed vocabulary
+        (:func:`.structure.describe`)."""
         constants = {
             str(i): leaf for i, leaf in enumerate(self.template) if i not in self.positions
         }
@@ -149,7 +153,9 @@ class FlatOutputs:
                 "only None, bool, int, float and str can be stored"
             ) from exc
         return {
-            "spec": spec,
+            "structure": structure.describe(self.spec),
+            # Readers of the first release take a null spec as "learn it by running once".
+            "spec": None,
             "num_leaves": len(self.template),
             "constants": constants,
             "positions": list(self.positions),
@@ -159,27 +165,26 @@ class FlatOutputs:
 
     @classmethod
     def from_json(
-        cls, data: dict[str, Any], module: nn.Module, key: GraphKey, device: torch.device
+        cls, data: Any, module: nn.Module, key: GraphKey, device: torch.device
     ) -> FlatOutputs:
-        """The record :meth:`to_json` wrote; where its structure was not saved, learnt again
-        by running ``module`` once on zeros shaped like ``key``."""
-        try:
-            num_leaves = int(data["num_leaves"])
-            positions = tuple(int(p) for p in data["positions"])
-            constants = {int(i): v for i, v in data["constants"].items()}
-            dtypes = tuple(dtype_from_name(d) for d in data["dtypes"])
-            shapes = tuple(tuple(int(x) for x in s) for s in data["shapes"])
-            dumped = data["spec"]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise BackendError(f"saved runner record has bad outputs: {exc!r}") from exc
-        spec = None
-        if dumped is not None:
-            try:
-                spec = pytree.treespec_loads(dumped)
-            except Exception:  # the output type is not importable or registered yet
-                spec = None
-        if spec is None:
-            spec = _output_spec_by_running(module, key, device)
+        """The record :meth:`to_json` wrote, checked as untrusted input. Its structure is
+        read in tunetree's closed vocabulary (:mod:`.structure`, never by a deserialiser
+        that imports); named containers, or a structure that was not saved, are learnt
+        again by running ``module`` once on zeros shaped like ``key``."""
+        if not isinstance(data, dict):
+            raise BackendError("saved runner record has no outputs object")
+        num_leaves = data.get("num_leaves")
+        if isinstance(num_leaves, bool) or not isinstance(num_leaves, int):
+            raise BackendError("saved runner record's outputs lack num_leaves")
+        if not 0 <= num_leaves <= MAX_SAVED_TENSORS:
+            raise BackendError(f"saved runner record has {num_leaves} output leaves")
+        positions = saved_positions(data, num_leaves)
+        constants = saved_constants(data, num_leaves, positions)
+        dtypes = saved_dtypes(data)
+        shapes = saved_shapes(data)
+        if not len(positions) == len(dtypes) == len(shapes):
+            raise BackendError("saved runner record has outputs of unequal counts")
+        spec = _saved_spec(data, module, key, device)
         if spec.num_leaves != num_leaves:
             raise BackendError(
                 f"saved runner expects {num_leaves} output leaves but the module's output "
@@ -187,6 +192,22 @@ class FlatOutputs:
             )
         template = tuple(constants.get(i) for i in range(num_leaves))
         return cls(spec, template, positions, dtypes, shapes)
+
+
+def _saved_spec(
+    data: dict[str, Any], module: nn.Module, key: GraphKey, device: torch.device
+) -> pytree.TreeSpec:
+    """The output structure a saved record describes: ``structure`` (this release),
+    ``spec`` (pytree JSON of the first release, read as data) or, without either, learnt."""
+
+    def learn() -> pytree.TreeSpec:
+        return _output_spec_by_running(module, key, device)
+
+    if data.get("structure") is not None:
+        return structure.build(structure.check(data["structure"]), learn)
+    if data.get("spec") is not None:
+        return structure.build(structure.from_pytree_json(data["spec"]), learn)
+    return learn()
 
 
 def _output_spec_by_running(
@@ -307,3 +328,96 @@ def _unique(names: list[str]) -> tuple[str, ...]:
         seen.add(candidate)
         result.append(candidate)
     return tuple(result)
+
+
+# Load-time checks of saved runner records: the record comes from a file (untrusted).
+
+
+def saved_list(data: dict[str, Any], field: str) -> list[Any]:
+    """``data[field]``, which must be a list of at most :data:`MAX_SAVED_TENSORS` items."""
+    value = data.get(field)
+    if not isinstance(value, list) or len(value) > MAX_SAVED_TENSORS:
+        raise BackendError(f"saved runner record's {field!r} is not a list of bounded length")
+    return value
+
+
+def saved_path(path: Any) -> tuple[PathEntry, ...]:
+    """One input path: ``("i", index)``, ``("k", key)`` or ``("a", public attribute)``."""
+    if not isinstance(path, list) or not 2 <= len(path) <= 64:
+        raise BackendError("saved runner record has an input path that is not a short list")
+    entries = []
+    for entry in path:
+        if not isinstance(entry, list) or len(entry) != 2:
+            raise BackendError("saved runner record has a malformed input path entry")
+        kind, key = entry
+        plain_index = isinstance(key, int) and not isinstance(key, bool) and 0 <= key < 1 << 16
+        ok = (
+            (kind == "i" and plain_index)
+            or (kind == "k" and (plain_index or (isinstance(key, str) and len(key) <= 256)))
+            or (kind == "a" and isinstance(key, str) and key.isidentifier())
+        )
+        if not ok or (kind == "a" and key.startswith("_")):
+            raise BackendError(f"saved runner record has a bad input path entry {entry!r:.80}")
+        entries.append((kind, key))
+    return tuple(entries)
+
+
+def saved_dtypes(data: dict[str, Any]) -> tuple[torch.dtype, ...]:
+    """The ``dtypes`` list, each a known dtype name."""
+    names = saved_list(data, "dtypes")
+    if not all(isinstance(n, str) for n in names):
+        raise BackendError("saved runner record has dtypes that are not names")
+    return tuple(dtype_from_name(n) for n in names)
+
+
+def saved_shapes(data: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    """The ``shapes`` list: sizes in bounds, together at most :data:`MAX_SAVED_ELEMENTS`."""
+    shapes = []
+    total = 0
+    for shape in saved_list(data, "shapes"):
+        ok = isinstance(shape, list) and len(shape) <= 64
+        if not ok or not all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_DIM_SIZE for x in shape
+        ):
+            raise BackendError("saved runner record has a shape that is not a list of sizes")
+        total += math.prod(shape)
+        if total > MAX_SAVED_ELEMENTS:
+            raise BackendError(
+                f"saved runner record's tensors hold over {MAX_SAVED_ELEMENTS} elements "
+                "(tunetree.backends.flat.MAX_SAVED_ELEMENTS): refused before allocating"
+            )
+        shapes.append(tuple(shape))
+    return tuple(shapes)
+
+
+def saved_positions(data: dict[str, Any], num_leaves: int) -> tuple[int, ...]:
+    """The ``positions`` list: distinct leaf indices below ``num_leaves``."""
+    positions = saved_list(data, "positions")
+    ok = all(
+        isinstance(p, int) and not isinstance(p, bool) and 0 <= p < num_leaves for p in positions
+    )
+    if not ok or len(set(positions)) != len(positions):
+        raise BackendError("saved runner record has output positions out of range")
+    return tuple(positions)
+
+
+def saved_constants(
+    data: dict[str, Any], num_leaves: int, positions: tuple[int, ...]
+) -> dict[int, Any]:
+    """The ``constants`` object: non-tensor leaves (None, bool, number, short string)."""
+    raw = data.get("constants")
+    if not isinstance(raw, dict) or len(raw) > num_leaves:
+        raise BackendError("saved runner record's constants are not an object of leaves")
+    constants = {}
+    for index, value in raw.items():
+        if (
+            not (index.isascii() and index.isdigit() and len(index) <= 9)
+            or int(index) >= num_leaves
+            or int(index) in positions
+        ):
+            raise BackendError(f"saved runner record has a constant at {index[:20]!r}")
+        plain = value is None or isinstance(value, bool | int | float)
+        if not plain and not (isinstance(value, str) and len(value) <= 4096):
+            raise BackendError("saved runner record has a constant that is not a plain value")
+        constants[int(index)] = value
+    return constants

@@ -13,6 +13,50 @@ from ..errors import InvalidInputError
 from ..graph import Graph, GraphKey, detach_clone
 from .base import Backend, Runner, original_forward
 from .packages import install_hint, missing_packages
+from .safe_config import check_choice, check_fields, refuse
+
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""``torch.compile`` modes a saved Inductor config may name."""
+
+SAFE_OPTIONS: dict[str, type] = {
+    "max_autotune": bool,
+    "max_autotune_pointwise": bool,
+    "max_autotune_gemm": bool,
+    "epilogue_fusion": bool,
+    "coordinate_descent_tuning": bool,
+    "aggressive_fusion": bool,
+    "freezing": bool,
+    "shape_padding": bool,
+    "permute_fusion": bool,
+    "size_asserts": bool,
+    "triton.cudagraphs": bool,
+    "triton.cudagraph_trees": bool,
+    "triton.unique_kernel_names": bool,
+    "cpp.simdlen": int,
+    "cpp.threads": int,
+    "cpp.enable_kernel_profile": bool,
+    "cpp.weight_prepack": bool,
+}
+"""Inductor options a saved config may set, with their value types: switches and small
+numbers only. Anything else (``cpp.cxx``, ``cpp.march``, ``trace.debug_dir``, ...) can name a
+program, a compiler flag or a path, and needs ``trust_config=True``."""
+
+
+def check_inductor_options(kind: str, options: Any) -> None:
+    """Refuse Inductor options that are not on :data:`SAFE_OPTIONS` with their type."""
+    pairs: list[Any] = list(options.items()) if isinstance(options, dict) else options
+    if not isinstance(pairs, list | tuple) or len(pairs) > len(SAFE_OPTIONS):
+        raise refuse(kind, "options", "is not a short list of (name, value) pairs")
+    for pair in pairs:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise refuse(kind, "options", "holds something other than (name, value) pairs")
+        name, value = pair
+        want = SAFE_OPTIONS.get(name) if isinstance(name, str) else None
+        if want is None:
+            raise refuse(kind, f"options.{str(name)[:80]}", "is not a known-safe Inductor option")
+        ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
+        if not ok or (want is int and not 0 <= value <= 4096):
+            raise refuse(kind, f"options.{name}", f"is {str(value)[:40]!r}, not a {want.__name__}")
 
 
 def fresh_entry(forward: Any) -> Any:
@@ -86,6 +130,15 @@ class Inductor(Backend):
             object.__setattr__(self, "options", tuple(sorted(self.options.items())))
         elif isinstance(self.options, list):
             object.__setattr__(self, "options", tuple(tuple(o) for o in self.options))
+
+    @classmethod
+    def check_saved_config(cls, config: Any) -> None:
+        """Known fields; a known mode; options only from :data:`SAFE_OPTIONS`."""
+        check_fields(cls.kind, cls, config)
+        check_choice(cls.kind, "mode", config.get("mode"), MODES)
+        check_choice(cls.kind, "dynamic", config.get("dynamic"), (None, True, False))
+        check_choice(cls.kind, "fullgraph", config.get("fullgraph", False), (True, False))
+        check_inductor_options(cls.kind, config.get("options", ()))
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         reason = compile_unavailable_reason(device, "Inductor")

@@ -23,11 +23,27 @@ from ..graph import Graph, GraphKey
 from .base import Backend, Runner
 from .dtypes import as_numpy, as_torch, numpy_dtype
 from .export_context import describe_error, exporting, quiet
-from .files import copy_files
+from .files import artifact_file, copy_files
 from .flat import FlatGraph, FlatInputs, FlatOutputs
 from .packages import not_installed_reason
+from .safe_config import check_choice, check_count, check_fields, refuse
 
 _MODEL_FILE = "model.onnx"
+PROVIDERS = (
+    "CPUExecutionProvider",
+    "CUDAExecutionProvider",
+    "TensorrtExecutionProvider",
+    "ROCMExecutionProvider",
+    "MIGraphXExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "DnnlExecutionProvider",
+    "XnnpackExecutionProvider",
+    "CoreMLExecutionProvider",
+    "DmlExecutionProvider",
+)
+"""Execution providers a saved config may name (providers are chosen by name only: no
+provider options, which can name libraries and paths, are ever read from a file)."""
+
 _OPTIMIZATION_LEVELS = {
     "disable": "ORT_DISABLE_ALL",
     "basic": "ORT_ENABLE_BASIC",
@@ -168,6 +184,23 @@ class OnnxRuntime(Backend):
         elif self.providers is not None:
             object.__setattr__(self, "providers", tuple(self.providers))
 
+    @classmethod
+    def check_saved_config(cls, config: Any) -> None:
+        """Known fields; a known level; thread counts in 0..1024; providers by known name."""
+        check_fields(cls.kind, cls, config)
+        level = config.get("graph_optimization_level", "all")
+        check_choice(cls.kind, "graph_optimization_level", level, tuple(_OPTIMIZATION_LEVELS))
+        check_count(cls.kind, "intra_op_num_threads", config.get("intra_op_num_threads"))
+        check_count(cls.kind, "inter_op_num_threads", config.get("inter_op_num_threads"))
+        check_choice(cls.kind, "allow_spinning", config.get("allow_spinning", False), (True, False))
+        providers = config.get("providers")
+        if providers is None:
+            return
+        if not isinstance(providers, list) or not 0 < len(providers) <= len(PROVIDERS):
+            raise refuse(cls.kind, "providers", "is not a short list of provider names")
+        for name in providers:
+            check_choice(cls.kind, "providers", name, PROVIDERS)
+
     def provider_names(self, device: torch.device) -> list[str]:
         """Execution providers used for graphs on ``device``, in priority order."""
         if self.providers is not None:
@@ -243,14 +276,15 @@ class OnnxRuntime(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        try:
-            files = [str(f) for f in saved["files"]]
-            inputs = FlatInputs.from_json(saved["inputs"])
-            outputs = FlatOutputs.from_json(saved["outputs"], module, key, device)
-        except (KeyError, TypeError) as exc:
-            raise BackendError(f"saved ONNX Runtime runner record is incomplete: {exc!r}") from exc
+        files = saved.get("files")
+        if not isinstance(files, list) or not 0 < len(files) <= 4096:
+            raise BackendError("saved ONNX Runtime runner record lists no files")
+        paths = [artifact_file(directory, name) for name in files]
         if _MODEL_FILE not in files:
             raise BackendError(f"saved ONNX Runtime runner lists no {_MODEL_FILE}")
+        check_external_data(paths[files.index(_MODEL_FILE)], set(files))
+        inputs = FlatInputs.from_json(saved.get("inputs"))
+        outputs = FlatOutputs.from_json(saved.get("outputs"), module, key, device)
         # The runner owns a copy (hard links where possible): the checkpoint's directory may
         # be temporary, and the runner can save itself again later.
         own = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
@@ -307,3 +341,22 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
                 ) from dynamo_error
     if not (directory / _MODEL_FILE).is_file():
         raise BackendError("torch.onnx.export wrote no model file")
+
+
+def check_external_data(model_file: Path, files: set[str]) -> None:
+    """Refuse a saved ONNX model whose tensors name external data files other than the
+    runner's own (a path in the model could point anywhere on the disk)."""
+    import onnx
+    from onnx.external_data_helper import _get_all_tensors
+
+    try:
+        model = onnx.load(str(model_file), load_external_data=False)
+    except Exception as exc:
+        raise BackendError(f"saved ONNX model cannot be parsed: {type(exc).__name__}") from exc
+    for tensor in _get_all_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value not in files:
+                raise BackendError(
+                    f"saved ONNX model names external data {entry.value[:80]!r}, not one of "
+                    "the runner's own files: refusing to read outside the checkpoint"
+                )

@@ -8,10 +8,17 @@ candidate.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import functools
 import logging
+import os
+import re
+import shutil
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,21 +31,58 @@ from ..graph import Graph, GraphKey
 from .base import Backend, Runner
 from .dtypes import as_numpy, as_torch, numpy_dtype
 from .export_context import describe_error, exporting, parameters_on_cpu, quiet
+from .files import artifact_file
 from .flat import FlatGraph, FlatInputs, FlatOutputs
 from .packages import not_installed_reason
+from .safe_config import check_choice, check_count, check_fields, check_pattern, check_scalar
 
 log = logging.getLogger(__name__)
 
 _MODEL_FILE = "model.xml"
 _MULTI_DEVICES = ("AUTO", "MULTI", "HETERO", "BATCH")
+_ONE_DEVICE = r"(?:CPU|GPU|NPU)(?:\.[0-9]{1,2})?"
+DEVICE = re.compile(
+    rf"{_ONE_DEVICE}|(?:AUTO|MULTI|HETERO|BATCH)(?::{_ONE_DEVICE}(?:,{_ONE_DEVICE}){{0,7}})?"
+)
+"""OpenVINO device strings a saved config may name: CPU, GPU.1, NPU, AUTO:GPU,CPU ..."""
+_PRECISIONS = ("f32", "bf16", "f16")
+_HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
+
+
+@functools.lru_cache(maxsize=1)
+def _private_dir() -> str:
+    """A directory of this process for files OpenVINO writes into the home directory
+    (telemetry under ``~/intel``, written even with its opt-out set); removed at exit."""
+    path = tempfile.mkdtemp(prefix="tunetree-openvino-home-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@contextlib.contextmanager
+def private_home() -> Iterator[None]:
+    """Run OpenVINO calls with the home and XDG directories pointed at :func:`_private_dir`,
+    so that importing or calling OpenVINO writes nothing under the user's home directory."""
+    names = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME")
+    saved = {name: os.environ.get(name) for name in names}
+    home = _private_dir()
+    os.environ.update(dict.fromkeys(names, home))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @functools.lru_cache(maxsize=1)
 def _core() -> Any:
     """One OpenVINO Core per process (it loads the device plugins)."""
-    import openvino
+    with private_home():
+        import openvino
 
-    return openvino.Core()
+        return openvino.Core()
 
 
 class OpenVINORunner(Runner):
@@ -71,9 +115,10 @@ class OpenVINORunner(Runner):
         self.outputs = outputs
         self.device = device
         self.keepalive = keepalive  # tensors whose memory the converted model may share
-        self.compiled = _core().compile_model(
-            model, backend.openvino_device(device), backend.compile_config()
-        )
+        with private_home():
+            self.compiled = _core().compile_model(
+                model, backend.openvino_device(device), backend.compile_config()
+            )
         self.request = self.compiled.create_infer_request()
         self.lock = threading.Lock()
 
@@ -133,6 +178,21 @@ class OpenVINO(Backend):
                 f"not {self.performance_hint!r}"
             )
 
+    @classmethod
+    def check_saved_config(cls, config: Any) -> None:
+        """Known fields; a device of :data:`DEVICE`'s form; known precision and hint;
+        stream and thread counts in 0..1024; any other field a plain scalar."""
+        check_fields(cls.kind, cls, config)
+        check_pattern(cls.kind, "device", config.get("device"), DEVICE)
+        check_choice(cls.kind, "precision", config.get("precision", "f32"), _PRECISIONS)
+        check_choice(
+            cls.kind, "performance_hint", config.get("performance_hint", "LATENCY"), _HINTS
+        )
+        check_count(cls.kind, "num_streams", config.get("num_streams"))
+        check_count(cls.kind, "num_threads", config.get("num_threads"))
+        for field, value in config.items():
+            check_scalar(cls.kind, field, value)
+
     def openvino_device(self, device: torch.device) -> str:
         """The OpenVINO device that runs graphs whose tensors live on ``device``."""
         if self.device is not None:
@@ -187,15 +247,12 @@ class OpenVINO(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        try:
-            model_file = directory / str(saved["model"])
-            inputs = FlatInputs.from_json(saved["inputs"])
-            outputs = FlatOutputs.from_json(saved["outputs"], module, key, device)
-        except (KeyError, TypeError) as exc:
-            raise BackendError(f"saved OpenVINO runner record is incomplete: {exc!r}") from exc
-        if not model_file.is_file():
-            raise BackendError(f"saved OpenVINO model {model_file} is missing")
-        model = _core().read_model(str(model_file))
+        model_file = artifact_file(directory, saved.get("model"), ".xml")
+        artifact_file(directory, model_file.with_suffix(".bin").name)
+        inputs = FlatInputs.from_json(saved.get("inputs"))
+        outputs = FlatOutputs.from_json(saved.get("outputs"), module, key, device)
+        with private_home():
+            model = _core().read_model(str(model_file))
         return OpenVINORunner(self, model, inputs, outputs, device)
 
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._table import format_table
+from .._table import escape_controls, format_table
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -75,7 +75,7 @@ def ls_command(args: argparse.Namespace) -> int:
         format_table(
             ["key", "module", "graph", "winner", "cands", "size", "hits", "last used", "status"],
             rows,
-            title=f"tuning cache {cache.directory}: {len(infos)} entries, "
+            title=f"tuning cache {escape_controls(cache.directory)}: {len(infos)} entries, "
             f"{format_size(cache.disk.size())} on disk",
         )
     )
@@ -91,7 +91,8 @@ def verify_command(args: argparse.Namespace) -> int:
         print(json.dumps({"entries": checked, "bad": [vars(i) for i in bad]}, indent=2))
     else:
         for info in bad:
-            print(f"CORRUPT {info.key[:12]} {info.path or '<model>'} {info.graph}: {info.problem}")
+            line = f"CORRUPT {info.key[:12]} {info.path or '<model>'} {info.graph}: {info.problem}"
+            print(escape_controls(line))
         print(f"{checked} entries checked, {len(bad)} unusable ({cache.directory})")
     return 1 if bad else 0
 
@@ -122,7 +123,12 @@ def _guard(func: Any) -> Any:
         try:
             return int(func(args))
         except CacheError as exc:
-            print(f"tunetree cache: {exc}", file=sys.stderr)
+            print(f"tunetree cache: {escape_controls(exc)}", file=sys.stderr)
+            return 2
+        except OSError as exc:  # e.g. gc on a read-only cache: report, never a traceback
+            print(
+                f"tunetree cache: cannot change {args.dir or 'the cache'}: {exc}", file=sys.stderr
+            )
             return 2
 
     return run

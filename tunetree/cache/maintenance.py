@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._fs import read_regular
 from ..artifacts import remove_tree
 from .entry import EntryFault
-from .store import HOST, JOURNAL, ORPHAN_AGE_S, CacheStore
+from .store import HOST, JOURNAL, MAX_SMALL_BYTES, ORPHAN_AGE_S, CacheStore
 
 
 def _pid_alive(pid: int) -> bool:
@@ -154,8 +155,9 @@ def _clear_temporaries(store: CacheStore, report: GcReport) -> set[str]:
             remove_tree(path)
             report.temporaries += 1
         else:
-            with contextlib.suppress(OSError):
-                protected.update((path / JOURNAL).read_text().split())
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                journal = read_regular(path / JOURNAL, MAX_SMALL_BYTES * 64)
+                protected.update(journal.decode("ascii").split())
     with contextlib.suppress(OSError):
         for path in store.trash.iterdir():
             remove_tree(path)
@@ -200,11 +202,11 @@ def _evict(store: CacheStore, infos: dict[str, EntryInfo], max_size: int) -> int
 def _sweep_artifacts(store: CacheStore, referenced: set[str], start: float) -> int:
     """Delete artifacts nothing references that are older than this gc; returns how many."""
     removed = 0
-    for path in list(store.artifacts.glob("*/*")):
+    for path in _artifact_files(store):
         if path.name in referenced:
             continue
         try:
-            st = path.stat()
+            st = path.lstat()
         except OSError:
             continue
         if st.st_mtime >= start:
@@ -212,6 +214,19 @@ def _sweep_artifacts(store: CacheStore, referenced: set[str], start: float) -> i
         path.unlink(missing_ok=True)
         removed += 1
     return removed
+
+
+def _artifact_files(store: CacheStore) -> list[Path]:
+    """Files under the artifact shards, never through a symbolic link: a linked shard (or
+    anything not a directory) is skipped, so gc deletes nothing outside the cache."""
+    files: list[Path] = []
+    with contextlib.suppress(OSError):
+        for shard in os.scandir(store.artifacts):
+            if not shard.is_dir(follow_symlinks=False):
+                continue
+            with contextlib.suppress(OSError):
+                files += [Path(f.path) for f in os.scandir(shard.path)]
+    return files
 
 
 def remove_entry(store: CacheStore, key: str) -> None:

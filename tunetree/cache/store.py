@@ -29,13 +29,15 @@ import logging
 import os
 import shutil
 import socket
+import stat
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._fs import fsync_dir
+from .._fs import fsync_dir, is_real_dir, read_regular
+from .._json import loads_bounded
 from ..artifacts import FileRecord, file_sha256, remove_tree
 from ..errors import CacheError
 from .entry import EntryFault, EntryManifest, EntryMissing
@@ -46,6 +48,11 @@ MANIFEST = "manifest.json"
 JOURNAL = "placed.txt"
 ORPHAN_AGE_S = 24 * 3600.0
 """A temporary of another host (whose writer we cannot ask about) is an orphan after this."""
+
+MAX_MANIFEST_BYTES = 64 << 20
+"""Largest entry manifest read (a real one is a few KiB)."""
+MAX_SMALL_BYTES = 1 << 20
+"""Largest marker or journal read."""
 
 HOST = socket.gethostname().replace(".", "-").replace(os.sep, "-") or "host"
 
@@ -73,6 +80,8 @@ class CacheStore:
                 self.locks,
             ):
                 d.mkdir(parents=True, exist_ok=True)
+                if not is_real_dir(d):
+                    raise OSError(f"{d.name}/ is not a directory (a symbolic link?)")
         except OSError as exc:
             raise CacheError(f"cannot use {self.root} as a tuning cache: {exc}") from exc
 
@@ -87,6 +96,17 @@ class CacheStore:
 
     def artifact_path(self, sha: str) -> Path:
         return self.artifacts / sha[:2] / sha
+
+    def artifact_stat(self, sha: str) -> os.stat_result:
+        """``lstat`` of an artifact, which must be a regular file in a real shard directory
+        (no symbolic link anywhere below the root); OSError otherwise."""
+        path = self.artifact_path(sha)
+        if not is_real_dir(path.parent):
+            raise OSError(f"artifact shard {path.parent.name} is not a directory")
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"artifact {sha[:12]} is not a regular file")
+        return st
 
     def put_artifact(self, source: Path, journal: Path) -> tuple[str, int]:
         """Move ``source`` (a file inside a staging directory) into content-addressed storage;
@@ -171,7 +191,9 @@ class CacheStore:
         or malformed (:class:`MalformedEntryError`, naming the field)."""
         path = self.entries / key / MANIFEST
         try:
-            raw = path.read_bytes()
+            if (self.entries / key).is_symlink():
+                raise EntryFault(f"entry {key} is a symbolic link")
+            raw = read_regular(path, MAX_MANIFEST_BYTES)
         except FileNotFoundError:
             if (self.entries / key).exists():
                 raise EntryFault(f"entry {key} has no manifest") from None
@@ -182,7 +204,7 @@ class CacheStore:
         if not sep or hashlib.sha256(data).hexdigest().encode() != head:
             raise EntryFault(f"the manifest of {key} is truncated or corrupted (checksum)")
         try:
-            body = json.loads(data)
+            body = loads_bounded(data, MAX_MANIFEST_BYTES)
         except ValueError as exc:
             raise EntryFault(f"the manifest of {key} is not JSON: {exc}") from exc
         return EntryManifest.from_json(body, key)
@@ -193,7 +215,7 @@ class CacheStore:
             sha, size = ref.sha256, ref.size
             path = self.artifact_path(sha) if len(sha) == 64 else None
             try:
-                actual = path.stat().st_size if path is not None else -1
+                actual = self.artifact_stat(sha).st_size if path is not None else -1
             except OSError:
                 actual = -1
             if path is None or actual < 0:
@@ -245,7 +267,7 @@ class CacheStore:
 
     def invalid_marker(self, key: str) -> dict[str, Any] | None:
         try:
-            data = json.loads((self.invalid / key).read_text())
+            data = loads_bounded(read_regular(self.invalid / key, MAX_SMALL_BYTES), MAX_SMALL_BYTES)
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -257,7 +279,8 @@ class CacheStore:
     def record_hit(self, key: str) -> None:
         """Append one byte to ``hits/<key>`` (O_APPEND: no lock needed)."""
         try:
-            fd = os.open(self.hits / key, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(self.hits / key, flags, 0o644)
             try:
                 os.write(fd, b".")
             finally:
@@ -268,7 +291,8 @@ class CacheStore:
     def touch_hits(self, key: str) -> None:
         """Create ``hits/<key>`` (no hit yet) so the entry's last use starts now."""
         try:
-            (self.hits / key).touch()
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            os.close(os.open(self.hits / key, flags, 0o644))
         except OSError as exc:
             log.debug("cannot create the hit counter of %s: %s", key, exc)
 
@@ -293,11 +317,11 @@ class CacheStore:
         total = 0
         with contextlib.suppress(OSError):
             for p in (self.entries / key).iterdir():
-                total += p.stat().st_size
+                total += p.lstat().st_size
         return total
 
     def artifact_size(self, sha: str) -> int:
         try:
-            return self.artifact_path(sha).stat().st_size
+            return self.artifact_stat(sha).st_size
         except OSError:
             return 0

@@ -219,3 +219,21 @@ def compare_records(
         for entry in sorted(set(a) | set(b))
         if not _ignored(entry, ignore) and a.get(entry) != b.get(entry)
     ]
+
+
+def unrecorded_libraries(record: Mapping[str, Any], kinds: Iterable[str]) -> list[str]:
+    """``kind: library`` for every library a known backend of ``kinds`` needs that
+    ``record`` does not list (a record edited to drop one would skip the version
+    comparison)."""
+    versions = record.get("versions", {})
+    recorded = set(record.get("backends", ()))
+    missing = []
+    for kind in sorted(set(kinds)):
+        try:
+            libraries = libraries_of(kind)
+        except BackendUnavailableError:
+            continue  # a kind this tunetree does not know is refused when it is rebuilt
+        if kind not in recorded:
+            missing.append(f"{kind}: the backend itself")
+        missing += [f"{kind}: {lib}" for lib in libraries if lib not in versions]
+    return missing

@@ -15,6 +15,8 @@ one :class:`EntryRecord` per plan entry.
 
 from __future__ import annotations
 
+import math
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 from .._records import Fields
 from ..artifacts import BackendRecord
 from ..errors import CheckpointError, IncompatibleCheckpointError
-from ..graph import GraphKey
+from ..graph import Dim, GraphKey, TensorSpec
 from .environment import Difference
 
 FORMAT_VERSION = 1
@@ -39,6 +41,16 @@ MAX_MEMBER_BYTES = 64 << 30
 """Largest single member extracted (uncompressed)."""
 MAX_TOTAL_BYTES = 256 << 30
 """Largest total extracted by one load (uncompressed)."""
+MAX_MEMBERS = 100_000
+"""Most members an archive (and its manifest's member table) may hold."""
+MAX_ENTRIES = 100_000
+"""Most plan entries a manifest may hold."""
+MAX_GRAPH_ELEMENTS = 1 << 28
+"""Most elements the tensors of one saved graph key may hold together (1 GiB of float32):
+loading may allocate zeros of that shape, so a larger key is refused before anything is
+allocated."""
+DEVICE = re.compile(r"[a-z][a-z0-9_]{0,15}(:[0-9]{1,4})?")
+"""What a manifest's device may look like (``cpu``, ``cuda:1``)."""
 MAX_COMPRESSION_RATIO = 200
 """Members above 1 MiB may not expand more than this over their compressed size (deflate
 reaches about 1000 only on degenerate input such as a zip bomb's zeros)."""
@@ -87,6 +99,30 @@ def check_member_name(name: str) -> None:
             "directory (absolute path, '..', backslash or drive letter): the file is hostile "
             "or damaged; nothing was extracted"
         )
+
+
+def check_no_file_dir_clash(names: Any) -> None:
+    """Refuse a member that is also the directory of another (``a`` and ``a/b``)."""
+    directories = {name.rsplit("/", 1)[0] for name in names if "/" in name}
+    parents = {"/".join(d.split("/")[:i]) for d in directories for i in range(1, d.count("/") + 2)}
+    clash = sorted(parents & set(names))
+    if clash:
+        raise CheckpointError(
+            f"the archive holds {clash[0]!r} both as a file and as a directory: the file is "
+            "hostile or damaged; nothing was extracted"
+        )
+
+
+def graph_elements(signature: Any) -> int:
+    """Elements of every tensor of a graph signature together (ranges at their maximum)."""
+    if isinstance(signature, GraphKey):
+        parts = [*signature.args, *(v for _, v in signature.kwargs)]
+        return sum(graph_elements(p) for p in parts)
+    if isinstance(signature, TensorSpec):
+        return math.prod(d.max if isinstance(d, Dim) else d for d in signature.shape)
+    if isinstance(signature, tuple):
+        return sum(graph_elements(p) for p in signature)
+    return 0
 
 
 @dataclass(frozen=True)
@@ -140,8 +176,14 @@ class EntryRecord:
     def from_json(cls, fields: Fields) -> EntryRecord:
         try:
             graph = GraphKey.from_json(fields.data.get("graph"))
-        except ValueError as exc:
+        except (ValueError, TypeError, RecursionError) as exc:
             raise fields.fail("graph", f"is not a graph key ({exc})") from exc
+        if graph_elements(graph) > MAX_GRAPH_ELEMENTS:
+            raise fields.fail(
+                "graph",
+                f"has tensors of over {MAX_GRAPH_ELEMENTS} elements together "
+                "(tunetree.checkpoint.format.MAX_GRAPH_ELEMENTS); refused before allocating",
+            )
         members = fields.get("members", list)
         if not all(isinstance(m, str) for m in members):
             raise fields.fail("members", "holds something other than member names")
@@ -203,7 +245,11 @@ class Manifest:
         weights stored other than as safetensors)."""
         fields = Fields(data, "", ManifestError)
         members = {}
-        for name, meta in fields.get("members", dict).items():
+        table = fields.get("members", dict)
+        if len(table) > MAX_MEMBERS or len(fields.get("entries", list)) > MAX_ENTRIES:
+            raise ManifestError(f"over {MAX_MEMBERS} members or {MAX_ENTRIES} entries")
+        check_no_file_dir_clash(table)
+        for name, meta in table.items():
             check_member_name(name)
             members[name] = MemberRecord.from_json(
                 Fields(meta, f"members[{name!r}]", ManifestError)
@@ -224,6 +270,11 @@ class Manifest:
                 raise ManifestError(
                     f"field 'entries[{i}].members' names {unknown[0]!r}, not in the member table"
                 )
+            if any(not m.startswith(f"{RUNNERS}/{i}/") for m in entry.members):
+                raise ManifestError(f"field 'entries[{i}].members' names another entry's files")
+        device = fields.get("device", str, "cpu")
+        if not DEVICE.fullmatch(device):
+            raise fields.fail("device", f"is {device[:40]!r}, not a device such as 'cuda:0'")
         return cls(
             fields.get("environment_sha256", str),
             members,
@@ -233,7 +284,7 @@ class Manifest:
             fields.get("tunetree_version", str, ""),
             fields.get("created_utc", str, ""),
             fields.get("model_type", str, ""),
-            fields.get("device", str, "cpu"),
+            device,
             fields.optional("depth", int),
             weights.get("tensors", int, 0),
         )

@@ -49,6 +49,7 @@ class CheckpointInfo:
             "format_version": self.version,
             "environment": self.record,
             "compatible": self.compatible,
+            "members_verified": False,
             "differences": [d.to_json() for d in self.differences],
             "depth": self.manifest.depth,
             "device": self.manifest.device,

@@ -19,11 +19,12 @@ from ..errors import (
     CheckpointError,
     IncompatibleCheckpointError,
     InvalidInputError,
+    UntrustedConfigError,
 )
 from ..graph import GraphKey
 from ..modules import find_module, resolve_device, root_modules
 from ..wrap import wrap, wrapped_paths
-from .environment import compare_records, environment_record
+from .environment import compare_records, environment_record, unrecorded_libraries
 from .format import RUNNERS, EntryRecord, Manifest
 from .reader import (
     Budget,
@@ -43,6 +44,7 @@ def load(
     *,
     ignore: Iterable[str] = (),
     device: torch.device | str | None = None,
+    trust_config: bool = False,
 ) -> Any:
     """Rebuild a tuned model from a checkpoint, without tuning.
 
@@ -52,6 +54,11 @@ def load(
     :func:`tunetree.tune`). Raises :class:`IncompatibleCheckpointError` for another format
     version or environment (``ignore`` waives named record entries, e.g. ``("host",)``),
     and :class:`CheckpointError` for a damaged or hostile file. Nothing is unpickled.
+
+    Saved backend configurations are checked against allow-lists that cannot name programs,
+    paths or code (:class:`UntrustedConfigError` otherwise). ``trust_config=True`` skips
+    that check: pass it only for a file you wrote yourself, since such a configuration can
+    make compiling run any program it names.
     """
     path = Path(os.fspath(path))
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
@@ -66,11 +73,14 @@ def load(
         raise environment_error(path, differences)
     with open_source(path, header) as source:
         manifest = read_manifest(source, header)
+        _check_recorded_libraries(path, header.record, manifest)
         dev = _target_device(model, device, manifest)
-        return _load_from(model, source, manifest, dev)
+        return _load_from(model, source, manifest, dev, trust_config)
 
 
-def _load_from(model: Any, source: Source, manifest: Manifest, dev: torch.device) -> Any:
+def _load_from(
+    model: Any, source: Source, manifest: Manifest, dev: torch.device, trust_config: bool
+) -> Any:
     """Extract the weights and the needed entries' members, apply and wrap."""
     needed = _needed_entries(manifest)
     workdir = Path(tempfile.mkdtemp(prefix="tunetree-load-"))
@@ -83,7 +93,7 @@ def _load_from(model: Any, source: Source, manifest: Manifest, dev: torch.device
                 extract(source, name, manifest, workdir, budget)
         _apply_weights(model, weights_file, dev)
         weights_file.unlink()
-        runners = _load_runners(model, manifest, needed, workdir, dev)
+        runners = _load_runners(model, manifest, needed, workdir, dev, trust_config)
         tuned = wrap(model, runners)
         keep = any(manifest.entries[n].members for n in needed)
         if keep:
@@ -92,6 +102,18 @@ def _load_from(model: Any, source: Source, manifest: Manifest, dev: torch.device
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _check_recorded_libraries(path: Path, record: dict[str, Any], manifest: Manifest) -> None:
+    """Every backend the plan rebuilds, and each of its libraries, must be in the record."""
+    kinds = [manifest.entries[n].backend.kind for n in _needed_entries(manifest)]
+    missing = unrecorded_libraries(record, kinds)
+    if missing:
+        raise CheckpointError(
+            f"{path}: the environment record does not list what the plan needs "
+            f"({'; '.join(missing[:8])}), so the environment cannot be compared: the file "
+            "is damaged or was altered"
+        )
 
 
 def _target_device(
@@ -103,7 +125,11 @@ def _target_device(
             module.to(device)
     dev = resolve_device(model, device)
     tuned = manifest.device
-    if torch.device(tuned).type != dev.type:
+    try:
+        tuned_type = torch.device(tuned).type
+    except RuntimeError as exc:
+        raise CheckpointError(f"the manifest's device {tuned!r} is not a torch device") from exc
+    if tuned_type != dev.type:
         raise IncompatibleCheckpointError(
             f"the checkpoint was tuned on {tuned} but the model is loaded on {dev}: runners "
             f"measured on one device type do not hold on another. Load with device={tuned!r} "
@@ -157,7 +183,12 @@ def _apply_weights(model: Any, weights_file: Path, device: torch.device) -> None
 
 
 def _load_runners(
-    model: Any, manifest: Manifest, needed: list[int], workdir: Path, device: torch.device
+    model: Any,
+    manifest: Manifest,
+    needed: list[int],
+    workdir: Path,
+    device: torch.device,
+    trust_config: bool,
 ) -> dict[str, dict[GraphKey, Runner]]:
     runners: dict[str, dict[GraphKey, Runner]] = {}
     for n in needed:
@@ -165,17 +196,21 @@ def _load_runners(
         directory = workdir.joinpath(RUNNERS, str(n))
         directory.mkdir(parents=True, exist_ok=True)
         runners.setdefault(entry.path, {})[entry.graph] = _load_entry(
-            model, entry, directory, device
+            model, entry, directory, device, trust_config
         )
     return runners
 
 
-def _load_entry(model: Any, entry: EntryRecord, directory: Path, device: torch.device) -> Runner:
+def _load_entry(
+    model: Any, entry: EntryRecord, directory: Path, device: torch.device, trust_config: bool
+) -> Runner:
     """One entry's runner, each failure named with the module path and graph."""
     path, key, kind = entry.path, entry.graph, entry.backend.kind
     where = f"{path or '<model>'} {key}"
     try:
-        backend = entry.backend.backend()
+        backend = entry.backend.backend(trust_config=trust_config)
+    except UntrustedConfigError as exc:
+        raise UntrustedConfigError(f"{where}: {exc}") from exc
     except BackendUnavailableError as exc:
         raise IncompatibleCheckpointError(
             f"{where} uses backend {kind!r}, which this tunetree does not know; load with "

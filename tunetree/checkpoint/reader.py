@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import stat
 import zipfile
@@ -19,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ..artifacts import KIND
+from .._json import loads_bounded
 from ..errors import CheckpointError, IncompatibleCheckpointError
 from . import format as fmt
 from .environment import Difference
@@ -33,12 +32,15 @@ from .format import (
     MANIFEST,
     MAX_COMPRESSION_RATIO,
     MAX_MANIFEST_BYTES,
+    MAX_MEMBERS,
     MAX_RECORD_BYTES,
     EnvironmentMismatchError,
     Manifest,
     ManifestError,
     check_member_name,
+    check_no_file_dir_clash,
 )
+from .record_schema import record_problem
 
 
 @dataclass
@@ -140,23 +142,19 @@ def _read_small(path: Path, limit: int) -> bytes:
 
 def _parse_record(path: Path, data: bytes) -> dict[str, Any]:
     try:
-        record = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+        record = loads_bounded(data, MAX_RECORD_BYTES)
+    except ValueError as exc:
         raise CheckpointError(
             f"{path}: the environment record is not valid UTF-8 JSON ({exc}); the file is "
             "damaged or not a tunetree checkpoint"
         ) from exc
-    if (
-        not isinstance(record, dict)
-        or not isinstance(record.get("versions"), dict)
-        or not isinstance(record.get("backends"), list)
-        or not all(isinstance(k, str) and KIND.fullmatch(k) for k in record["backends"])
-    ):
+    problem = record_problem(record)
+    if problem:
         raise CheckpointError(
-            f"{path}: the environment record lacks 'versions' or 'backends'; the file is "
-            "damaged or not a tunetree checkpoint"
+            f"{path}: the environment record is malformed ({problem}); the file is damaged "
+            "or not a tunetree checkpoint"
         )
-    return record
+    return record  # type: ignore[no-any-return]
 
 
 def environment_error(path: Path, differences: list[Difference]) -> EnvironmentMismatchError:
@@ -207,13 +205,16 @@ class ZipSource(Source):
             raise
 
     def _index(self, path: Path, archive_offset: int) -> None:
-        for info in self.zip.infolist():
+        infos = self.zip.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise CheckpointError(f"{path}: the archive holds over {MAX_MEMBERS} members")
+        for info in infos:
             check_member_name(info.filename)
             if info.filename in self.infos:
                 raise CheckpointError(f"{path}: the archive holds {info.filename!r} twice")
-            if info.flag_bits & 0x1:
-                raise CheckpointError(f"{path}: member {info.filename!r} is encrypted")
+            check_zip_features(path, info)
             self.infos[info.filename] = info
+        check_no_file_dir_clash(self.infos)
         first = min((i.header_offset for i in self.infos.values()), default=archive_offset)
         if first != archive_offset:
             raise CheckpointError(
@@ -238,6 +239,26 @@ class ZipSource(Source):
 
     def close(self) -> None:
         self.zip.close()
+
+
+_UNSUPPORTED_FLAGS = 0x1 | 0x20 | 0x40
+"""Zip flag bits this reader refuses: encryption, patched data, strong encryption."""
+
+
+def check_zip_features(path: Path, info: zipfile.ZipInfo) -> None:
+    """Refuse what tunetree never writes: encryption, patched data, and any method but
+    stored and deflate (bzip2 and LZMA decompress without an output bound, others are not
+    implemented and fail untyped)."""
+    if info.flag_bits & _UNSUPPORTED_FLAGS:
+        raise CheckpointError(
+            f"{path}: member {info.filename!r} is encrypted or patched (zip flags "
+            f"{info.flag_bits:#x}); tunetree never writes such members"
+        )
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise CheckpointError(
+            f"{path}: member {info.filename!r} uses zip compression method "
+            f"{info.compress_type}; tunetree reads stored and deflate members only"
+        )
 
 
 class DirSource(Source):
@@ -280,9 +301,9 @@ def read_member(source: Source, name: str, limit: int) -> bytes:
 def read_manifest(source: Source, header: Header) -> Manifest:
     """The archive's manifest, checked against the header's record and validated."""
     try:
-        data = json.loads(read_member(source, MANIFEST, MAX_MANIFEST_BYTES).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ManifestError(f"not UTF-8 JSON: {exc}") from exc
+        data = loads_bounded(read_member(source, MANIFEST, MAX_MANIFEST_BYTES), MAX_MANIFEST_BYTES)
+    except ValueError as exc:
+        raise ManifestError(f"not UTF-8 JSON of bounded size and depth: {exc}") from exc
     if not isinstance(data, dict):
         raise ManifestError("not an object")
     if data.get("environment_sha256") != hashlib.sha256(header.record_bytes).hexdigest():

@@ -1,0 +1,175 @@
+"""Output structure of a saved runner in tunetree's own closed vocabulary.
+
+A saved runner records how eager's output is built around its tensors. That record comes
+from a file, so it is never handed to a deserialiser that imports by name (pytree's
+``treespec_loads`` imports any module a type name holds). A structure is JSON data of these
+nodes only::
+
+    ["leaf"]                          a tensor or constant leaf
+    ["tuple", [children]]             ["list", [children]]
+    ["dict", [keys], [children]]      keys are strings or integers
+    ["named", "module.Class", [children]]
+
+Tuples, lists and dicts are rebuilt directly. A named container (a namedtuple, a Hugging Face
+``ModelOutput``) is resolved only against the user's own model: its output structure is
+learnt by running the fresh module's eager forward once (``learn``), and must match the saved
+description node for node. Files of the first release hold pytree's JSON instead; it is read
+here as plain data (:func:`from_pytree_json`) into the same nodes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch.utils._pytree as pytree
+
+from ..errors import BackendError
+
+MAX_DEPTH = 32
+"""Deepest nesting of containers a saved structure may have."""
+MAX_NODES = 100_000
+"""Most nodes a saved structure may have."""
+
+_CONTAINERS = {"tuple": tuple, "list": list, "dict": dict}
+_PYTREE_BUILTINS = {"builtins.tuple": "tuple", "builtins.list": "list", "builtins.dict": "dict"}
+
+
+def describe(spec: pytree.TreeSpec) -> list[Any]:
+    """The structure of ``spec`` as nodes of the closed vocabulary."""
+    if spec.is_leaf():
+        return ["leaf"]
+    children = [describe(c) for c in spec.children()]
+    for name, kind in _CONTAINERS.items():
+        if spec.type is kind:
+            if kind is dict:
+                return ["dict", list(spec.context), children]
+            return [name, children]
+    # pytree files namedtuples under one node type; the class itself is the context.
+    cls = spec.context if isinstance(spec.context, type) else spec.type
+    return ["named", f"{cls.__module__}.{cls.__qualname__}", children]
+
+
+def check(node: Any) -> list[Any]:
+    """``node`` validated as a structure (closed vocabulary, bounded depth and size);
+    raises :class:`BackendError` naming what is wrong."""
+    count = [0]
+    _check(node, 0, count)
+    return node  # type: ignore[no-any-return]
+
+
+def _check(node: Any, depth: int, count: list[int]) -> None:
+    count[0] += 1
+    if depth > MAX_DEPTH or count[0] > MAX_NODES:
+        raise BackendError(f"saved output structure is deeper than {MAX_DEPTH} or too large")
+    if not isinstance(node, list) or not node or not isinstance(node[0], str):
+        raise BackendError("saved output structure holds something other than a node")
+    shapes = {"leaf": 1, "tuple": 2, "list": 2, "dict": 3, "named": 3}
+    if shapes.get(node[0]) != len(node):
+        raise BackendError(f"saved output structure holds an unknown node {str(node[0])[:40]!r}")
+    if node[0] == "leaf":
+        return
+    children = node[-1]
+    if not isinstance(children, list):
+        raise BackendError("saved output structure has a node without a list of children")
+    if node[0] == "dict":
+        keys = node[1]
+        ok = isinstance(keys, list) and len(keys) == len(children)
+        if not ok or not all(isinstance(k, str | int) and not isinstance(k, bool) for k in keys):
+            raise BackendError("saved output structure has a dict without matching keys")
+    if node[0] == "named" and (not isinstance(node[1], str) or len(node[1]) > 256):
+        raise BackendError("saved output structure has a named node without a type name")
+    for child in children:
+        _check(child, depth + 1, count)
+
+
+def from_pytree_json(text: Any) -> list[Any]:
+    """The structure in pytree's ``treespec_dumps`` JSON (first release), read as data:
+    nothing is imported; unknown type names become ``named`` nodes."""
+    if not isinstance(text, str) or len(text) > 16 << 20:
+        raise BackendError("saved output structure is not pytree JSON text")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise BackendError(f"saved output structure is not JSON: {exc}") from exc
+    if not isinstance(data, list) or len(data) != 2 or data[0] != 1:
+        raise BackendError("saved output structure is not pytree protocol 1 JSON")
+    count = [0]
+    return _from_pytree(data[1], 0, count)
+
+
+def _from_pytree(item: Any, depth: int, count: list[int]) -> list[Any]:
+    count[0] += 1
+    if depth > MAX_DEPTH or count[0] > MAX_NODES:
+        raise BackendError(f"saved output structure is deeper than {MAX_DEPTH} or too large")
+    if not isinstance(item, dict) or not isinstance(item.get("children_spec"), list):
+        raise BackendError("saved output structure holds something other than a tree spec")
+    kind = item.get("type")
+    if kind is None:
+        return ["leaf"]
+    if not isinstance(kind, str):
+        raise BackendError("saved output structure holds a type that is not a name")
+    children = [_from_pytree(c, depth + 1, count) for c in item["children_spec"]]
+    name = _PYTREE_BUILTINS.get(kind)
+    if name == "dict":
+        keys = _context_keys(item.get("context"))
+        return check(["dict", keys, children])
+    if name is not None:
+        return [name, children]
+    return ["named", kind[:256], children]
+
+
+def _context_keys(context: Any) -> list[Any]:
+    try:
+        keys = json.loads(context) if isinstance(context, str) else None
+    except (ValueError, RecursionError):
+        keys = None
+    if not isinstance(keys, list):
+        raise BackendError("saved output structure has a dict without its keys")
+    return keys
+
+
+def build(node: list[Any], learn: Callable[[], pytree.TreeSpec]) -> pytree.TreeSpec:
+    """The pytree spec of a checked structure. Plain containers are built directly; a
+    structure with named containers is learnt from the user's model (``learn``) and must
+    match the saved one, else :class:`BackendError`."""
+    if not _has_named(node):
+        return _build_plain(node)
+    learnt = learn()
+    if not _matches(node, describe(learnt)):
+        raise BackendError(
+            "the module's output structure differs from the saved runner's: the checkpoint "
+            "belongs to another model"
+        )
+    return learnt
+
+
+def _has_named(node: list[Any]) -> bool:
+    return node[0] == "named" or (node[0] != "leaf" and any(_has_named(c) for c in node[-1]))
+
+
+def _build_plain(node: list[Any]) -> pytree.TreeSpec:
+    if node[0] == "leaf":
+        return pytree.treespec_leaf()
+    children = [_build_plain(c) for c in node[-1]]
+    context = list(node[1]) if node[0] == "dict" else None
+    return pytree.TreeSpec(_CONTAINERS[node[0]], context, children)
+
+
+def _matches(saved: list[Any], learnt: list[Any]) -> bool:
+    """Same nodes; a named node matches a learnt type by its class name (the first release
+    saved pytree's registered names, e.g. ``collections.namedtuple``)."""
+    if saved[0] != learnt[0] or len(saved) != len(learnt):
+        return False
+    if saved[0] == "leaf":
+        return True
+    if saved[0] == "dict" and saved[1] != learnt[1]:
+        return False
+    if saved[0] == "named":
+        wanted = saved[1].rsplit(".", 1)[-1]
+        if saved[1] != "collections.namedtuple" and wanted != learnt[1].rsplit(".", 1)[-1]:
+            return False
+    if len(saved[-1]) != len(learnt[-1]):
+        return False
+    return all(_matches(a, b) for a, b in zip(saved[-1], learnt[-1], strict=True))
