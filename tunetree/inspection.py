@@ -240,7 +240,11 @@ def inspect(
     ``dataset`` items are what the model is called with: a tensor, a tuple/list of
     positional arguments, or a dict of keyword arguments. ``model`` may also be a plain
     object whose attributes hold modules, run by ``call(model, *args, **kwargs)``.
-    ``print()`` the result for the module tree and, per depth, how many modules a cut wraps.
+    ``print()`` the result for the module tree and, per depth, how many modules a cut wraps,
+    what depth 0 is for this model and how much of the time no module covers.
+
+    Recording never changes the model: buffers and the RNG state are put back afterwards,
+    and a module's recorded output is its forward's own, before the user's forward hooks.
     """
     samples = as_samples(dataset)
     dev = resolve_device(model, device)
