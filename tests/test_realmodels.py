@@ -16,8 +16,7 @@ import tunetree as tt
 import tunetree.auto
 import tunetree.budget
 from tests.fakes import Busy, Delayed, Shortcut, spin
-from tests.models.test_zoo import state_digest
-from tests.models.zoo import Generator, Pipeline, hooked, training_mode
+from tests.models.zoo import Generator, Pipeline, hooked, state_digest, training_mode
 from tunetree.budget import TIME_BUDGET_ERROR
 from tunetree.endtoend import UNTUNED
 from tunetree.measure import Timing

@@ -3,7 +3,6 @@ Runtime, and must match eager, leave the model's state untouched and survive sav
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -16,23 +15,9 @@ from tunetree.graph import as_samples
 from tunetree.modules import module_paths, run_model
 from tunetree.state import eval_mode
 
-from .zoo import ZOO, Case
+from .zoo import ZOO, Case, state_digest
 
 pytest.importorskip("onnxruntime")
-
-
-def state_digest(model: Any) -> str:
-    """SHA-256 over every parameter and buffer (by path), the training flags and the RNG."""
-    digest = hashlib.sha256()
-    for path, module in module_paths(model):
-        digest.update(f"{path}:{module.training}".encode())
-        for name, tensor in list(module.named_parameters(recurse=False)) + list(
-            module.named_buffers(recurse=False)
-        ):
-            digest.update(f"{path}.{name}".encode())
-            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    digest.update(torch.get_rng_state().numpy().tobytes())
-    return digest.hexdigest()
 
 
 def outputs(case: Case, model: Any) -> list[Any]:

@@ -4,11 +4,14 @@ a :class:`Case` (the model, its dataset, and how to call it)."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+from tunetree.modules import module_paths
 
 
 @dataclasses.dataclass
@@ -20,6 +23,20 @@ class Case:
     call: Callable[..., Any] | None = None
     train: bool = False
     """The model is in training mode on purpose (tuned with ``allow_training=True``)."""
+
+
+def state_digest(model: Any) -> str:
+    """SHA-256 over every parameter and buffer (by path), the training flags and the RNG."""
+    digest = hashlib.sha256()
+    for path, module in module_paths(model):
+        digest.update(f"{path}:{module.training}".encode())
+        for name, tensor in list(module.named_parameters(recurse=False)) + list(
+            module.named_buffers(recurse=False)
+        ):
+            digest.update(f"{path}.{name}".encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    digest.update(torch.get_rng_state().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _seed() -> None:
