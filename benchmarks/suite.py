@@ -4,6 +4,10 @@
     python -m benchmarks.suite --device cuda --out out/bench-cuda      # on a GPU machine
     python -m benchmarks.suite --quick --models mlp,encoder            # seconds: the CI guard
 
+``--quick`` also caps auto_tune (max_depth 1, a 10 s time budget per model, unless given),
+because its per-graph builds dominate a quick run; a progress line per model and phase goes
+to stderr.
+
 For each model every approach is built first (its build/tuning time recorded), then all
 of them are measured end to end in one interleaved ``tunetree.measure`` call, so every
 ratio compares numbers taken in the same run under the same conditions. See
@@ -19,6 +23,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +37,15 @@ from tunetree.measure import cycle_calls
 from tunetree.modules import run_model
 
 from . import common, zoo
+
+QUICK_AUTO_BUDGET_S = 10.0
+"""auto_tune's time budget per model in ``--quick`` runs."""
+
+
+def progress(text: str, started: float) -> None:
+    """One progress line on stderr with the time since the run started."""
+    print(f"[suite {time.perf_counter() - started:6.1f}s] {text}", file=sys.stderr, flush=True)
+
 
 DEFAULT_MODELS = ["mlp", "encoder", "cnn", "resnet", "bert", "distilbert", "gpt2", "vit"]
 
@@ -73,7 +87,10 @@ def build_approaches(
     notes: dict[str, str] = {}
     samples = as_samples(entry.data)
 
+    model_start = time.perf_counter()
+
     def compiled(name: str, **kw: Any) -> None:
+        progress(f"  {entry.name}: {name}", model_start)
         start = time.perf_counter()
         try:
             fn = torch.compile(copy.deepcopy(entry.model), **kw)
@@ -93,6 +110,7 @@ def build_approaches(
         if backend.kind == "eager":
             continue
         name = f"tt {backend.name} (depth 0)"
+        progress(f"  {entry.name}: {name}", model_start)
         start = time.perf_counter()
         result = tt.tune(
             copy.deepcopy(entry.model),
@@ -110,6 +128,7 @@ def build_approaches(
         else:
             calls[name] = _caller(result.model)
 
+    progress(f"  {entry.name}: tt.auto_tune", model_start)
     start = time.perf_counter()
     auto = tt.auto_tune(
         copy.deepcopy(entry.model),
@@ -246,7 +265,13 @@ def main() -> None:
     print(f"# measured fp32 matmul peak: {peak / 1e12:.3g} TFLOP/s")
     results = []
     failed = []
-    for name in args.models.split(","):
+    if args.quick:
+        args.auto_max_depth = 1 if args.auto_max_depth is None else args.auto_max_depth
+        args.auto_time_budget = args.auto_time_budget or QUICK_AUTO_BUDGET_S
+    names = args.models.split(",")
+    started = time.perf_counter()
+    for index, name in enumerate(names):
+        progress(f"[{index + 1}/{len(names)}] {name}", started)
         try:
             result = run(name, common.size_for(args), args.device, config, peak, args)
         except Exception as exc:  # one broken model must not lose the others' numbers

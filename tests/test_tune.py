@@ -152,7 +152,7 @@ def test_opaque_objects_never_reuse_a_runner_tuned_with_another_object() -> None
     x = torch.ones(2)
     tuned_with = Scale(2.0)
     result = tt.tune(
-        Scaled(),
+        Scaled().eval(),
         [(x, tuned_with)],
         strategy=tt.OneBackendStrategy(Baking()),
         measure_config=QUICK,

@@ -1,16 +1,22 @@
 """auto_tune(): tune every cut depth, measure each end to end, keep the fastest.
 
-The untuned model is measured before the first depth and again after the last one;
-the lower of the two is the baseline (a device may not reach full clock during the
-first measurements). Among depths within ``tie_tolerance`` of the fastest the
-shallowest wins; when no depth beats the untuned model, the model stays untuned.
+Each depth is measured end to end in one interleaved ``measure`` call with the untuned
+model (the tuned model is a shallow copy, so both exist at once): every depth's speed-up is
+a side-by-side ratio, which a load change between depths does not move. When the spread
+of those timings is larger than the gap they decide on, the depth is measured again, and
+if it stays noisy the table says so and a warning names the likely cause (the load
+average). At each depth the greedy plan (each graph's own winner) is measured against the
+best single-runtime plan (every graph on the runtime that won most graphs, eager
+elsewhere), because runtimes' thread pools can disturb each other; the faster is kept.
+Among depths within ``tie_tolerance`` of the best speed-up the shallowest wins; when no
+depth beats the untuned model, the model stays untuned.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,22 +25,25 @@ from typing import Any
 import torch
 
 from ._table import format_seconds, format_table
+from .budget import TIME_BUDGET_ERROR, Deadline, now
 from .cache import open_cache
 from .compare import Tolerances, compare_all
+from .endtoend import UNTUNED, load_text, runtime_name, side_by_side, single_runtime_plan, too_noisy
 from .errors import InvalidInputError, MissingDependencyError
-from .graph import Sample
 from .inspection import ModelInfo, inspect
-from .measure import MeasureConfig, Timing, cycle_calls, measure
+from .measure import MeasureConfig, Timing
 from .modules import CallFn, module_paths, run_model
 from .plan import Plan
 from .progress import Progress
 from .shapes import DynamicShapes
+from .state import check_eval_mode, eval_mode, preserved_state
 from .strategy import Strategy, default_strategy
 from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
 from .tune import tune_cut as _tune_cut
 from .wrap import unwrap, wrap
 
-TIME_BUDGET_ERROR = "time budget used up"
+NOISY = "timings too spread to tell apart (busy machine?)"
+log = logging.getLogger(__name__)
 MAX_DEFAULT_DEPTH = 3
 """Default deepest depth tried: deeper cuts wrap many tiny modules and rarely win."""
 
@@ -67,6 +76,12 @@ class DepthRow:
     speedup: float | None = None
     error: str = ""
     same_as: int | None = None
+    untuned: Timing | None = None
+    """The untuned model's timing, measured interleaved with this depth's."""
+    noisy: bool = False
+    """The timings stayed too spread to separate the candidates after a re-measurement."""
+    plans: str = ""
+    """Both plans' end-to-end latencies when greedy and single-runtime plans differ."""
 
     @property
     def latency_s(self) -> float | None:
@@ -78,7 +93,8 @@ class DepthRow:
         text = str(self.status)
         if self.status is DepthStatus.SAME_CUT:
             text = f"same cut as depth {self.same_as}"
-        return text + (f": {self.error}" if self.error else "")
+        notes = [n for n in (self.error, self.plans, "noisy: " + NOISY if self.noisy else "") if n]
+        return text + (f": {'; '.join(notes)}" if notes else "")
 
 
 @dataclass
@@ -105,11 +121,10 @@ class AutoTuneResult:
 
     @property
     def speedup(self) -> float:
-        """Untuned latency over the selected depth's latency (1.0 when untuned)."""
+        """The selected depth's side-by-side speed-up over the untuned model (1.0 when
+        untuned)."""
         row = self.selected_row
-        if row is None or not self.untuned or not row.latency_s:
-            return 1.0
-        return self.untuned.median_s / row.latency_s
+        return row.speedup if row is not None and row.speedup else 1.0
 
     @property
     def selected_row(self) -> DepthRow | None:
@@ -153,10 +168,12 @@ class AutoTuneResult:
                 f"auto_tune: untuned {untuned} (before {_t(self.untuned_before)}, after "
                 f"{_t(self.untuned_after)}); {chosen}; tuning took {self.tuning_s:.1f} s"
             )
+        note = self.info.coverage_note() if self.info is not None else ""
         return (
             head
             + "\n"
             + format_table(["depth", "modules", "graphs", "latency", "speedup", "status"], rows)
+            + (f"\nNote: {note}" if note else "")
         )
 
     def plot(self, path: str | Path) -> Path:
@@ -214,13 +231,6 @@ def _restore_devices(saved: Placement) -> None:
             tensor.data = tensor.data.to(device=device, dtype=dtype)
 
 
-def _measure_model(
-    model: Any, info: ModelInfo, call: CallFn | None, config: MeasureConfig
-) -> Timing:
-    fn = cycle_calls(lambda *a, **k: run_model(model, Sample(a, k), call), info.samples)
-    return measure({"model": fn}, info.device, config)["model"]
-
-
 def auto_tune(
     model: Any,
     dataset: Iterable[Any],
@@ -238,66 +248,74 @@ def auto_tune(
     verbose: bool = True,
     cache: GraphCache | str | os.PathLike[str] | bool | None = None,
     dynamic_shapes: DynamicShapes = None,
+    allow_training: bool = False,
 ) -> AutoTuneResult:
     """Tune every distinct cut from ``min_depth`` to ``max_depth``, measure each end to end
-    on ``dataset``, and keep the fastest (the shallowest within ``tie_tolerance``), or the
-    untuned model when no depth beats it.
+    side by side with the untuned model on ``dataset``, and keep the best speed-up (the
+    shallowest within ``tie_tolerance``), or the untuned model when no depth beats it.
 
     ``strategy=None`` uses :func:`tunetree.default_strategy` for the device; every graph
     gets its own copy. A graph tuned at one depth is reused at every other depth that
     wraps the same module with the same graph. ``time_budget`` (seconds, counted from the
-    call) stops new depths from starting; the depth in progress finishes. ``dry_run``
-    reports what each depth would wrap and tunes nothing. Progress goes to stderr unless
+    call) is checked before every depth, graph and candidate build: once it is used up the
+    depth in progress finishes with the candidates already measured (eager is always
+    there), skipped work is marked "time budget used up", and the budget is exceeded by at
+    most one candidate's build plus that depth's measurements. ``dry_run`` reports what
+    each depth would wrap and tunes nothing. Progress goes to stderr unless
     ``verbose=False``. ``cache`` is the tuning cache consulted per graph, as in
     :func:`tunetree.tune` (None: the default directory; False: none). ``dynamic_shapes`` as
     in :func:`tunetree.tune`; every depth is measured on the same mix of recorded shapes.
+    Training-mode models are refused unless ``allow_training=True`` (as in
+    :func:`tunetree.tune`); the model's buffers, parameters and the RNG state are never changed.
     """
     _check_arguments(min_depth, max_depth, tie_tolerance)
-    start = time.perf_counter()
+    start = now()
     check_untuned(model)
+    if not allow_training:
+        check_eval_mode(model)
     dev = check_device(model, device)
     progress = Progress(verbose)
-    progress("inspecting the model")
-    info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
-    rows = _depth_rows(info, min_depth, max_depth)
-    if dry_run:
-        for row in rows:
-            row.status = DepthStatus.DRY_RUN
-        return AutoTuneResult(model, None, rows, None, info=info, dry_run=True, original=model)
-
-    run = _Run(
-        model=model,
-        info=info,
-        call=call,
-        config=measure_config or MeasureConfig(),
-        strategy=strategy or default_strategy(dev),  # built once: its log lines appear once
-        tolerances=tolerances,
-        progress=progress,
-        cache=open_cache(cache),
-        devices=_tensor_devices(model),
-        deadline=None if time_budget is None else start + time_budget,
-    )
-    progress("measuring the untuned model")
-    before = run.measure(model)
-    _tune_depths(run, rows)
+    with preserved_state(model), eval_mode(model):
+        progress("inspecting the model")
+        info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+        rows = _depth_rows(info, min_depth, max_depth)
+        if dry_run:
+            for row in rows:
+                row.status = DepthStatus.DRY_RUN
+            return AutoTuneResult(model, None, rows, None, info=info, dry_run=True, original=model)
+        run = _Run(
+            model=model,
+            info=info,
+            call=call,
+            config=measure_config or MeasureConfig(),
+            strategy=strategy or default_strategy(dev),  # built once: log lines appear once
+            tolerances=tolerances,
+            progress=progress,
+            cache=open_cache(cache),
+            devices=_tensor_devices(model),
+            deadline=None if time_budget is None else Deadline.after(time_budget, start),
+        )
+        progress("measuring the untuned model")
+        before = run.measure({UNTUNED: model})[UNTUNED]
+        _tune_depths(run, rows)
     return _finish(run, rows, before, tie_tolerance, start)
 
 
 def _finish(
     run: _Run, rows: list[DepthRow], before: Timing, tie_tolerance: float, start: float
 ) -> AutoTuneResult:
-    """Measure the untuned model again, pick the depth and wrap the model with its plan."""
-    after = None
-    if any(r.timing is not None and r.same_as is None for r in rows):
-        run.progress("measuring the untuned model again")
-        after = run.measure(run.model)
+    """Pick the depth and wrap the model with its plan. ``untuned_after`` is the untuned
+    timing taken beside the last measured depth."""
+    measured = [r for r in rows if r.untuned is not None and r.same_as is None]
+    after = measured[-1].untuned if measured else None
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
-    for row in rows:
-        if row.latency_s:
-            row.speedup = untuned.median_s / row.latency_s
-    selected = _select(rows, untuned, tie_tolerance)
+    selected = _select(rows, tie_tolerance)
     plan = run.plans[selected] if selected is not None else Plan()
-    tuned_model = wrap(run.model, plan.runners(), plan) if selected is not None else run.model
+    tuned_model = (
+        wrap(run.model, plan.runners(), plan, in_place=selected != 0)
+        if selected is not None
+        else run.model
+    )
     return AutoTuneResult(
         tuned_model,
         selected,
@@ -308,7 +326,7 @@ def _finish(
         plan,
         run.graphs,
         run.info,
-        time.perf_counter() - start,
+        now() - start,
         original=run.model,
     )
 
@@ -345,15 +363,15 @@ class _Run:
     progress: Progress
     cache: GraphCache | None
     devices: Placement
-    deadline: float | None
+    deadline: Deadline | None
     memo: GraphMemo = field(default_factory=dict)
     cuts: dict[tuple[str, ...], DepthRow] = field(default_factory=dict)
     plans: dict[int, Plan] = field(default_factory=dict)
     graphs: dict[int, list[GraphResult]] = field(default_factory=dict)
 
-    def measure(self, model: Any) -> Timing:
-        """End-to-end latency of ``model`` (tuned or not) over the inspected samples."""
-        return _measure_model(model, self.info, self.call, self.config)
+    def measure(self, models: dict[str, Any]) -> dict[str, Timing]:
+        """End-to-end latency of each model (tuned or not), interleaved in one call."""
+        return side_by_side(models, self.info, self.call, self.config)
 
     def restore(self) -> None:
         """Unwrap the model and put back every tensor a backend moved."""
@@ -373,17 +391,18 @@ def _tune_depths(run: _Run, rows: list[DepthRow]) -> None:
 
 def _tune_depth(run: _Run, row: DepthRow) -> None:
     """Tune one depth's cut, check it end to end and measure it; the outcome goes in ``row``."""
-    if run.deadline is not None and time.perf_counter() > run.deadline:
+    if run.deadline is not None and run.deadline.passed():
         row.status, row.error = DepthStatus.SKIPPED, TIME_BUDGET_ERROR
         return
     cut = tuple(run.info.cut(row.depth))
     twin = run.cuts.get(cut)
     if twin is not None:
         row.status, row.same_as = DepthStatus.SAME_CUT, twin.depth
-        row.timing, row.error = twin.timing, twin.error
+        row.timing, row.error, row.speedup = twin.timing, twin.error, twin.speedup
         return
     run.cuts[cut] = row
-    run.progress(f"depth {row.depth}", f"{row.modules} modules, {row.graphs} graphs")
+    left = f", budget left {run.deadline.left_s():.0f} s" if run.deadline is not None else ""
+    run.progress(f"depth {row.depth}", f"{row.modules} modules, {row.graphs} graphs{left}")
     results = _tune_cut(
         run.model,
         run.info,
@@ -394,9 +413,13 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
         progress=run.progress,
         memo=run.memo,
         cache=run.cache,
+        deadline=run.deadline,
     )
     _restore_devices(run.devices)
     run.graphs[row.depth] = results
+    skipped = sum(1 for g in results for r in g.rows if r.reason == TIME_BUDGET_ERROR)
+    if skipped:
+        row.error = f"{TIME_BUDGET_ERROR}: {skipped} candidates skipped"
     plan = plan_from(results, row.depth)
     if not plan.entries:
         reasons = [r.reason for g in results for r in g.rows if r.reason]
@@ -406,28 +429,70 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
     if not plan.runners():
         row.status = DepthStatus.NO_CHANGE
         return
-    run.plans[row.depth] = plan
     _measure_depth(run, row, plan)
 
 
 def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
-    """Wrap the model with ``plan``, compare its outputs with eager's, then time it."""
-    tuned = wrap(run.model, plan.runners())
+    """Check the depth's plans end to end against eager's outputs, then time them side by
+    side with the untuned model and keep the faster plan."""
+    plans = {"greedy": plan}
+    single = single_runtime_plan(run.graphs[row.depth], row.depth)
+    if single is not None and single.runners():
+        plans["single"] = single
     try:
-        with torch.no_grad():
-            outputs = [run_model(tuned, s, run.call) for s in run.info.samples]
-        tolerances = _end_to_end_tolerances(plan, run.tolerances)
-        check = compare_all(run.info.outputs, outputs, tolerances)
-        if not check.ok:
-            row.status, row.error = DepthStatus.REJECTED, f"end-to-end output: {check.reason}"
+        tuned = {name: wrap(run.model, p.runners(), in_place=False) for name, p in plans.items()}
+        problems = {name: _check_outputs(run, m, plans[name]) for name, m in tuned.items()}
+        tuned = {name: m for name, m in tuned.items() if not problems[name]}
+        if not tuned:
+            row.status = DepthStatus.REJECTED
+            row.error = f"end-to-end output: {problems['greedy']}"
             return
-        run.progress(f"depth {row.depth}", "measuring end to end")
-        row.timing = run.measure(tuned)
+        run.progress(f"depth {row.depth}", "measuring end to end beside the untuned model")
+        timings = _timed(run, row, tuned)
+        best = min(tuned, key=lambda name: timings[name].median_s)
+        run.plans[row.depth] = plans[best]
+        row.timing, row.untuned = timings[best], timings[UNTUNED]
+        row.speedup = row.untuned.median_s / row.timing.median_s
         row.status = DepthStatus.MEASURED
+        if len(tuned) > 1:
+            row.plans = (
+                ", ".join(
+                    f"{runtime_name(plans[n])} {format_seconds(timings[n].median_s)}" for n in tuned
+                )
+                + f": kept {runtime_name(plans[best])}"
+            )
     except Exception as exc:
         row.status, row.error = DepthStatus.FAILED, f"{type(exc).__name__}: {exc}"
     finally:
         run.restore()
+
+
+def _check_outputs(run: _Run, tuned: Any, plan: Plan) -> str:
+    """Why ``tuned``'s outputs do not match eager's ("" when they do)."""
+    with torch.no_grad():
+        outputs = [run_model(tuned, s, run.call) for s in run.info.samples]
+    check = compare_all(run.info.outputs, outputs, _end_to_end_tolerances(plan, run.tolerances))
+    return "" if check.ok else check.reason
+
+
+def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]:
+    """Tuned models and the untuned one in one interleaved measurement; measured again once
+    when too noisy to separate them, then flagged (with a warning naming the load)."""
+    models = {UNTUNED: run.model, **tuned}
+    timings = run.measure(models)
+    if too_noisy(timings):
+        run.progress(f"depth {row.depth}", "timings too spread: measuring again")
+        timings = run.measure(models)
+        if too_noisy(timings):
+            row.noisy = True
+            log.warning(
+                "depth %d: end-to-end timings stay too spread to tell the candidates apart "
+                "(%s); likely cause: another process is using the machine (%s)",
+                row.depth,
+                ", ".join(f"{n} {t}" for n, t in timings.items()),
+                load_text(),
+            )
+    return timings
 
 
 def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:
@@ -443,18 +508,17 @@ def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances |
     return Tolerances.uniform(atol, rtol)
 
 
-def _select(rows: list[DepthRow], untuned: Timing, tie_tolerance: float) -> int | None:
-    """The shallowest depth within ``tie_tolerance`` of the fastest, if it beats untuned."""
-    measured = [r for r in rows if r.latency_s is not None and r.same_as is None]
+def _select(rows: list[DepthRow], tie_tolerance: float) -> int | None:
+    """The shallowest depth within ``tie_tolerance`` of the best side-by-side speed-up,
+    if it beats the untuned model."""
+    measured = [r for r in rows if r.speedup is not None and r.same_as is None]
     if not measured:
         return None
-    fastest = min(r.latency_s for r in measured if r.latency_s is not None)
+    best = max(r.speedup for r in measured if r.speedup is not None)
     tied = [
-        r
-        for r in measured
-        if r.latency_s is not None and r.latency_s <= fastest * (1 + tie_tolerance)
+        r for r in measured if r.speedup is not None and r.speedup * (1 + tie_tolerance) >= best
     ]
     choice = min(tied, key=lambda r: r.depth)
-    if choice.latency_s is None or choice.latency_s >= untuned.median_s:
+    if choice.speedup is None or choice.speedup <= 1.0:
         return None
     return choice.depth

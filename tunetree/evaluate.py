@@ -19,6 +19,7 @@ from torch import nn
 
 from ._table import format_seconds
 from .backends.base import Backend, Runner
+from .budget import TIME_BUDGET_ERROR, Deadline
 from .compare import Tolerances, compare_all
 from .graph import Graph, Sample, batch_size
 from .measure import MeasureConfig, Timing, cycle_calls, measure
@@ -98,6 +99,8 @@ class GraphSession:
     """Held around every measurement when set: the tuning cache supplies its device lock on
     a miss so concurrent tuners do not disturb each other's timings. Sessions derived from
     this one (``dataclasses.replace``) keep it."""
+    deadline: Deadline | None = None
+    """When set and passed, every candidate but eager is skipped without a build."""
 
     def evaluate(self, backend: Backend) -> CandidateRow:
         """Availability, build and first run, then comparison with eager on every sample."""
@@ -105,6 +108,8 @@ class GraphSession:
         reason = backend.unavailable_reason(self.device)
         if reason:
             return CandidateRow(backend, Status.UNAVAILABLE, reason)
+        if self.deadline is not None and backend.kind != "eager" and self.deadline.passed():
+            return CandidateRow(backend, Status.SKIPPED, TIME_BUDGET_ERROR)
         self.progress(where, self.graph, backend.name, "building")
         if self.on_build is not None:
             self.on_build(backend)

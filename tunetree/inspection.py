@@ -32,6 +32,7 @@ from .shapes import (
     ranged_key,
     resize,
 )
+from .state import preserved_state
 
 
 @dataclass
@@ -73,6 +74,12 @@ class ModelInfo:
     outputs: list[Any]
     total_s: float
     device: torch.device
+    root_called: bool = True
+    """False when the model is a pipeline object or a module whose forward never ran
+    through ``__call__`` (a ``generate`` loop calling ``self.forward``): depth 0 is then the
+    outermost modules it called, not the object itself."""
+    model_type: str = ""
+    root_is_module: bool = True
 
     @property
     def max_depth(self) -> int:
@@ -99,6 +106,36 @@ class ModelInfo:
     def summaries(self) -> list[DepthSummary]:
         return [self.summary(d) for d in range(self.max_depth + 1)]
 
+    def depth0_text(self) -> str:
+        """What depth 0 is for this model, and why."""
+        if self.root_called:
+            return f"depth 0 is the model itself ({self.model_type})"
+        tops = [m.path for m in self.modules.values() if m.depth == 0]
+        shown = ", ".join(tops[:4]) + (", ..." if len(tops) > 4 else "")
+        why = (
+            "its forward never ran through __call__ (e.g. a generate loop calling self.forward)"
+            if self.root_is_module
+            else "it is not a module"
+        )
+        return (
+            f"depth 0 is not the {self.model_type} object itself: {why}; depth 0 is the "
+            f"outermost modules it called ({shown})"
+        )
+
+    def coverage_note(self, threshold: float = 0.5) -> str:
+        """A sentence when less than ``threshold`` of eager time is inside tunable modules."""
+        share = self.summary(0).time_share if self.modules else 0.0
+        if share >= threshold:
+            return ""
+        if self.root_called:
+            cause = "the rest runs outside any module"
+        elif self.root_is_module:
+            cause = "the root's forward is never called through __call__"
+        else:
+            cause = f"the rest runs in the {self.model_type} object's own code, outside modules"
+
+        return f"only {100 * share:.1f}% of eager time is inside tunable modules: {cause}"
+
     def __str__(self) -> str:
         total = self.total_s or 1.0
         tree = format_table(
@@ -122,7 +159,8 @@ class ModelInfo:
             [[s.depth, s.modules, s.graphs, f"{100 * s.time_share:.1f}"] for s in self.summaries()],
             title="Cuts",
         )
-        return tree + "\n\n" + cuts + self._graphs_table()
+        notes = [self.depth0_text()] + [n for n in [self.coverage_note()] if n]
+        return tree + "\n\n" + cuts + self._graphs_table() + "\n" + "\n".join(notes)
 
     def _graphs_table(self, max_depth: int = 1, limit: int = 20) -> str:
         """The graphs of the shallow modules with their ranges (``i64[batch 1..16, ...]``)."""
@@ -247,9 +285,13 @@ class _Recorder:
                     lambda m, a, k, p=path: self.pre(p, m, a, k), with_kwargs=True
                 )
             )
+            # The pre-hook is registered last, so it runs after the user's pre-hooks and sees
+            # what forward sees; the post-hook is prepended, so it records forward's own
+            # output before the user's hooks transform it (a tuned module keeps running
+            # those hooks around its runner).
             handles.append(
                 module.register_forward_hook(
-                    lambda m, a, k, o, p=path: self.post(p, o), with_kwargs=True
+                    lambda m, a, k, o, p=path: self.post(p, o), with_kwargs=True, prepend=True
                 )
             )
         try:
@@ -277,13 +319,17 @@ def inspect(
     (one graph serves a range of sizes); False keys every exact shape apart; a
     torch.export-style nest of :class:`tunetree.Dim` declares the root's dimensions (the
     root is then also run, unrecorded, at the ranges' ends so every module sees them).
-    ``print()`` the result for the module tree and, per depth, how many modules a cut wraps.
+    ``print()`` the result for the module tree and, per depth, how many modules a cut wraps,
+    what depth 0 is for this model and how much of the time no module covers.
+
+    Recording never changes the model: buffers and the RNG state are put back afterwards,
+    and a module's recorded output is its forward's own, before the user's forward hooks.
     """
     samples = as_samples(dataset)
     dev = resolve_device(model, device)
     samples = [s.to(dev) for s in samples]
     recorder = _Recorder(dev, max_samples_per_graph)
-    with torch.no_grad():
+    with torch.no_grad(), preserved_state(model):
         run_model(model, samples[0], call)  # untimed: first calls pay one-off costs
         outputs = []
         with recorder.hooks(model):
@@ -298,7 +344,16 @@ def inspect(
             if declared:
                 _run_probes(model, recorder, declared, call)
     recorder.group(dynamic_shapes is not False, declared)
-    return ModelInfo(recorder.records, samples, [to_device(o, dev) for o in outputs], total, dev)
+    return ModelInfo(
+        recorder.records,
+        samples,
+        [to_device(o, dev) for o in outputs],
+        total,
+        dev,
+        root_called="" in recorder.records,
+        model_type=type(model).__name__,
+        root_is_module=isinstance(model, nn.Module),
+    )
 
 
 def _declared(model: Any, recorder: _Recorder, spec: DynamicShapes) -> dict[AxisRef, Dim]:

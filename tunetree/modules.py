@@ -32,16 +32,31 @@ def resolve_device(model: Any, device: torch.device | str | None) -> torch.devic
     return torch.device("cpu")
 
 
+def _held(value: Any) -> dict[str, nn.Module]:
+    """Modules a plain dict, list or tuple holds directly, by key or index."""
+    if isinstance(value, dict):
+        items = [(k, v) for k, v in value.items() if isinstance(k, str) and "." not in k]
+    elif isinstance(value, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(value)]
+    else:
+        return {}
+    return {k: v for k, v in items if isinstance(v, nn.Module)}
+
+
 def root_modules(model: Any) -> dict[str, nn.Module]:
     """The modules a model is made of, by path prefix: ``{"": model}`` for a module, or
-    ``{attribute: module}`` for a plain object holding modules (a pipeline)."""
+    ``{attribute: module}`` for a plain object holding modules (a pipeline). A pipeline's
+    modules held in a plain dict or list attribute are roots too, as ``attribute.key``."""
     if isinstance(model, nn.Module):
         return {"": model}
-    found = {
-        name: value
-        for name, value in sorted(getattr(model, "__dict__", {}).items())
-        if isinstance(value, nn.Module) and not name.startswith("_")
-    }
+    found: dict[str, nn.Module] = {}
+    for name, value in sorted(getattr(model, "__dict__", {}).items()):
+        if name.startswith("_"):
+            continue
+        if isinstance(value, nn.Module):
+            found[name] = value
+        for key, module in _held(value).items():
+            found[f"{name}.{key}"] = module
     if not found:
         raise InvalidInputError(
             f"{type(model).__name__} is neither an nn.Module nor an object whose attributes "
@@ -50,15 +65,44 @@ def root_modules(model: Any) -> dict[str, nn.Module]:
     return found
 
 
+def set_root(pipeline: Any, prefix: str, module: nn.Module) -> None:
+    """Put ``module`` at root ``prefix`` of a pipeline object (see :func:`root_modules`);
+    a dict or list attribute is replaced by a copy, so another object sharing it is not
+    changed."""
+    name, _, key = prefix.partition(".")
+    if not key:
+        setattr(pipeline, name, module)
+        return
+    container = getattr(pipeline, name)
+    if isinstance(container, dict):
+        setattr(pipeline, name, {**container, key: module})
+    else:
+        items = list(container)
+        items[int(key)] = module
+        setattr(pipeline, name, type(container)(items) if isinstance(container, tuple) else items)
+
+
+def hidden_modules(model: Any) -> list[str]:
+    """Attributes of the model's modules that hold modules in a plain dict, list or tuple:
+    their weights are not in any ``state_dict``, so a checkpoint cannot restore them."""
+    found = []
+    for path, module in module_paths(model):
+        for name, value in vars(module).items():
+            if not name.startswith("_") and _held(value):
+                found.append(f"{path}.{name}" if path else name)
+    return found
+
+
 def find_module(model: Any, path: str) -> nn.Module:
     """The module at a full dotted ``path`` (as :func:`inspect` reports it)."""
     roots = root_modules(model)
     if "" in roots:
         return roots[""].get_submodule(path) if path else roots[""]
-    head, _, rest = path.partition(".")
-    if head not in roots:
-        raise InvalidInputError(f"no module at path {path!r}")
-    return roots[head].get_submodule(rest) if rest else roots[head]
+    for prefix in sorted(roots, key=len, reverse=True):
+        if path == prefix or path.startswith(prefix + "."):
+            rest = path[len(prefix) + 1 :]
+            return roots[prefix].get_submodule(rest) if rest else roots[prefix]
+    raise InvalidInputError(f"no module at path {path!r}")
 
 
 def module_paths(model: Any) -> Iterator[tuple[str, nn.Module]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,10 +13,11 @@ import torch
 
 from ._table import format_seconds, format_table
 from .backends.base import Backend
+from .budget import TIME_BUDGET_ERROR, Deadline
 from .cache import open_cache
 from .compare import Tolerances
 from .errors import InvalidInputError
-from .evaluate import GraphSession
+from .evaluate import CandidateRow, GraphSession, Status
 from .inspection import ModelInfo, inspect
 from .measure import MeasureConfig
 from .modules import CallFn, find_module, resolve_device
@@ -23,6 +25,7 @@ from .plan import Plan, PlanEntry
 from .progress import Progress
 from .results import GraphCache, GraphResult
 from .shapes import DynamicShapes
+from .state import check_eval_mode, eval_mode, preserved_state
 from .strategy import Strategy, default_strategy
 from .wrap import unwrap, wrap, wrapped_paths
 
@@ -91,7 +94,8 @@ class TuneResult:
             f"{len({g.path for g in self.graphs})} modules, {chosen} with a usable candidate "
             "(* = winner)"
         )
-        return head + "\n" + self.table()
+        note = self.info.coverage_note()
+        return head + "\n" + self.table() + (f"\nNote: {note}" if note else "")
 
 
 GraphMemo = dict[tuple[str, Any], GraphResult]
@@ -110,45 +114,60 @@ def tune_cut(
     memo: GraphMemo | None = None,
     on_build: Callable[[Backend], None] | None = None,
     cache: GraphCache | None = None,
+    deadline: Deadline | None = None,
 ) -> list[GraphResult]:
     """Run the strategy on every graph of every module in the cut at ``depth``.
-    The model must be unwrapped; nothing is wrapped here."""
+    The model must be unwrapped; nothing is wrapped here. Once ``deadline`` has passed,
+    graphs not started are skipped (their modules keep their forward) and started graphs
+    build no further candidate but eager."""
     base = strategy or default_strategy(info.device)
+    todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
     results = []
-    for path in info.cut(depth):
-        module = find_module(model, path)
-        for key, graph in info.modules[path].graphs.items():
-            if memo is not None and (path, key) in memo:
-                progress(f"depth {depth}", path or "<model>", graph, "reused")
-                results.append(memo[(path, key)])
-                continue
-            session = GraphSession(
-                module,
-                path,
-                graph,
-                info.device,
-                tolerances,
-                measure_config,
-                progress,
-                on_build,
-            )
-            own = base.copy()
-            cached = cache.lookup(session, own) if cache is not None else None
-            if cached is not None:
-                result = cached
-            else:
-                outcome = own.run(session)
-                result = GraphResult(path, graph, outcome.rows, outcome.winner, own.describe())
-                _measure_shapes(session, result)
-                graph.checks = None  # probe outputs can be large; the graph is tuned once
-                if cache is not None:
-                    cache.store(session, own, result)
-            winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
-            progress(f"depth {depth}", path or "<model>", graph, f"winner: {winner}")
-            if memo is not None:
-                memo[(path, key)] = result
-            results.append(result)
+    started = time.perf_counter()
+    for done, (path, key, graph) in enumerate(todo):
+        where = path or "<model>"
+        if memo is not None and (path, key) in memo:
+            progress(f"depth {depth}", where, graph, "reused")
+            results.append(memo[(path, key)])
+            continue
+        if deadline is not None and deadline.passed():
+            rows = [CandidateRow(b, Status.SKIPPED, TIME_BUDGET_ERROR) for b in base.backends]
+            results.append(GraphResult(path, graph, rows, None, base.describe()))
+            progress(f"depth {depth}", where, graph, f"skipped: {TIME_BUDGET_ERROR}")
+            continue
+        session = GraphSession(
+            find_module(model, path),
+            path,
+            graph,
+            info.device,
+            tolerances,
+            measure_config,
+            progress,
+            on_build,
+            deadline=deadline,
+        )
+        result = _tune_graph(session, base, cache)
+        if memo is not None and not _budget_cut(result):
+            memo[(path, key)] = result
+        results.append(result)
+        winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
+        progress(f"depth {depth}", where, graph, f"winner: {winner}", _eta(started, done, todo))
     return results
+
+
+def _tune_graph(session: GraphSession, base: Strategy, cache: GraphCache | None) -> GraphResult:
+    """One graph: the cached result, else the strategy's (stored unless the budget cut it)."""
+    own = base.copy()
+    cached = cache.lookup(session, own) if cache is not None else None
+    if cached is not None:
+        return cached
+    outcome = own.run(session)
+    result = GraphResult(session.path, session.graph, outcome.rows, outcome.winner, own.describe())
+    _measure_shapes(session, result)
+    session.graph.checks = None  # probe outputs can be large; the graph is tuned once
+    if cache is not None and not _budget_cut(result):
+        cache.store(session, own, result)
+    return result
 
 
 def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
@@ -159,6 +178,18 @@ def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
     eager = next((r for r in result.rows if r.backend.kind == "eager" and r.usable), None)
     rows = [result.winner] + ([eager] if eager is not None and eager is not result.winner else [])
     session.measure_shapes(rows)
+
+
+def _budget_cut(result: GraphResult) -> bool:
+    """Whether the time budget skipped any of the graph's candidates."""
+    return any(r.reason == TIME_BUDGET_ERROR for r in result.rows)
+
+
+def _eta(started: float, done: int, todo: list[Any]) -> str:
+    """``graph i/n, ETA s`` for the progress line (estimated from the graphs so far)."""
+    elapsed = time.perf_counter() - started
+    left = elapsed / (done + 1) * (len(todo) - done - 1)
+    return f"graph {done + 1}/{len(todo)}, ETA {left:.0f} s"
 
 
 def plan_from(results: list[GraphResult], depth: int) -> Plan:
@@ -215,14 +246,22 @@ def tune(
     info: ModelInfo | None = None,
     cache: GraphCache | str | os.PathLike[str] | bool | None = None,
     dynamic_shapes: DynamicShapes = None,
+    allow_training: bool = False,
 ) -> TuneResult:
     """Tune the modules of one cut: every executed module at ``depth`` plus executed
     leaves shallower than it. Each graph (input signature) of each module gets its own
     copy of ``strategy`` (default: :func:`default_strategy` for the device).
 
-    Returns a :class:`TuneResult`; call ``result.model``. At depth 0 that is a new wrapper
-    sharing the model's parameters and the object given in stays untuned; at deeper cuts
-    the modules inside ``model`` are wrapped in place (``result.undo()`` reverts).
+    Returns a :class:`TuneResult`; call ``result.model``. At depth 0 that is a new object
+    sharing the model's parameters and the object given in stays untuned: for a pipeline,
+    or a model whose forward never runs through ``__call__`` (a ``generate`` loop), depth 0
+    is the outermost modules it calls (``print(tt.inspect(...))`` says which), and they are
+    wrapped in shallow copies inside a shallow copy of the object. At deeper cuts the
+    modules inside ``model`` are wrapped in place (``result.undo()`` reverts).
+
+    A model with modules in training mode is refused (call ``model.eval()``), unless
+    ``allow_training=True``: its eval behaviour is then tuned, and the runners serve eval
+    mode only. Tuning never changes the model's buffers, parameters or the RNG state.
 
     ``cache``: graphs tuned before (same module structure, graph, strategy, environment)
     are loaded from the tuning cache instead of built; None or True uses
@@ -234,14 +273,35 @@ def tune(
     of :class:`tunetree.Dim` for the model's inputs (see :func:`tunetree.inspect`).
     """
     check_untuned(model)
+    if not allow_training:
+        check_eval_mode(model)
     dev = check_device(model, device)
     progress = Progress(verbose)
-    if info is None:
-        progress("inspecting the model")
-        info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
-    if dry_run:
-        return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
-    graphs = tune_cut(
+    with preserved_state(model), eval_mode(model):
+        if info is None:
+            progress("inspecting the model")
+            info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+        if dry_run:
+            return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
+        graphs = _tune_graphs(
+            model, info, depth, strategy, tolerances, measure_config, progress, cache
+        )
+    plan = plan_from(graphs, depth)
+    tuned = wrap(model, plan.runners(), plan, in_place=depth > 0)
+    return TuneResult(tuned, depth, plan, graphs, info, original=model)
+
+
+def _tune_graphs(
+    model: Any,
+    info: ModelInfo,
+    depth: int,
+    strategy: Strategy | None,
+    tolerances: Tolerances | None,
+    measure_config: MeasureConfig | None,
+    progress: Progress,
+    cache: GraphCache | str | os.PathLike[str] | bool | None,
+) -> list[GraphResult]:
+    return tune_cut(
         model,
         info,
         depth,
@@ -251,6 +311,3 @@ def tune(
         progress=progress,
         cache=open_cache(cache),
     )
-    plan = plan_from(graphs, depth)
-    tuned = wrap(model, plan.runners(), plan)
-    return TuneResult(tuned, depth, plan, graphs, info, original=model)

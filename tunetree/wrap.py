@@ -20,7 +20,7 @@ from .backends.base import Runner, original_forward
 from .binding import Binder
 from .errors import InvalidInputError
 from .graph import GraphKey
-from .modules import find_module, module_paths
+from .modules import find_module, module_paths, root_modules, set_root
 from .plan import Plan
 
 log = logging.getLogger(__name__)
@@ -183,16 +183,25 @@ def wrapped_paths(model: Any) -> list[str]:
 
 
 def wrap(
-    model: Any, runners: Mapping[str, Mapping[GraphKey, Runner]], plan: Plan | None = None
+    model: Any,
+    runners: Mapping[str, Mapping[GraphKey, Runner]],
+    plan: Plan | None = None,
+    *,
+    in_place: bool = True,
 ) -> Any:
     """Wrap every module path in ``runners`` and return the model to call.
 
-    Modules inside the model are wrapped in place. The root module itself (path ``""``)
-    is never changed: a shallow copy that shares its parameters is wrapped and returned,
-    so the object given in stays untuned. ``plan``, when given, is kept on every
-    dispatcher so that saving the tuned model keeps the plan's measurements.
+    With ``in_place=True`` modules inside the model are wrapped in place. The root module
+    itself (path ``""``) is never changed: a shallow copy that shares its parameters is
+    wrapped and returned. With ``in_place=False`` nothing the caller holds changes: the
+    root (module or pipeline object) and every module on the way to a wrapped path are
+    shallow copies sharing parameters, buffers and hooks (:func:`copy_along`). ``plan``,
+    when given, is kept on every dispatcher so that saving the tuned model keeps the plan's
+    measurements.
     """
-    if "" in runners and isinstance(model, nn.Module):
+    if not in_place and runners:
+        model = copy_along(model, list(runners))
+    elif "" in runners and isinstance(model, nn.Module):
         model = copy.copy(model)  # shares parameters, buffers, submodules and hooks
         model.__dict__.pop("forward", None)
     for path, graph_runners in runners.items():
@@ -203,6 +212,48 @@ def wrap(
             )
         module.__dict__["forward"] = Dispatcher(module, path, graph_runners, plan)
     return model
+
+
+def _shallow(module: nn.Module) -> nn.Module:
+    """A copy sharing parameters, buffers and hooks, with its own child table and no wrap."""
+    twin = copy.copy(module)
+    twin.__dict__["_modules"] = dict(module._modules)
+    twin.__dict__.pop("forward", None)
+    return twin
+
+
+def copy_along(model: Any, paths: list[str]) -> Any:
+    """A shallow copy of ``model`` in which every module on the way to each of ``paths``
+    (included) is its own shallow copy, so wrapping those paths leaves ``model`` untouched.
+    A module reached by two paths (a shared submodule) is copied once."""
+    copies: dict[int, nn.Module] = {}
+
+    def twin_of(module: nn.Module) -> nn.Module:
+        if id(module) not in copies:
+            copies[id(module)] = _shallow(module)
+        return copies[id(module)]
+
+    if isinstance(model, nn.Module):
+        root: Any = twin_of(model)
+        prefixes = {"": model}
+    else:
+        root = copy.copy(model)
+        prefixes = root_modules(model)
+    for path in paths:
+        prefix = next(
+            p
+            for p in sorted(prefixes, key=len, reverse=True)
+            if p == "" or path == p or path.startswith(p + ".")
+        )
+        parent = twin_of(prefixes[prefix])
+        if prefix:
+            set_root(root, prefix, parent)
+        rest = path[len(prefix) :].lstrip(".")
+        for name in rest.split(".") if rest else []:
+            child = twin_of(parent._modules[name])  # type: ignore[arg-type]
+            parent._modules[name] = child
+            parent = child
+    return root
 
 
 def unwrap(model: Any) -> list[str]:

@@ -24,7 +24,7 @@ from .._fs import fsync_dir
 from ..artifacts import BackendRecord, file_sha256, files_under, save_runner
 from ..backends.base import Backend
 from ..errors import BackendError, CheckpointError, InvalidInputError
-from ..modules import module_paths, resolve_device, root_modules
+from ..modules import hidden_modules, module_paths, resolve_device, root_modules
 from ..plan import Plan, PlanEntry
 from ..wrap import dispatcher_of
 from .environment import environment_record
@@ -57,6 +57,7 @@ def save(
     Returns the path written.
     """
     model, plan, graphs = _model_and_plan(model_or_result)
+    _refuse_hidden_modules(model)
     target = Path(os.fspath(path))
     if not target.parent.is_dir():
         raise InvalidInputError(
@@ -102,6 +103,18 @@ def save(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _refuse_hidden_modules(model: Any) -> None:
+    """Refuse a model whose modules hold modules in a plain dict or list: their weights are
+    in no ``state_dict``, so after loading they would silently be the fresh model's."""
+    hidden = hidden_modules(model)
+    if hidden:
+        raise InvalidInputError(
+            f"cannot save: attribute {hidden[0]!r} holds modules in a plain dict or list, so "
+            "their weights are in no state_dict and a loaded checkpoint would use the fresh "
+            "model's weights instead; hold them in nn.ModuleDict / nn.ModuleList"
+        )
 
 
 def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
