@@ -11,7 +11,8 @@ from pathlib import Path
 def fsync_dir(directory: Path) -> None:
     """Make a rename inside ``directory`` durable. Best effort: a filesystem that cannot
     fsync a directory (or a platform without directory descriptors) is not an error, since
-    the rename itself has already happened atomically."""
+    the rename itself has already happened atomically.
+    """
     if os.name != "posix":
         return
     with contextlib.suppress(OSError):
@@ -25,7 +26,8 @@ def fsync_dir(directory: Path) -> None:
 def read_regular(path: Path, limit: int) -> bytes:
     """The bytes of ``path``, which must be a regular file (never a symbolic link, FIFO or
     device: opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat``) of at most
-    ``limit`` bytes. Raises ``OSError`` otherwise (``FileNotFoundError`` when absent)."""
+    ``limit`` bytes. Raises ``OSError`` otherwise (``FileNotFoundError`` when absent).
+    """
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     fd = os.open(path, flags)
     try:

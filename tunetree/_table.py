@@ -9,7 +9,8 @@ from collections.abc import Sequence
 def escape_controls(text: object) -> str:
     """``str(text)`` with control and format characters (terminal escape sequences, new
     lines, bidi overrides) written as ``\\xNN`` / ``\\uNNNN``: text read from a file is
-    printed as data, never interpreted by the terminal."""
+    printed as data, never interpreted by the terminal.
+    """
     out = []
     for char in str(text):
         if unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp"):

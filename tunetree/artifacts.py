@@ -59,7 +59,8 @@ class BackendRecord:
     def of(cls, backend: Backend, *, for_checkpoint: bool = False) -> BackendRecord:
         """The record of ``backend``, its config as it reads back from JSON: with its class
         (the cache's shape), or ``for_checkpoint`` with its display name instead (the
-        checkpoint's shape, unchanged since format version 1)."""
+        checkpoint's shape, unchanged since format version 1).
+        """
         klass = type(backend)
         config = json.loads(json.dumps(backend.config(), sort_keys=True, allow_nan=True))
         if for_checkpoint:
@@ -94,7 +95,8 @@ class BackendRecord:
         know, :class:`~tunetree.errors.UntrustedConfigError` for a config that fails the
         class's :meth:`~tunetree.backends.base.Backend.check_saved_config` (skipped with
         ``trust_config``: only for files the user wrote), and ``TypeError``/``ValueError``
-        for a config its class refuses."""
+        for a config its class refuses.
+        """
         cls = backend_type(self.kind)
         if not trust_config:
             cls.check_saved_config(self.config)
@@ -140,7 +142,8 @@ def save_runner(runner: Runner, directory: Path, *, for_checkpoint: bool = False
     """``runner.save(directory)`` (an existing, empty directory), its description checked
     to be JSON, and every file it wrote hashed. Raises
     :class:`~tunetree.errors.BackendError` when the runner cannot be saved or writes
-    anything but regular files."""
+    anything but regular files.
+    """
     try:
         description = runner.save(directory)
         description = json.loads(json.dumps(description))
@@ -168,7 +171,8 @@ def load_runner(
 ) -> Runner:
     """Rebuild a saved runner from its files in ``directory`` for ``module``'s graph ``key``.
     ``backend`` (default: built from the record) is the object the runner will report.
-    Errors of the backend's loader propagate unchanged; callers name the context."""
+    Errors of the backend's loader propagate unchanged; callers name the context.
+    """
     if backend is None:
         backend = record.backend.backend()
     return backend.load(module, key, directory, dict(record.description), device)
@@ -176,7 +180,8 @@ def load_runner(
 
 def files_under(root: Path) -> list[str]:
     """Paths (``/``-separated, relative to ``root``, sorted) of every regular file below
-    ``root``; refuses links and other special files, which no store carries."""
+    ``root``; refuses links and other special files, which no store carries.
+    """
     names = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
@@ -218,7 +223,8 @@ def remove_tree(path: Path) -> None:
 def remove_with(owner: Any, directory: Path) -> None:
     """Delete ``directory`` when ``owner`` is garbage-collected (a runner may read its
     files lazily, so they must live as long as it does); at exit for an object that takes
-    no weak references."""
+    no weak references.
+    """
     try:
         weakref.finalize(owner, remove_tree, directory)
     except TypeError:

@@ -122,7 +122,8 @@ class AutoTuneResult:
     @property
     def speedup(self) -> float:
         """The selected depth's side-by-side speed-up over the untuned model (1.0 when
-        untuned)."""
+        untuned).
+        """
         row = self.selected_row
         return row.speedup if row is not None and row.speedup else 1.0
 
@@ -137,7 +138,8 @@ class AutoTuneResult:
 
     def shapes(self) -> str:
         """Per recorded shape, the latency of each ranged graph's winner and of eager at
-        the selected depth."""
+        the selected depth.
+        """
         graphs = self.graphs.get(self.depth, []) if self.depth is not None else []
         return "\n\n".join(t for g in graphs if (t := g.per_shape_table()))
 
@@ -305,7 +307,8 @@ def _finish(
     run: _Run, rows: list[DepthRow], before: Timing, tie_tolerance: float, start: float
 ) -> AutoTuneResult:
     """Pick the depth and wrap the model with its plan. ``untuned_after`` is the untuned
-    timing taken beside the last measured depth."""
+    timing taken beside the last measured depth.
+    """
     measured = [r for r in rows if r.untuned is not None and r.same_as is None]
     after = measured[-1].untuned if measured else None
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
@@ -340,7 +343,8 @@ def _check_arguments(min_depth: int, max_depth: int | None, tie_tolerance: float
 
 def _depth_rows(info: ModelInfo, min_depth: int, max_depth: int | None) -> list[DepthRow]:
     """One row per depth tried: ``max_depth`` (default :data:`MAX_DEFAULT_DEPTH`) capped at
-    the model's deepest depth."""
+    the model's deepest depth.
+    """
     last = min(info.max_depth, MAX_DEFAULT_DEPTH) if max_depth is None else max_depth
     last = min(last, info.max_depth)
     return [
@@ -434,7 +438,8 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
 
 def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
     """Check the depth's plans end to end against eager's outputs, then time them side by
-    side with the untuned model and keep the faster plan."""
+    side with the untuned model and keep the faster plan.
+    """
     plans = {"greedy": plan}
     single = single_runtime_plan(run.graphs[row.depth], row.depth)
     if single is not None and single.runners():
@@ -477,7 +482,8 @@ def _check_outputs(run: _Run, tuned: Any, plan: Plan) -> str:
 
 def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]:
     """Tuned models and the untuned one in one interleaved measurement; measured again once
-    when too noisy to separate them, then flagged (with a warning naming the load)."""
+    when too noisy to separate them, then flagged (with a warning naming the load).
+    """
     models = {UNTUNED: run.model, **tuned}
     timings = run.measure(models)
     if too_noisy(timings):
@@ -497,7 +503,8 @@ def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]
 
 def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:
     """Tolerances for the whole model's output: the caller's, else the loosest of the opt-in
-    backends in the plan (a user who opted into bf16 accepted its error), else the defaults."""
+    backends in the plan (a user who opted into bf16 accepted its error), else the defaults.
+    """
     if given is not None:
         return given
     loose = [t for e in plan.entries if (t := e.backend.tolerances()) is not None]
@@ -510,7 +517,8 @@ def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances |
 
 def _select(rows: list[DepthRow], tie_tolerance: float) -> int | None:
     """The shallowest depth within ``tie_tolerance`` of the best side-by-side speed-up,
-    if it beats the untuned model."""
+    if it beats the untuned model.
+    """
     measured = [r for r in rows if r.speedup is not None and r.same_as is None]
     if not measured:
         return None

@@ -57,7 +57,8 @@ class Binder:
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         """The canonical ``(args, kwargs)`` of one call; the call as given when it does not
-        bind (the forward will raise its own error)."""
+        bind (the forward will raise its own error).
+        """
         if self.signature is None or self._plain(args, kwargs):
             return args, kwargs
         try:

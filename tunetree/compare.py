@@ -42,7 +42,8 @@ DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
 @dataclass(frozen=True)
 class Tolerances:
     """Per-dtype tolerances. ``Tolerances.uniform(atol, rtol)`` sets one for every float dtype,
-    e.g. for an opt-in reduced-precision candidate whose error the user accepts."""
+    e.g. for an opt-in reduced-precision candidate whose error the user accepts.
+    """
 
     by_dtype: Mapping[torch.dtype, Tolerance] = field(
         default_factory=lambda: dict(DEFAULT_TOLERANCES)

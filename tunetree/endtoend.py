@@ -39,7 +39,8 @@ def side_by_side(
 
 def too_noisy(timings: Mapping[str, Timing]) -> bool:
     """Whether the timings' spread is larger than the gap between any two of them that a
-    decision rests on (the closest pair): then the measurement cannot separate them."""
+    decision rests on (the closest pair): then the measurement cannot separate them.
+    """
     values = sorted(timings.values(), key=lambda t: t.median_s)
     for a, b in itertools.pairwise(values):
         gap = b.median_s - a.median_s
@@ -60,7 +61,8 @@ def load_text() -> str:
 
 def single_runtime_plan(results: list[GraphResult], depth: int) -> Plan | None:
     """Every graph on the runtime that won most graphs (its best usable row), eager where
-    that runtime has no usable row; None when the greedy plan already uses one runtime."""
+    that runtime has no usable row; None when the greedy plan already uses one runtime.
+    """
     kinds = Counter(
         g.winner.backend.kind
         for g in results

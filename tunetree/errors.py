@@ -29,7 +29,8 @@ class IncompatibleCheckpointError(CheckpointError):
 
 class UntrustedConfigError(CheckpointError):
     """A backend configuration read from a file could name programs, paths or code, and the
-    user did not pass ``trust_config=True``."""
+    user did not pass ``trust_config=True``.
+    """
 
 
 class CacheError(TunetreeError):

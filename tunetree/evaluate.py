@@ -174,7 +174,8 @@ class GraphSession:
 
     def measure_shapes(self, rows: list[CandidateRow]) -> None:
         """For a ranged graph, time ``rows`` on each recorded shape apart (``per_shape``);
-        the mean over the mix stays in ``timing``."""
+        the mean over the mix stays in ``timing``.
+        """
         shapes: dict[str, list[Sample]] = {}
         for sample in self.graph.samples:
             sizes = sizes_of(sample, self.graph.key)

@@ -91,12 +91,14 @@ class TensorSpec:
 
     def example_shape(self) -> tuple[int, ...]:
         """A concrete shape inside this spec: each :class:`Dim` at its smallest size above 1
-        (sizes 0 and 1 are special-cased by tracers), within its range."""
+        (sizes 0 and 1 are special-cased by tracers), within its range.
+        """
         return tuple(s if isinstance(s, int) else min(max(s.min, 2), s.max) for s in self.shape)
 
     def accepts(self, shape: tuple[int, ...], bound: dict[str, int]) -> bool:
         """True when a concrete ``shape`` fits this spec; ``bound`` holds the sizes that
-        named dimensions took earlier in the same call and is extended here."""
+        named dimensions took earlier in the same call and is extended here.
+        """
         if len(shape) != len(self.shape):
             return False
         for want, got in zip(self.shape, shape, strict=True):
@@ -179,12 +181,14 @@ class GraphKey:
 
     def pattern(self) -> GraphKey:
         """This key with every tensor's sizes left out (dtype and rank kept): calls whose
-        keys share a pattern differ only in sizes."""
+        keys share a pattern differ only in sizes.
+        """
         return GraphKey(_strip_sizes(self.args), _strip_sizes(self.kwargs))
 
     def accepts(self, exact: GraphKey) -> bool:
         """True when a call with the exact key ``exact`` falls inside this key's ranges.
-        The two keys must share a :meth:`pattern` (the caller looks them up by it)."""
+        The two keys must share a :meth:`pattern` (the caller looks them up by it).
+        """
         ours, theirs = self.tensor_specs(), exact.tensor_specs()
         if len(ours) != len(theirs):
             return False
@@ -209,13 +213,15 @@ class GraphKey:
 
     def to_json(self) -> dict[str, Any]:
         """This signature as JSON data (tuples become lists, a :class:`TensorSpec` a
-        ``{"dtype", "shape"}`` object); :meth:`from_json` restores an equal key."""
+        ``{"dtype", "shape"}`` object); :meth:`from_json` restores an equal key.
+        """
         return {"args": _sig_to_json(self.args), "kwargs": _sig_to_json(self.kwargs)}
 
     @classmethod
     def from_json(cls, data: Any) -> GraphKey:
         """The key that :meth:`to_json` described. Raises ValueError for anything else, so
-        a damaged checkpoint or cache entry is refused instead of never matching a call."""
+        a damaged checkpoint or cache entry is refused instead of never matching a call.
+        """
         if not isinstance(data, dict) or set(data) != {"args", "kwargs"}:
             raise ValueError("a graph key is an object with exactly 'args' and 'kwargs'")
         args, kwargs = _sig_from_json(data["args"]), _sig_from_json(data["kwargs"])
@@ -301,7 +307,8 @@ def _strip_sizes(sig: Any) -> Any:
 
 def _is_opaque(sig: Any) -> bool:
     """True when a leaf signature is, or contains, an identity-keyed opaque object
-    (``("object", type name, id)``; constants are ``("const", type name, value)``)."""
+    (``("object", type name, id)``; constants are ``("const", type name, value)``).
+    """
     if isinstance(sig, TensorSpec) or not isinstance(sig, tuple):
         return False
     if len(sig) == 3 and sig[0] == "object" and isinstance(sig[2], int):
@@ -363,7 +370,8 @@ class Graph:
 
 def as_sample(item: Any) -> Sample:
     """Turn a dataset item into a call: a tensor is one positional argument, a tuple or list
-    are positional arguments, a dict holds keyword arguments (Hugging Face style)."""
+    are positional arguments, a dict holds keyword arguments (Hugging Face style).
+    """
     if isinstance(item, Sample):
         return item
     if isinstance(item, torch.Tensor):
@@ -394,7 +402,8 @@ def as_samples(dataset: Iterable[Any]) -> list[Sample]:
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
     """Apply ``fn`` to every tensor in a nested structure (tuples, lists, dicts, dataclasses,
-    Hugging Face ``ModelOutput``), keeping the structure and container types."""
+    Hugging Face ``ModelOutput``), keeping the structure and container types.
+    """
     _register_dataclasses(tree)
     return pytree.tree_map_only(torch.Tensor, fn, tree)
 
@@ -412,7 +421,8 @@ def detach_clone(tree: Any) -> Any:
 def _register_dataclasses(tree: Any) -> None:
     """Teach torch's pytree about plain dataclass outputs met in ``tree`` (Hugging Face
     ``ModelOutput`` and the builtin containers are known to it already), so that they are
-    flattened into their fields instead of being treated as opaque leaves."""
+    flattened into their fields instead of being treated as opaque leaves.
+    """
     if isinstance(tree, torch.Tensor) or tree is None:
         return
     if dataclasses.is_dataclass(tree) and not isinstance(tree, type):

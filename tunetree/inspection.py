@@ -88,7 +88,8 @@ class ModelInfo:
 
     def cut(self, depth: int) -> list[str]:
         """Paths a tune at ``depth`` wraps: every executed module at ``depth`` plus every
-        executed leaf shallower than it, so the cut covers the whole forward."""
+        executed leaf shallower than it, so the cut covers the whole forward.
+        """
         if depth < 0:
             raise InvalidInputError(f"depth must be >= 0, got {depth}")
         return [
@@ -257,7 +258,8 @@ class _Recorder:
 
     def group(self, dynamic: bool, declared: dict[AxisRef, Dim] | None) -> None:
         """Group every module's recorded calls into graphs (ranges from the root first,
-        whose dimension names the other modules borrow)."""
+        whose dimension names the other modules borrow).
+        """
         known: list[tuple[frozenset[int], str]] = []
         roots = [r.path for r in self.records.values() if r.parent is None]
         for path in roots + [p for p in self.records if p not in roots]:
@@ -373,7 +375,8 @@ def _run_probes(
     model: nn.Module, recorder: _Recorder, declared: dict[AxisRef, Dim], call: CallFn | None
 ) -> None:
     """Run the root at the declared ranges' ends and an odd size in between, so every
-    module records the sizes it sees there; these calls are kept apart as probes."""
+    module records the sizes it sees there; these calls are kept apart as probes.
+    """
     root_calls = recorder.calls[""]
     patterns: dict[GraphKey, list[Sample]] = {}
     for sample, _ in root_calls:

@@ -23,7 +23,8 @@ CallFn = Callable[..., Any]
 
 def resolve_device(model: Any, device: torch.device | str | None) -> torch.device:
     """The device tuning runs on: the one given, else the device of the model's first
-    parameter or buffer, else the CPU."""
+    parameter or buffer, else the CPU.
+    """
     if device is not None:
         return torch.device(device)
     for module in root_modules(model).values():
@@ -46,7 +47,8 @@ def _held(value: Any) -> dict[str, nn.Module]:
 def root_modules(model: Any) -> dict[str, nn.Module]:
     """The modules a model is made of, by path prefix: ``{"": model}`` for a module, or
     ``{attribute: module}`` for a plain object holding modules (a pipeline). A pipeline's
-    modules held in a plain dict or list attribute are roots too, as ``attribute.key``."""
+    modules held in a plain dict or list attribute are roots too, as ``attribute.key``.
+    """
     if isinstance(model, nn.Module):
         return {"": model}
     found: dict[str, nn.Module] = {}
@@ -68,7 +70,8 @@ def root_modules(model: Any) -> dict[str, nn.Module]:
 def set_root(pipeline: Any, prefix: str, module: nn.Module) -> None:
     """Put ``module`` at root ``prefix`` of a pipeline object (see :func:`root_modules`);
     a dict or list attribute is replaced by a copy, so another object sharing it is not
-    changed."""
+    changed.
+    """
     name, _, key = prefix.partition(".")
     if not key:
         setattr(pipeline, name, module)
@@ -84,7 +87,8 @@ def set_root(pipeline: Any, prefix: str, module: nn.Module) -> None:
 
 def hidden_modules(model: Any) -> list[str]:
     """Attributes of the model's modules that hold modules in a plain dict, list or tuple:
-    their weights are not in any ``state_dict``, so a checkpoint cannot restore them."""
+    their weights are not in any ``state_dict``, so a checkpoint cannot restore them.
+    """
     found = []
     for path, module in module_paths(model):
         for name, value in vars(module).items():

@@ -30,7 +30,8 @@ class Plan:
 
     def runners(self) -> dict[str, dict[GraphKey, Runner]]:
         """Runners to install, by path. Paths whose every graph chose eager are left out:
-        they keep their original forward with no dispatch cost."""
+        they keep their original forward with no dispatch cost.
+        """
         by_path: dict[str, dict[GraphKey, Runner]] = {}
         for entry in self.entries:
             by_path.setdefault(entry.path, {})[entry.key] = entry.runner

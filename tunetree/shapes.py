@@ -34,7 +34,8 @@ and per tensor a dict ``{axis: Dim | name}`` or a tuple with ``None`` for fixed 
 
 def tensor_locations(sample: Sample) -> list[tuple[Any, ...]]:
     """Where each tensor of a call sits, in the order of :meth:`GraphKey.tensor_specs`:
-    ``("args", 0)``, ``("kwargs", "input_ids")``, deeper paths for nested inputs."""
+    ``("args", 0)``, ``("kwargs", "input_ids")``, deeper paths for nested inputs.
+    """
     found: list[tuple[Any, ...]] = []
     for i, arg in enumerate(sample.args):
         _walk(arg, ("args", i), found)
@@ -206,7 +207,8 @@ def group_graphs(
 
 def dim_sizes(graph: Graph) -> list[tuple[frozenset[int], str]]:
     """For each named dimension of ``graph``'s key, the sizes it took over the graph's
-    samples and probes: what :func:`group_graphs` takes as ``known`` to lend the name."""
+    samples and probes: what :func:`group_graphs` takes as ``known`` to lend the name.
+    """
     seen: dict[str, set[int]] = {}
     for sample in [*graph.samples, *graph.probes]:
         for name, size in sizes_of(sample, graph.key).items():
@@ -301,7 +303,8 @@ def _declare(
 def resize(sample: Sample, key: GraphKey, sizes: Mapping[str, int]) -> Sample:
     """A copy of ``sample`` (a call inside ``key``'s ranges) with every axis of dimension
     ``name`` resized to ``sizes[name]``: sliced when smaller, tiled when larger, so values
-    stay ones the model really saw (token ids in the vocabulary, masks with real rows)."""
+    stay ones the model really saw (token ids in the vocabulary, masks with real rows).
+    """
     specs = key.tensor_specs()
 
     def one(leaf: int, tensor: torch.Tensor) -> torch.Tensor:
@@ -323,7 +326,8 @@ def _resize_axis(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
 
 def probe_sizes(key: GraphKey) -> list[dict[str, int]]:
     """Sizes to check a ranged graph at: every dimension at its minimum, at its maximum,
-    and at an odd size in between (a prime where one exists), without repeats."""
+    and at an odd size in between (a prime where one exists), without repeats.
+    """
     dims = key.dims()
     if not dims:
         return []
@@ -387,7 +391,8 @@ def _tensors(sample: Sample) -> list[torch.Tensor]:
 
 def batch_axis_leaves(sample: Sample) -> list[int]:
     """Tensor leaves (``tensor_specs`` order) whose axis 0 is the batch: those whose leading
-    size equals the first tensor's."""
+    size equals the first tensor's.
+    """
     tensors = _tensors(sample)
     leading = next((t.shape[0] for t in tensors if t.dim() > 0), None)
     return [i for i, t in enumerate(tensors) if t.dim() > 0 and t.shape[0] == leading]
@@ -424,7 +429,8 @@ def _with_batch(sample: Sample, leaves: set[int], size: int) -> Sample:
 def value_probes(sample: Sample, seed: int = 0) -> list[Sample]:
     """Calls with the same shapes and other values: floating inputs negated, and drawn
     afresh with each tensor's mean and spread. A backend that baked one branch of a
-    value-dependent ``if`` into its graph answers one of them differently from eager."""
+    value-dependent ``if`` into its graph answers one of them differently from eager.
+    """
     generator = torch.Generator().manual_seed(seed)
 
     def negate(_: int, t: torch.Tensor) -> torch.Tensor:

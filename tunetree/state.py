@@ -35,7 +35,8 @@ def training_modules(model: Any) -> list[str]:
 
 def check_eval_mode(model: Any) -> None:
     """Refuse a model with modules in training mode: the dispatcher serves tuned runners
-    in eval mode only, so tuning it would build runners that never run."""
+    in eval mode only, so tuning it would build runners that never run.
+    """
     found = training_modules(model)
     if found:
         shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
@@ -67,7 +68,8 @@ def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
 @contextmanager
 def preserved_state(model: Any) -> Iterator[None]:
     """Run the block, then put back every buffer's value and the global RNG state as they
-    were before it (parameters are never written: every recorded call runs under no_grad)."""
+    were before it (parameters are never written: every recorded call runs under no_grad).
+    """
     saved = []
     seen: set[int] = set()
     for _, module in module_paths(model):

@@ -79,7 +79,8 @@ class Strategy:
 
 class FirstWinsStrategy(Strategy):
     """The first candidate, in the given order, that builds and matches eager wins.
-    Later candidates are not built (cheapest tuning)."""
+    Later candidates are not built (cheapest tuning).
+    """
 
     def run(self, session: GraphSession) -> StrategyOutcome:
         rows: list[CandidateRow] = []
@@ -176,7 +177,8 @@ class HighestThroughputStrategy(Strategy):
 
 class LatencyBudgetStrategy(Strategy):
     """The first candidate, in the given order, whose median latency is within
-    ``budget_ms``; when none is, the fastest one."""
+    ``budget_ms``; when none is, the fastest one.
+    """
 
     def __init__(self, budget_ms: float, backends: Sequence[Backend]) -> None:
         if budget_ms <= 0:
@@ -199,7 +201,8 @@ class LatencyBudgetStrategy(Strategy):
 def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:
     """Highest throughput over every registered backend that runs on ``device`` and keeps
     the model's results. Backends that cannot run here are left out with one log line
-    naming what to install."""
+    naming what to install.
+    """
     dev = torch.device(device)
     chosen = []
     for backend in default_backends(dev):
@@ -217,7 +220,8 @@ def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStr
 
 def _scaled_graph(module: torch.nn.Module, graph: Graph, factor: int) -> Graph:
     """The graph with every sample's tensors repeated ``factor`` times along axis 0, and
-    eager's outputs for them."""
+    eager's outputs for them.
+    """
 
     def scale(sample: Sample) -> Sample:
         leaves, spec = flatten((sample.args, sample.kwargs))

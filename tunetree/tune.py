@@ -119,7 +119,8 @@ def tune_cut(
     """Run the strategy on every graph of every module in the cut at ``depth``.
     The model must be unwrapped; nothing is wrapped here. Once ``deadline`` has passed,
     graphs not started are skipped (their modules keep their forward) and started graphs
-    build no further candidate but eager."""
+    build no further candidate but eager.
+    """
     base = strategy or default_strategy(info.device)
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
     results = []
@@ -172,7 +173,8 @@ def _tune_graph(session: GraphSession, base: Strategy, cache: GraphCache | None)
 
 def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
     """Per-shape latencies of the winner and eager on a ranged graph (the mean over the
-    recorded mix decided the winner; these show how each size fares)."""
+    recorded mix decided the winner; these show how each size fares).
+    """
     if result.winner is None or not session.graph.key.is_dynamic:
         return
     eager = next((r for r in result.rows if r.backend.kind == "eager" and r.usable), None)

@@ -105,7 +105,8 @@ class Dispatcher:
 
     def route(self, key: GraphKey) -> Runner | None:
         """The runner serving the exact signature ``key`` (None: the original forward),
-        remembered for the next call with it."""
+        remembered for the next call with it.
+        """
         runner = self._exact.get(key)
         if runner is None:
             runner = next(
@@ -162,7 +163,8 @@ class Dispatcher:
 
 def _fast_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
     """For a call of positional tensors only (the common case), dtypes and shapes: cheaper
-    to build than a :class:`GraphKey` and enough to remember the routing decision."""
+    to build than a :class:`GraphKey` and enough to remember the routing decision.
+    """
     key = []
     for arg in args:
         if type(arg) is not torch.Tensor:
@@ -225,7 +227,8 @@ def _shallow(module: nn.Module) -> nn.Module:
 def copy_along(model: Any, paths: list[str]) -> Any:
     """A shallow copy of ``model`` in which every module on the way to each of ``paths``
     (included) is its own shallow copy, so wrapping those paths leaves ``model`` untouched.
-    A module reached by two paths (a shared submodule) is copied once."""
+    A module reached by two paths (a shared submodule) is copied once.
+    """
     copies: dict[int, nn.Module] = {}
 
     def twin_of(module: nn.Module) -> nn.Module:

@@ -99,7 +99,8 @@ def verify_command(args: argparse.Namespace) -> int:
 
 def gc_command(args: argparse.Namespace) -> int:
     """Remove orphans of dead writers, invalid entries, unreferenced artifacts, and the
-    least recently used entries beyond ``--max-size``."""
+    least recently used entries beyond ``--max-size``.
+    """
     cache = _open(args)
     report = cache.gc(args.max_size)
     if args.json:

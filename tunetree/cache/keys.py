@@ -59,7 +59,8 @@ def canonical_json(value: Any) -> str:
 
 def stable(value: Any, depth: int = 0) -> Any:
     """A JSON-able description of ``value`` that is the same in every process: no memory
-    addresses, no set ordering. Unknown objects are described by their type only."""
+    addresses, no set ordering. Unknown objects are described by their type only.
+    """
     if value is None or isinstance(value, bool | int | str):
         return value
     if isinstance(value, float):
@@ -108,7 +109,8 @@ def _stable_object(value: Any, depth: int) -> Any:
 
 def _code_record(code: types.CodeType, doc: str | None = None) -> list[Any]:
     """Bytecode, names and constants of a code object, nested code included; line numbers,
-    file names and the docstring are left out (editing them changes nothing that runs)."""
+    file names and the docstring are left out (editing them changes nothing that runs).
+    """
     consts: list[Any] = []
     for i, const in enumerate(code.co_consts):
         if isinstance(const, types.CodeType):
@@ -141,7 +143,8 @@ def _names_used(code: types.CodeType) -> set[str]:
 
 def function_record(fn: types.FunctionType, seen: set[int] | None = None) -> list[Any]:
     """Code identity of a Python function, including the helper functions of its own module
-    that it refers to by global name (so editing such a helper changes the key too)."""
+    that it refers to by global name (so editing such a helper changes the key too).
+    """
     seen = set() if seen is None else seen
     seen.add(id(fn))
     record: list[Any] = [
@@ -182,7 +185,8 @@ _class_digests: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary
 
 def class_code_digest(cls: type) -> str:
     """Digest of the code a module class runs. Classes from torch itself are identified by
-    name only: their code is covered by the torch version in the hard environment."""
+    name only: their code is covered by the torch version in the hard environment.
+    """
     cached = _class_digests.get(cls)
     if cached is not None:
         return cached
@@ -223,7 +227,8 @@ def _member_record(value: Any) -> Any:
 
 def module_structure(module: nn.Module) -> dict[str, Any]:
     """What determines a module's tuning result besides its weight values, with each child
-    described by its own structure digest (so an entry can record its children's keys)."""
+    described by its own structure digest (so an entry can record its children's keys).
+    """
     cls = type(module)
     attrs = {
         name: stable(value)
@@ -287,7 +292,8 @@ def _is_soft(entry: str) -> bool:
 @functools.lru_cache(maxsize=32)
 def _record(kinds: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
     """The flattened environment record (:mod:`tunetree.checkpoint.environment`), once
-    per process."""
+    per process.
+    """
     flat = flatten_record(environment_record(kinds))
     return tuple(sorted((k, json.loads(canonical_json(v))) for k, v in flat.items()))
 
@@ -313,7 +319,8 @@ def environment(device: torch.device, backend_kinds: list[str]) -> Environment:
     """The environment an entry for ``device`` depends on: the environment record of
     :func:`tunetree.checkpoint.environment.environment_record` for these backend kinds (library
     versions, OS, CPU model and flags, accelerators), split into hard and soft entries,
-    plus torch's thread count (soft)."""
+    plus torch's thread count (soft).
+    """
     hard: dict[str, Any] = dict(_device_fields(str(device)))
     soft: dict[str, Any] = {"threads": torch.get_num_threads()}
     for entry, value in _record(tuple(sorted(set(backend_kinds)))):

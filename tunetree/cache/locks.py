@@ -32,7 +32,8 @@ class WriterLocks:
     def acquire(self, key: str, session: GraphSession, wait: bool = True) -> bool:
         """Take ``key``'s lock, waiting up to ``timeout_s`` while another process holds it
         (it is tuning this graph). False when not taken (timed out, busy with
-        ``wait=False``, or locks unsupported here): the caller goes on without it."""
+        ``wait=False``, or locks unsupported here): the caller goes on without it.
+        """
         lock = filelock.FileLock(str(self.directory / f"{key}.lock"))
         try:
             try:
@@ -69,7 +70,8 @@ class WriterLocks:
 @contextlib.contextmanager
 def device_lock(directory: Path, device: torch.device | str, timeout_s: float) -> Iterator[None]:
     """Held around measurements on ``device``. After ``timeout_s``, or where the lock
-    cannot be created, the caller measures without it."""
+    cannot be created, the caller measures without it.
+    """
     dev = torch.device(device)
     name = dev.type if dev.index is None else f"{dev.type}-{dev.index}"
     lock = filelock.FileLock(str(directory / f"device-{name}.lock"))

@@ -122,7 +122,8 @@ def temporaries(store: CacheStore) -> Iterator[tuple[Path, bool]]:
 def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
     """Remove orphaned temporaries of dead writers, trash, invalid entries, then
     least-recently-used entries until the cache fits ``max_size`` bytes, then every
-    artifact no entry or live writer references."""
+    artifact no entry or live writer references.
+    """
     report = GcReport(size_before=store.size())
     start = time.time()
     protected = _clear_temporaries(store, report)
@@ -148,7 +149,8 @@ def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
 
 def _clear_temporaries(store: CacheStore, report: GcReport) -> set[str]:
     """Remove dead writers' temporaries and the trash; returns the artifacts that live
-    writers' journals still claim."""
+    writers' journals still claim.
+    """
     protected: set[str] = set()
     for path, dead in temporaries(store):
         if dead:
@@ -182,7 +184,8 @@ def _drop_invalid(store: CacheStore, report: GcReport) -> dict[str, EntryInfo]:
 
 def _evict(store: CacheStore, infos: dict[str, EntryInfo], max_size: int) -> int:
     """Remove least-recently-used entries (from ``infos`` too) until the entries and the
-    artifacts they reference fit ``max_size`` bytes; returns how many were removed."""
+    artifacts they reference fit ``max_size`` bytes; returns how many were removed.
+    """
     sizes = {sha: store.artifact_size(sha) for i in infos.values() for sha in i.artifacts}
     total = sum(store.entry_dir_size(k) for k in infos) + sum(sizes.values())
     evicted = 0
@@ -218,7 +221,8 @@ def _sweep_artifacts(store: CacheStore, referenced: set[str], start: float) -> i
 
 def _artifact_files(store: CacheStore) -> list[Path]:
     """Files under the artifact shards, never through a symbolic link: a linked shard (or
-    anything not a directory) is skipped, so gc deletes nothing outside the cache."""
+    anything not a directory) is skipped, so gc deletes nothing outside the cache.
+    """
     files: list[Path] = []
     with contextlib.suppress(OSError):
         for shard in os.scandir(store.artifacts):

@@ -24,7 +24,8 @@ log = logging.getLogger(__name__)
 
 class Unusable(Exception):
     """The entry cannot serve this lookup; the graph is tuned again. ``mark``: whether the
-    entry itself is at fault (then it is marked invalid)."""
+    entry itself is at fault (then it is marked invalid).
+    """
 
     def __init__(self, reason: str, mark: bool = True) -> None:
         super().__init__(reason)
@@ -54,7 +55,8 @@ def load_candidate(
     """The candidate's runner rebuilt from its artifacts and checked against eager, or
     None when it cannot be loaded (the row becomes a failure). Raises for corrupted
     artifacts (the whole entry is invalid) and :class:`Unusable` for outputs that differ
-    from eager."""
+    from eager.
+    """
     artifact = record.artifact
     if artifact is None or not artifact.saved:
         row.status, row.reason = Status.FAILED, "cache: its runner was not saved"
@@ -89,7 +91,8 @@ def _validate(session: GraphSession, backend: Backend, runner: Runner) -> Compar
 
 def select(strategy: Strategy, measured: list[CandidateRow]) -> CandidateRow:
     """The strategy's pick; the first in order for strategies without a selection rule
-    (first-wins: the first usable candidate)."""
+    (first-wins: the first usable candidate).
+    """
     try:
         return strategy.select(measured)
     except NotImplementedError:
@@ -98,7 +101,8 @@ def select(strategy: Strategy, measured: list[CandidateRow]) -> CandidateRow:
 
 def ranking(strategy: Strategy, rows: list[CandidateRow], winner: int) -> list[int]:
     """The recorded winner first, then the other measured candidates in the order the
-    strategy would have picked them."""
+    strategy would have picked them.
+    """
     order = [winner]
     rest = [r for i, r in enumerate(rows) if i != winner and r.status is Status.OK and r.timing]
     while rest:

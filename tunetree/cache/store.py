@@ -89,7 +89,8 @@ class CacheStore:
 
     def new_temporary(self, what: str) -> Path:
         """A fresh directory under ``tmp/`` named after this host and process (so gc can
-        tell a dead writer's leftovers from a live one's)."""
+        tell a dead writer's leftovers from a live one's).
+        """
         path = self.tmp / f"{what}.{HOST}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
         path.mkdir()
         return path
@@ -99,7 +100,8 @@ class CacheStore:
 
     def artifact_stat(self, sha: str) -> os.stat_result:
         """``lstat`` of an artifact, which must be a regular file in a real shard directory
-        (no symbolic link anywhere below the root); OSError otherwise."""
+        (no symbolic link anywhere below the root); OSError otherwise.
+        """
         path = self.artifact_path(sha)
         if not is_real_dir(path.parent):
             raise OSError(f"artifact shard {path.parent.name} is not a directory")
@@ -111,7 +113,8 @@ class CacheStore:
     def put_artifact(self, source: Path, journal: Path) -> tuple[str, int]:
         """Move ``source`` (a file inside a staging directory) into content-addressed storage;
         returns its sha256 and size. The sha is journaled before the artifact appears, and
-        the artifact's mtime is refreshed, so a concurrent gc never removes it."""
+        the artifact's mtime is refreshed, so a concurrent gc never removes it.
+        """
         sha, size = file_sha256(source)
         with open(journal, "a", encoding="utf-8") as f:
             f.write(sha + "\n")
@@ -129,7 +132,8 @@ class CacheStore:
 
     def keep_artifacts(self, files: list[FileRecord], journal: Path) -> None:
         """Journal artifacts a new entry reuses from an older one and refresh their mtime,
-        so a gc running while the older entry is replaced keeps them."""
+        so a gc running while the older entry is replaced keeps them.
+        """
         with open(journal, "a", encoding="utf-8") as f:
             f.write("".join(ref.sha256 + "\n" for ref in files))
         for ref in files:
@@ -138,7 +142,8 @@ class CacheStore:
 
     def write_manifest(self, directory: Path, manifest: EntryManifest) -> None:
         """Write ``manifest.json``: the sha256 of the JSON body on the first line, then the
-        body. Written to a side file and renamed, so a manifest is complete or absent."""
+        body. Written to a side file and renamed, so a manifest is complete or absent.
+        """
         data = json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
         text = hashlib.sha256(data).hexdigest().encode() + b"\n" + data
         part = directory / (MANIFEST + ".part")
@@ -154,7 +159,8 @@ class CacheStore:
     ) -> bool:
         """Rename a complete staging directory to ``entries/<key>``. When an entry is already
         there and ``keep_existing(its body)`` holds (it is valid for us), ours is discarded
-        and False returned; an unusable one is moved to trash and replaced."""
+        and False returned; an unusable one is moved to trash and replaced.
+        """
         final = self.entries / key
         for _ in range(5):
             try:
@@ -188,7 +194,8 @@ class CacheStore:
     def read_manifest(self, key: str) -> EntryManifest:
         """The checked, validated manifest of ``key``. Raises :class:`EntryMissing` when
         there is no entry and :class:`EntryFault` when its manifest is truncated, corrupted
-        or malformed (:class:`MalformedEntryError`, naming the field)."""
+        or malformed (:class:`MalformedEntryError`, naming the field).
+        """
         path = self.entries / key / MANIFEST
         try:
             if (self.entries / key).is_symlink():
@@ -229,7 +236,8 @@ class CacheStore:
 
     def materialize(self, files: list[FileRecord]) -> Path:
         """A fresh directory holding ``files`` under their saved relative paths (hard links
-        to the read-only artifacts, copies where links fail), each checked by sha256."""
+        to the read-only artifacts, copies where links fail), each checked by sha256.
+        """
         target = self.new_temporary("load")
         try:
             self.check_files(files, deep=False)

@@ -94,7 +94,8 @@ class TuningCache:
         """A validated earlier result for this graph, or None. On a miss this process
         becomes the graph's writer: it takes the per-key lock (waiting while another process
         tunes the same graph, then looking again) and the session's measurements take the
-        device lock. Never raises for cache problems."""
+        device lock. Never raises for cache problems.
+        """
         self._writers.release_all()
         self._identities.clear()
         try:
@@ -117,7 +118,8 @@ class TuningCache:
 
     def store(self, session: GraphSession, strategy: Strategy, result: GraphResult) -> None:
         """Record a freshly tuned graph: every candidate's row, and the artifacts of every
-        usable candidate. Logs instead of raising on I/O problems."""
+        usable candidate. Logs instead of raising on I/O problems.
+        """
         ident = self._identities.pop(id(session), None)
         try:
             if ident is None:
@@ -152,14 +154,16 @@ class TuningCache:
 
     def gc(self, max_size: int | None = None) -> GcReport:
         """Remove invalid entries, orphans of dead writers and unreferenced artifacts, then
-        least-recently-used entries until the cache holds at most ``max_size`` bytes."""
+        least-recently-used entries until the cache holds at most ``max_size`` bytes.
+        """
         lock = filelock.FileLock(str(self.disk.locks / "gc.lock"))
         with lock.acquire(timeout=self.lock_timeout_s):
             return maintenance.gc(self.disk, max_size)
 
     def device_lock(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
         """Held around measurements so concurrent tuners on one device do not disturb each
-        other's timings (see :func:`tunetree.cache.locks.device_lock`)."""
+        other's timings (see :func:`tunetree.cache.locks.device_lock`).
+        """
         return device_lock(self.disk.locks, device, self.lock_timeout_s)
 
     def close(self) -> None:
@@ -172,7 +176,8 @@ class TuningCache:
         self, session: GraphSession, strategy: Strategy, ident: keys.EntryIdentity
     ) -> tuple[GraphResult | None, bool]:
         """The validated result, or None; and whether the entry was missing (a plain miss,
-        as opposed to an entry that exists but cannot serve)."""
+        as opposed to an entry that exists but cannot serve).
+        """
         key = ident.key
         manifest: EntryManifest | None = None
         try:
@@ -221,7 +226,8 @@ class TuningCache:
         self, session: GraphSession, strategy: Strategy, manifest: EntryManifest
     ) -> GraphResult:
         """Load and validate only the recorded winner (the next recorded candidate when the
-        winner can no longer be loaded)."""
+        winner can no longer be loaded).
+        """
         rows = recorded_rows(strategy, manifest)
         winner = None
         if manifest.winner is not None:
@@ -244,7 +250,8 @@ class TuningCache:
         manifest: EntryManifest,
     ) -> GraphResult:
         """Soft fields changed: load every recorded usable candidate (no rebuild), measure
-        them again, let the strategy choose, and replace the entry with the new numbers."""
+        them again, let the strategy choose, and replace the entry with the new numbers.
+        """
         session.progress(
             session.path or "<model>", session.graph, "cache: environment changed, re-measuring"
         )

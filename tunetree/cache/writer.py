@@ -46,7 +46,8 @@ def write_entry(
     replace: bool = False,
 ) -> None:
     """Stage artifacts and the manifest (last), then rename the entry into place.
-    ``reused``: artifacts of an older entry kept for these candidate indices."""
+    ``reused``: artifacts of an older entry kept for these candidate indices.
+    """
     rows_backends = [BackendRecord.of(r.backend).to_json() for r in result.rows]
     if rows_backends != ident.strategy["backends"]:
         log.info("tuning cache: not storing %s: not one row per candidate", ident.key[:12])

@@ -40,7 +40,8 @@ def backend_kinds(backends_used: Iterable[Any]) -> list[str]:
 
 def backend_libraries(kind: str) -> tuple[str, ...]:
     """Distribution names whose versions matter for ``kind``: what its backend class declares
-    in ``libraries``; a kind no longer known is looked up as a distribution of its own name."""
+    in ``libraries``; a kind no longer known is looked up as a distribution of its own name.
+    """
     try:
         return libraries_of(kind)
     except BackendUnavailableError:
@@ -211,7 +212,8 @@ def compare_records(
     tuned: Mapping[str, Any], running: Mapping[str, Any], ignore: Iterable[str] = ()
 ) -> list[Difference]:
     """Every entry that differs between two records, in a stable order. An entry of
-    ``ignore`` waives itself and every entry below it (``"cpu"`` waives ``cpu.flags``)."""
+    ``ignore`` waives itself and every entry below it (``"cpu"`` waives ``cpu.flags``).
+    """
     ignore = tuple(ignore)
     a, b = flatten_record(tuned), flatten_record(running)
     return [
@@ -224,7 +226,8 @@ def compare_records(
 def unrecorded_libraries(record: Mapping[str, Any], kinds: Iterable[str]) -> list[str]:
     """``kind: library`` for every library a known backend of ``kinds`` needs that
     ``record`` does not list (a record edited to drop one would skip the version
-    comparison)."""
+    comparison).
+    """
     versions = record.get("versions", {})
     recorded = set(record.get("backends", ()))
     missing = []

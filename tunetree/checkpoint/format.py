@@ -242,7 +242,8 @@ class Manifest:
     def from_json(cls, data: Any) -> Manifest:
         """Validate a parsed ``manifest.json``; raises :class:`ManifestError` naming the
         first malformed field (or :class:`CheckpointError` for unsafe member names and
-        weights stored other than as safetensors)."""
+        weights stored other than as safetensors).
+        """
         fields = Fields(data, "", ManifestError)
         members = {}
         table = fields.get("members", dict)

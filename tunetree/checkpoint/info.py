@@ -63,7 +63,8 @@ def read_info(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> Ch
     """Version, environment record, comparison with this environment, and the manifest of a
     checkpoint. Reads the header and the manifest only (no weights, no artifacts); raises
     like :func:`load` for another format version or a damaged file, but not for another
-    environment (see :attr:`CheckpointInfo.differences`)."""
+    environment (see :attr:`CheckpointInfo.differences`).
+    """
     path = Path(os.fspath(path))
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     header = read_header(path)

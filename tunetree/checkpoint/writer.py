@@ -107,7 +107,8 @@ def save(
 
 def _refuse_hidden_modules(model: Any) -> None:
     """Refuse a model whose modules hold modules in a plain dict or list: their weights are
-    in no ``state_dict``, so after loading they would silently be the fresh model's."""
+    in no ``state_dict``, so after loading they would silently be the fresh model's.
+    """
     hidden = hidden_modules(model)
     if hidden:
         raise InvalidInputError(
@@ -119,7 +120,8 @@ def _refuse_hidden_modules(model: Any) -> None:
 
 def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
     """The model to save, its plan and (for results) the graph results with each winner's
-    measurements. A bare model's plan is read from its dispatchers."""
+    measurements. A bare model's plan is read from its dispatchers.
+    """
     plan = getattr(obj, "plan", None)
     if isinstance(plan, Plan) and hasattr(obj, "model"):
         graphs = getattr(obj, "graphs", None) or []
@@ -199,7 +201,8 @@ def _check_config_round_trip(backend: Backend) -> None:
 
 def _write_weights(model: Any, path: Path) -> int:
     """The model's state dict as safetensors (no pickle). Tensors that share memory (tied
-    weights) or are not contiguous are copied first, as safetensors requires."""
+    weights) or are not contiguous are copied first, as safetensors requires.
+    """
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {}
@@ -259,7 +262,8 @@ def _write_tt(staging: Path, record_bytes: bytes, target: Path) -> None:
 def _install(tmp: Path, target: Path) -> None:
     """Move a fully written (and fsynced) file or directory onto ``target`` and make the
     rename durable. A file replaces a file in one atomic rename; anything involving a
-    directory moves the old target aside first and deletes it after the new one is in."""
+    directory moves the old target aside first and deletes it after the new one is in.
+    """
     if target.exists() and (tmp.is_dir() or target.is_dir()):
         aside = _sibling(target, "old")
         os.rename(target, aside)
