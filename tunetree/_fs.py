@@ -9,9 +9,10 @@ from pathlib import Path
 
 
 def fsync_dir(directory: Path) -> None:
-    """Make a rename inside ``directory`` durable. Best effort: a filesystem that cannot
-    fsync a directory (or a platform without directory descriptors) is not an error, since
-    the rename itself has already happened atomically.
+    """Make a rename inside ``directory`` durable, on a best-effort basis.
+
+    A filesystem that cannot fsync a directory (or a platform without directory descriptors) is not
+    an error, since the rename itself has already happened atomically.
     """
     if os.name != "posix":
         return
@@ -24,9 +25,11 @@ def fsync_dir(directory: Path) -> None:
 
 
 def read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of ``path``, which must be a regular file (never a symbolic link, FIFO or
-    device: opened with ``O_NOFOLLOW | O_NONBLOCK`` and checked with ``fstat``) of at most
-    ``limit`` bytes. Raises ``OSError`` otherwise (``FileNotFoundError`` when absent).
+    """Read the bytes of ``path``, a regular file of at most ``limit`` bytes.
+
+    The file must never be a symbolic link, FIFO or device: it is opened with ``O_NOFOLLOW |
+    O_NONBLOCK`` and checked with ``fstat``. Raises ``OSError`` otherwise (``FileNotFoundError``
+    when absent).
     """
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     fd = os.open(path, flags)

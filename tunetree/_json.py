@@ -32,9 +32,10 @@ def nesting_depth(text: str) -> int:
 
 
 def loads_bounded(data: bytes | str, limit: int, max_depth: int = MAX_DEPTH) -> Any:
-    """Parse JSON of at most ``limit`` bytes and ``max_depth`` nesting levels. Raises
-    ``ValueError`` (``UnicodeDecodeError`` and ``json.JSONDecodeError`` are ValueErrors)
-    for anything else: too large, too deep, not UTF-8, not JSON.
+    """Parse JSON of at most ``limit`` bytes and ``max_depth`` nesting levels.
+
+    Raises ``ValueError`` (``UnicodeDecodeError`` and ``json.JSONDecodeError`` are ValueErrors) for
+    anything else: too large, too deep, not UTF-8, not JSON.
     """
     if len(data) > limit:
         raise ValueError(f"{len(data)} bytes, over the limit of {limit}")

@@ -36,6 +36,7 @@ class Fields:
 
     def get(self, field: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
         """The value of ``field``, which must be a ``kind`` (bool is never an int here).
+
         Absent: ``default`` when given, else an error.
         """
         value = self.data.get(field, _MISSING)

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 
 
 def escape_controls(text: object) -> str:
-    """``str(text)`` with control and format characters (terminal escape sequences, new
-    lines, bidi overrides) written as ``\\xNN`` / ``\\uNNNN``: text read from a file is
-    printed as data, never interpreted by the terminal.
+    r"""``str(text)`` with control and format characters written as ``\xNN`` / ``\uNNNN``.
+
+    Control and format characters are terminal escape sequences, new lines, bidi overrides:
+    text read from a file is printed as data, never interpreted by the terminal.
     """
     out = []
     for char in str(text):

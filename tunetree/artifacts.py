@@ -43,8 +43,10 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class BackendRecord:
-    """A backend as JSON: its ``kind`` and ``config`` (what rebuilds it), plus its class
-    path (the cache keys on it) and display name (checkpoints show it) where known.
+    """A backend as JSON: its ``kind`` and ``config`` (what rebuilds it), plus class path and name.
+
+    The class path (the cache keys on it) and display name (checkpoints show it) are kept where
+    known.
 
     Reads both shapes the first release wrote: ``{kind, name, config}`` in checkpoints and
     ``{kind, class, config}`` in the cache.
@@ -57,9 +59,10 @@ class BackendRecord:
 
     @classmethod
     def of(cls, backend: Backend, *, for_checkpoint: bool = False) -> BackendRecord:
-        """The record of ``backend``, its config as it reads back from JSON: with its class
-        (the cache's shape), or ``for_checkpoint`` with its display name instead (the
-        checkpoint's shape, unchanged since format version 1).
+        """The record of ``backend``, its config as it reads back from JSON.
+
+        It carries the backend's class (the cache's shape), or with ``for_checkpoint`` its display
+        name instead (the checkpoint's shape, unchanged since format version 1).
         """
         klass = type(backend)
         config = json.loads(json.dumps(backend.config(), sort_keys=True, allow_nan=True))
@@ -90,12 +93,13 @@ class BackendRecord:
         )
 
     def backend(self, *, trust_config: bool = False) -> Backend:
-        """The backend this record describes. Raises
-        :class:`~tunetree.errors.BackendUnavailableError` for a kind this tunetree does not
-        know, :class:`~tunetree.errors.UntrustedConfigError` for a config that fails the
-        class's :meth:`~tunetree.backends.base.Backend.check_saved_config` (skipped with
-        ``trust_config``: only for files the user wrote), and ``TypeError``/``ValueError``
-        for a config its class refuses.
+        """The backend this record describes.
+
+        Raises :class:`~tunetree.errors.BackendUnavailableError` for a kind this tunetree does not
+        know, :class:`~tunetree.errors.UntrustedConfigError` for a config that fails the class's
+        :meth:`~tunetree.backends.base.Backend.check_saved_config` (skipped with ``trust_config``:
+        only for files the user wrote), and ``TypeError``/``ValueError`` for a config its class
+        refuses.
         """
         cls = backend_type(self.kind)
         if not trust_config:
@@ -139,10 +143,11 @@ class SavedRunner:
 
 
 def save_runner(runner: Runner, directory: Path, *, for_checkpoint: bool = False) -> SavedRunner:
-    """``runner.save(directory)`` (an existing, empty directory), its description checked
-    to be JSON, and every file it wrote hashed. Raises
-    :class:`~tunetree.errors.BackendError` when the runner cannot be saved or writes
-    anything but regular files.
+    """Save ``runner`` into ``directory`` (existing, empty), hashing every file it wrote.
+
+    The runner's description is checked to be JSON and every file it wrote is hashed. Raises
+    :class:`~tunetree.errors.BackendError` when the runner cannot be saved or writes anything but
+    regular files.
     """
     try:
         description = runner.save(directory)
@@ -170,8 +175,9 @@ def load_runner(
     backend: Backend | None = None,
 ) -> Runner:
     """Rebuild a saved runner from its files in ``directory`` for ``module``'s graph ``key``.
-    ``backend`` (default: built from the record) is the object the runner will report.
-    Errors of the backend's loader propagate unchanged; callers name the context.
+
+    ``backend`` (default: built from the record) is the object the runner will report. Errors of the
+    backend's loader propagate unchanged; callers name the context.
     """
     if backend is None:
         backend = record.backend.backend()
@@ -179,8 +185,9 @@ def load_runner(
 
 
 def files_under(root: Path) -> list[str]:
-    """Paths (``/``-separated, relative to ``root``, sorted) of every regular file below
-    ``root``; refuses links and other special files, which no store carries.
+    """Paths (``/``-separated, relative to ``root``, sorted) of every regular file below ``root``.
+
+    Refuses links and other special files, which no store carries.
     """
     names = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -221,9 +228,10 @@ def remove_tree(path: Path) -> None:
 
 
 def remove_with(owner: Any, directory: Path) -> None:
-    """Delete ``directory`` when ``owner`` is garbage-collected (a runner may read its
-    files lazily, so they must live as long as it does); at exit for an object that takes
-    no weak references.
+    """Delete ``directory`` when ``owner`` is garbage-collected.
+
+    A runner may read its files lazily, so they must live as long as it does. For an object that
+    takes no weak references, the directory is deleted at exit.
     """
     try:
         weakref.finalize(owner, remove_tree, directory)

@@ -121,8 +121,9 @@ class AutoTuneResult:
 
     @property
     def speedup(self) -> float:
-        """The selected depth's side-by-side speed-up over the untuned model (1.0 when
-        untuned).
+        """The selected depth's side-by-side speed-up over the untuned model.
+
+        1.0 when untuned.
         """
         row = self.selected_row
         return row.speedup if row is not None and row.speedup else 1.0
@@ -137,8 +138,9 @@ class AutoTuneResult:
         return self.original
 
     def shapes(self) -> str:
-        """Per recorded shape, the latency of each ranged graph's winner and of eager at
-        the selected depth.
+        """Per recorded shape, the latency of each ranged graph's winner and of eager.
+
+        Taken at the selected depth.
         """
         graphs = self.graphs.get(self.depth, []) if self.depth is not None else []
         return "\n\n".join(t for g in graphs if (t := g.per_shape_table()))
@@ -252,9 +254,11 @@ def auto_tune(
     dynamic_shapes: DynamicShapes = None,
     allow_training: bool = False,
 ) -> AutoTuneResult:
-    """Tune every distinct cut from ``min_depth`` to ``max_depth``, measure each end to end
-    side by side with the untuned model on ``dataset``, and keep the best speed-up (the
-    shallowest within ``tie_tolerance``), or the untuned model when no depth beats it.
+    """Tune every distinct cut from ``min_depth`` to ``max_depth`` and keep the fastest depth.
+
+    Each depth is measured end to end side by side with the untuned model on ``dataset``; the best
+    speed-up wins (the shallowest within ``tie_tolerance``), or the untuned model when no depth
+    beats it.
 
     ``strategy=None`` uses :func:`tunetree.default_strategy` for the device; every graph
     gets its own copy. A graph tuned at one depth is reused at every other depth that
@@ -306,8 +310,9 @@ def auto_tune(
 def _finish(
     run: _Run, rows: list[DepthRow], before: Timing, tie_tolerance: float, start: float
 ) -> AutoTuneResult:
-    """Pick the depth and wrap the model with its plan. ``untuned_after`` is the untuned
-    timing taken beside the last measured depth.
+    """Pick the depth and wrap the model with its plan.
+
+    ``untuned_after`` is the untuned timing taken beside the last measured depth.
     """
     measured = [r for r in rows if r.untuned is not None and r.same_as is None]
     after = measured[-1].untuned if measured else None
@@ -342,8 +347,9 @@ def _check_arguments(min_depth: int, max_depth: int | None, tie_tolerance: float
 
 
 def _depth_rows(info: ModelInfo, min_depth: int, max_depth: int | None) -> list[DepthRow]:
-    """One row per depth tried: ``max_depth`` (default :data:`MAX_DEFAULT_DEPTH`) capped at
-    the model's deepest depth.
+    """One row per depth tried.
+
+    ``max_depth`` (default :data:`MAX_DEFAULT_DEPTH`) is capped at the model's deepest depth.
     """
     last = min(info.max_depth, MAX_DEFAULT_DEPTH) if max_depth is None else max_depth
     last = min(last, info.max_depth)
@@ -437,8 +443,10 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
 
 
 def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
-    """Check the depth's plans end to end against eager's outputs, then time them side by
-    side with the untuned model and keep the faster plan.
+    """Check the depth's plans end to end against eager, then keep the faster one.
+
+    The plans' outputs are compared with eager's, then they are timed side by side with the untuned
+    model.
     """
     plans = {"greedy": plan}
     single = single_runtime_plan(run.graphs[row.depth], row.depth)
@@ -481,8 +489,10 @@ def _check_outputs(run: _Run, tuned: Any, plan: Plan) -> str:
 
 
 def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]:
-    """Tuned models and the untuned one in one interleaved measurement; measured again once
-    when too noisy to separate them, then flagged (with a warning naming the load).
+    """Time the tuned models and the untuned one in one interleaved measurement.
+
+    Measured again once when too noisy to separate them, then flagged (with a warning naming the
+    load).
     """
     models = {UNTUNED: run.model, **tuned}
     timings = run.measure(models)
@@ -502,8 +512,10 @@ def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]
 
 
 def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:
-    """Tolerances for the whole model's output: the caller's, else the loosest of the opt-in
-    backends in the plan (a user who opted into bf16 accepted its error), else the defaults.
+    """Tolerances for the whole model's output.
+
+    The caller's, else the loosest of the opt-in backends in the plan (a user who opted into bf16
+    accepted its error), else the defaults.
     """
     if given is not None:
         return given
@@ -516,8 +528,9 @@ def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances |
 
 
 def _select(rows: list[DepthRow], tie_tolerance: float) -> int | None:
-    """The shallowest depth within ``tie_tolerance`` of the best side-by-side speed-up,
-    if it beats the untuned model.
+    """The shallowest depth within ``tie_tolerance`` of the best side-by-side speed-up.
+
+    Returned only if it beats the untuned model.
     """
     measured = [r for r in rows if r.speedup is not None and r.same_as is None]
     if not measured:

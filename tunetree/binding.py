@@ -56,8 +56,9 @@ class Binder:
         return not args or not _is_default(args[-1], self.positional[len(args) - 1].default)
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
-        """The canonical ``(args, kwargs)`` of one call; the call as given when it does not
-        bind (the forward will raise its own error).
+        """The canonical ``(args, kwargs)`` of one call.
+
+        The call as given when it does not bind (the forward will raise its own error).
         """
         if self.signature is None or self._plain(args, kwargs):
             return args, kwargs

@@ -41,8 +41,10 @@ DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
 
 @dataclass(frozen=True)
 class Tolerances:
-    """Per-dtype tolerances. ``Tolerances.uniform(atol, rtol)`` sets one for every float dtype,
-    e.g. for an opt-in reduced-precision candidate whose error the user accepts.
+    """Per-dtype tolerances.
+
+    ``Tolerances.uniform(atol, rtol)`` sets one for every float dtype, e.g. for an opt-in
+    reduced-precision candidate whose error the user accepts.
     """
 
     by_dtype: Mapping[torch.dtype, Tolerance] = field(

@@ -1,5 +1,6 @@
-"""End-to-end measurement of one depth: side by side with the untuned model, noise check,
-and the single-runtime alternative to a plan that mixes runtimes.
+"""End-to-end measurement of one depth, side by side with the untuned model.
+
+It includes the noise check and the single-runtime alternative to a plan that mixes runtimes.
 
 A depth's ratio is only honest when the tuned and untuned models are timed in the same
 interleaved :func:`tunetree.measure` call (a load change between two separate calls moves
@@ -38,8 +39,10 @@ def side_by_side(
 
 
 def too_noisy(timings: Mapping[str, Timing]) -> bool:
-    """Whether the timings' spread is larger than the gap between any two of them that a
-    decision rests on (the closest pair): then the measurement cannot separate them.
+    """Whether the timings' spread exceeds the closest gap that a decision rests on.
+
+    True when the spread is larger than the gap between any two of them that a decision rests on
+    (the closest pair): then the measurement cannot separate them.
     """
     values = sorted(timings.values(), key=lambda t: t.median_s)
     for a, b in itertools.pairwise(values):
@@ -60,8 +63,9 @@ def load_text() -> str:
 
 
 def single_runtime_plan(results: list[GraphResult], depth: int) -> Plan | None:
-    """Every graph on the runtime that won most graphs (its best usable row), eager where
-    that runtime has no usable row; None when the greedy plan already uses one runtime.
+    """Every graph on the runtime that won most graphs (its best usable row).
+
+    Eager where that runtime has no usable row; None when the greedy plan already uses one runtime.
     """
     kinds = Counter(
         g.winner.backend.kind

@@ -173,8 +173,9 @@ class GraphSession:
             usable[int(name)].timing = timing
 
     def measure_shapes(self, rows: list[CandidateRow]) -> None:
-        """For a ranged graph, time ``rows`` on each recorded shape apart (``per_shape``);
-        the mean over the mix stays in ``timing``.
+        """For a ranged graph, time ``rows`` on each recorded shape apart (``per_shape``).
+
+        The mean over the mix stays in ``timing``.
         """
         shapes: dict[str, list[Sample]] = {}
         for sample in self.graph.samples:

@@ -90,14 +90,18 @@ class TensorSpec:
         return any(isinstance(s, Dim) for s in self.shape)
 
     def example_shape(self) -> tuple[int, ...]:
-        """A concrete shape inside this spec: each :class:`Dim` at its smallest size above 1
-        (sizes 0 and 1 are special-cased by tracers), within its range.
+        """A concrete shape inside this spec.
+
+        Each :class:`Dim` is at its smallest size above 1 (sizes 0 and 1 are special-cased by
+        tracers), within its range.
         """
         return tuple(s if isinstance(s, int) else min(max(s.min, 2), s.max) for s in self.shape)
 
     def accepts(self, shape: tuple[int, ...], bound: dict[str, int]) -> bool:
-        """True when a concrete ``shape`` fits this spec; ``bound`` holds the sizes that
-        named dimensions took earlier in the same call and is extended here.
+        """True when a concrete ``shape`` fits this spec.
+
+        ``bound`` holds the sizes that named dimensions took earlier in the same call and is
+        extended here.
         """
         if len(shape) != len(self.shape):
             return False
@@ -180,13 +184,15 @@ class GraphKey:
         return found
 
     def pattern(self) -> GraphKey:
-        """This key with every tensor's sizes left out (dtype and rank kept): calls whose
-        keys share a pattern differ only in sizes.
+        """This key with every tensor's sizes left out (dtype and rank kept).
+
+        Calls whose keys share a pattern differ only in sizes.
         """
         return GraphKey(_strip_sizes(self.args), _strip_sizes(self.kwargs))
 
     def accepts(self, exact: GraphKey) -> bool:
         """True when a call with the exact key ``exact`` falls inside this key's ranges.
+
         The two keys must share a :meth:`pattern` (the caller looks them up by it).
         """
         ours, theirs = self.tensor_specs(), exact.tensor_specs()
@@ -212,15 +218,18 @@ class GraphKey:
         return hashlib.sha256(repr(self).encode()).hexdigest()[:16]
 
     def to_json(self) -> dict[str, Any]:
-        """This signature as JSON data (tuples become lists, a :class:`TensorSpec` a
-        ``{"dtype", "shape"}`` object); :meth:`from_json` restores an equal key.
+        """This signature as JSON data; :meth:`from_json` restores an equal key.
+
+        Tuples become lists and a :class:`TensorSpec` a ``{"dtype", "shape"}`` object.
         """
         return {"args": _sig_to_json(self.args), "kwargs": _sig_to_json(self.kwargs)}
 
     @classmethod
     def from_json(cls, data: Any) -> GraphKey:
-        """The key that :meth:`to_json` described. Raises ValueError for anything else, so
-        a damaged checkpoint or cache entry is refused instead of never matching a call.
+        """The key that :meth:`to_json` described.
+
+        Raises ValueError for anything else, so a damaged checkpoint or cache entry is refused
+        instead of never matching a call.
         """
         if not isinstance(data, dict) or set(data) != {"args", "kwargs"}:
             raise ValueError("a graph key is an object with exactly 'args' and 'kwargs'")
@@ -306,8 +315,9 @@ def _strip_sizes(sig: Any) -> Any:
 
 
 def _is_opaque(sig: Any) -> bool:
-    """True when a leaf signature is, or contains, an identity-keyed opaque object
-    (``("object", type name, id)``; constants are ``("const", type name, value)``).
+    """True when a leaf signature is, or contains, an identity-keyed opaque object.
+
+    Such an object is ``("object", type name, id)``; constants are ``("const", type name, value)``.
     """
     if isinstance(sig, TensorSpec) or not isinstance(sig, tuple):
         return False
@@ -369,8 +379,10 @@ class Graph:
 
 
 def as_sample(item: Any) -> Sample:
-    """Turn a dataset item into a call: a tensor is one positional argument, a tuple or list
-    are positional arguments, a dict holds keyword arguments (Hugging Face style).
+    """Turn a dataset item into a call.
+
+    A tensor is one positional argument, a tuple or list are positional arguments, a dict holds
+    keyword arguments (Hugging Face style).
     """
     if isinstance(item, Sample):
         return item
@@ -401,8 +413,9 @@ def as_samples(dataset: Iterable[Any]) -> list[Sample]:
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
-    """Apply ``fn`` to every tensor in a nested structure (tuples, lists, dicts, dataclasses,
-    Hugging Face ``ModelOutput``), keeping the structure and container types.
+    """Apply ``fn`` to every tensor in a nested structure, keeping structure and container types.
+
+    Nested structures are tuples, lists, dicts, dataclasses and Hugging Face ``ModelOutput``.
     """
     _register_dataclasses(tree)
     return pytree.tree_map_only(torch.Tensor, fn, tree)
@@ -419,9 +432,10 @@ def detach_clone(tree: Any) -> Any:
 
 
 def _register_dataclasses(tree: Any) -> None:
-    """Teach torch's pytree about plain dataclass outputs met in ``tree`` (Hugging Face
-    ``ModelOutput`` and the builtin containers are known to it already), so that they are
-    flattened into their fields instead of being treated as opaque leaves.
+    """Teach torch's pytree about plain dataclass outputs met in ``tree``.
+
+    Hugging Face ``ModelOutput`` and the builtin containers are known to it already. The dataclasses
+    are then flattened into their fields instead of being treated as opaque leaves.
     """
     if isinstance(tree, torch.Tensor) or tree is None:
         return

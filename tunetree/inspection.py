@@ -87,8 +87,10 @@ class ModelInfo:
         return max((m.depth for m in self.modules.values()), default=0)
 
     def cut(self, depth: int) -> list[str]:
-        """Paths a tune at ``depth`` wraps: every executed module at ``depth`` plus every
-        executed leaf shallower than it, so the cut covers the whole forward.
+        """Paths a tune at ``depth`` wraps.
+
+        Every executed module at ``depth`` plus every executed leaf shallower than it, so the cut
+        covers the whole forward.
         """
         if depth < 0:
             raise InvalidInputError(f"depth must be >= 0, got {depth}")
@@ -257,8 +259,9 @@ class _Recorder:
             self.calls.setdefault(path, []).append((sample, detach_clone(output)))
 
     def group(self, dynamic: bool, declared: dict[AxisRef, Dim] | None) -> None:
-        """Group every module's recorded calls into graphs (ranges from the root first,
-        whose dimension names the other modules borrow).
+        """Group every module's recorded calls into graphs.
+
+        Ranges come from the root first, whose dimension names the other modules borrow.
         """
         known: list[tuple[frozenset[int], str]] = []
         roots = [r.path for r in self.records.values() if r.parent is None]
@@ -374,8 +377,9 @@ def _declared(model: Any, recorder: _Recorder, spec: DynamicShapes) -> dict[Axis
 def _run_probes(
     model: nn.Module, recorder: _Recorder, declared: dict[AxisRef, Dim], call: CallFn | None
 ) -> None:
-    """Run the root at the declared ranges' ends and an odd size in between, so every
-    module records the sizes it sees there; these calls are kept apart as probes.
+    """Run the root at the declared ranges' ends and an odd size in between.
+
+    So every module records the sizes it sees there; these calls are kept apart as probes.
     """
     root_calls = recorder.calls[""]
     patterns: dict[GraphKey, list[Sample]] = {}

@@ -22,8 +22,9 @@ CallFn = Callable[..., Any]
 
 
 def resolve_device(model: Any, device: torch.device | str | None) -> torch.device:
-    """The device tuning runs on: the one given, else the device of the model's first
-    parameter or buffer, else the CPU.
+    """The device tuning runs on.
+
+    The one given, else the device of the model's first parameter or buffer, else the CPU.
     """
     if device is not None:
         return torch.device(device)
@@ -45,9 +46,11 @@ def _held(value: Any) -> dict[str, nn.Module]:
 
 
 def root_modules(model: Any) -> dict[str, nn.Module]:
-    """The modules a model is made of, by path prefix: ``{"": model}`` for a module, or
-    ``{attribute: module}`` for a plain object holding modules (a pipeline). A pipeline's
-    modules held in a plain dict or list attribute are roots too, as ``attribute.key``.
+    """The modules a model is made of, by path prefix.
+
+    ``{"": model}`` for a module, or ``{attribute: module}`` for a plain object holding modules (a
+    pipeline). A pipeline's modules held in a plain dict or list attribute are roots too, as
+    ``attribute.key``.
     """
     if isinstance(model, nn.Module):
         return {"": model}
@@ -68,9 +71,9 @@ def root_modules(model: Any) -> dict[str, nn.Module]:
 
 
 def set_root(pipeline: Any, prefix: str, module: nn.Module) -> None:
-    """Put ``module`` at root ``prefix`` of a pipeline object (see :func:`root_modules`);
-    a dict or list attribute is replaced by a copy, so another object sharing it is not
-    changed.
+    """Put ``module`` at root ``prefix`` of a pipeline object (see :func:`root_modules`).
+
+    A dict or list attribute is replaced by a copy, so another object sharing it is not changed.
     """
     name, _, key = prefix.partition(".")
     if not key:
@@ -86,8 +89,9 @@ def set_root(pipeline: Any, prefix: str, module: nn.Module) -> None:
 
 
 def hidden_modules(model: Any) -> list[str]:
-    """Attributes of the model's modules that hold modules in a plain dict, list or tuple:
-    their weights are not in any ``state_dict``, so a checkpoint cannot restore them.
+    """Attributes of the model's modules that hold modules in a plain dict, list or tuple.
+
+    Their weights are not in any ``state_dict``, so a checkpoint cannot restore them.
     """
     found = []
     for path, module in module_paths(model):

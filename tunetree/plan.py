@@ -29,8 +29,10 @@ class Plan:
     depth: int | None = None
 
     def runners(self) -> dict[str, dict[GraphKey, Runner]]:
-        """Runners to install, by path. Paths whose every graph chose eager are left out:
-        they keep their original forward with no dispatch cost.
+        """Runners to install, by path.
+
+        Paths whose every graph chose eager are left out: they keep their original forward with no
+        dispatch cost.
         """
         by_path: dict[str, dict[GraphKey, Runner]] = {}
         for entry in self.entries:

@@ -36,8 +36,9 @@ class GraphResult:
         return None
 
     def per_shape_table(self) -> str:
-        """Latency of the winner and eager on each recorded shape of a ranged graph
-        (empty when the graph has one shape or nothing was measured per shape).
+        """Latency of the winner and eager on each recorded shape of a ranged graph.
+
+        Empty when the graph has one shape or nothing was measured per shape.
         """
         rows = [r for r in self.rows if r.per_shape]
         if not rows:

@@ -1,5 +1,7 @@
-"""Shapes that vary: dynamic dimensions inferred from recorded calls or declared by the user,
-and samples resized along them (probes at a range's ends, re-batched datasets).
+"""Shapes that vary: dynamic dimensions, inferred or declared, and samples resized along them.
+
+Dynamic dimensions are inferred from recorded calls or declared by the user; samples are resized
+along them for probes at a range's ends and re-batched datasets.
 
 A graph's key holds, per tensor axis, a fixed size or a named :class:`~tunetree.graph.Dim`.
 Calls whose keys share a :meth:`~tunetree.graph.GraphKey.pattern` (structure, dtypes, ranks,
@@ -33,8 +35,9 @@ and per tensor a dict ``{axis: Dim | name}`` or a tuple with ``None`` for fixed 
 
 
 def tensor_locations(sample: Sample) -> list[tuple[Any, ...]]:
-    """Where each tensor of a call sits, in the order of :meth:`GraphKey.tensor_specs`:
-    ``("args", 0)``, ``("kwargs", "input_ids")``, deeper paths for nested inputs.
+    """Where each tensor of a call sits, in the order of :meth:`GraphKey.tensor_specs`.
+
+    For example ``("args", 0)``, ``("kwargs", "input_ids")``, deeper paths for nested inputs.
     """
     found: list[tuple[Any, ...]] = []
     for i, arg in enumerate(sample.args):
@@ -206,8 +209,9 @@ def group_graphs(
 
 
 def dim_sizes(graph: Graph) -> list[tuple[frozenset[int], str]]:
-    """For each named dimension of ``graph``'s key, the sizes it took over the graph's
-    samples and probes: what :func:`group_graphs` takes as ``known`` to lend the name.
+    """For each named dimension of ``graph``'s key, the sizes it took over the samples and probes.
+
+    This is what :func:`group_graphs` takes as ``known`` to lend the name.
     """
     seen: dict[str, set[int]] = {}
     for sample in [*graph.samples, *graph.probes]:
@@ -301,9 +305,10 @@ def _declare(
 
 
 def resize(sample: Sample, key: GraphKey, sizes: Mapping[str, int]) -> Sample:
-    """A copy of ``sample`` (a call inside ``key``'s ranges) with every axis of dimension
-    ``name`` resized to ``sizes[name]``: sliced when smaller, tiled when larger, so values
-    stay ones the model really saw (token ids in the vocabulary, masks with real rows).
+    """A copy of ``sample`` with every axis of dimension ``name`` resized to ``sizes[name]``.
+
+    ``sample`` is a call inside ``key``'s ranges. Axes are sliced when smaller, tiled when larger,
+    so values stay ones the model really saw (token ids in the vocabulary, masks with real rows).
     """
     specs = key.tensor_specs()
 
@@ -325,8 +330,10 @@ def _resize_axis(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
 
 
 def probe_sizes(key: GraphKey) -> list[dict[str, int]]:
-    """Sizes to check a ranged graph at: every dimension at its minimum, at its maximum,
-    and at an odd size in between (a prime where one exists), without repeats.
+    """Sizes to check a ranged graph at, without repeats.
+
+    Every dimension at its minimum, at its maximum, and at an odd size in between (a prime where one
+    exists).
     """
     dims = key.dims()
     if not dims:
@@ -390,8 +397,9 @@ def _tensors(sample: Sample) -> list[torch.Tensor]:
 
 
 def batch_axis_leaves(sample: Sample) -> list[int]:
-    """Tensor leaves (``tensor_specs`` order) whose axis 0 is the batch: those whose leading
-    size equals the first tensor's.
+    """Tensor leaves (``tensor_specs`` order) whose axis 0 is the batch.
+
+    Those whose leading size equals the first tensor's.
     """
     tensors = _tensors(sample)
     leading = next((t.shape[0] for t in tensors if t.dim() > 0), None)
@@ -399,8 +407,10 @@ def batch_axis_leaves(sample: Sample) -> list[int]:
 
 
 def rebatch(dataset: Iterable[Any], batch_sizes: Sequence[int]) -> list[Sample]:
-    """Every dataset item re-batched to each of ``batch_sizes`` along its batch axis (axis 0
-    of every tensor whose leading size is the first tensor's), slicing or repeating rows.
+    """Every dataset item re-batched to each of ``batch_sizes`` along its batch axis.
+
+    The batch axis is axis 0 of every tensor whose leading size is the first tensor's; rows are
+    sliced or repeated.
 
     For a user with one real input who will serve several batch sizes:
     ``tt.auto_tune(model, tt.rebatch([x], [1, 8, 32]))``.
@@ -427,9 +437,11 @@ def _with_batch(sample: Sample, leaves: set[int], size: int) -> Sample:
 
 
 def value_probes(sample: Sample, seed: int = 0) -> list[Sample]:
-    """Calls with the same shapes and other values: floating inputs negated, and drawn
-    afresh with each tensor's mean and spread. A backend that baked one branch of a
-    value-dependent ``if`` into its graph answers one of them differently from eager.
+    """Calls with the same shapes and other values.
+
+    Floating inputs are negated, and drawn afresh with each tensor's mean and spread. A backend that
+    baked one branch of a value-dependent ``if`` into its graph answers one of them differently from
+    eager.
     """
     generator = torch.Generator().manual_seed(seed)
 

@@ -34,8 +34,10 @@ def training_modules(model: Any) -> list[str]:
 
 
 def check_eval_mode(model: Any) -> None:
-    """Refuse a model with modules in training mode: the dispatcher serves tuned runners
-    in eval mode only, so tuning it would build runners that never run.
+    """Refuse a model with modules in training mode.
+
+    The dispatcher serves tuned runners in eval mode only, so tuning it would build runners that
+    never run.
     """
     found = training_modules(model)
     if found:
@@ -67,8 +69,10 @@ def _rng_state() -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 @contextmanager
 def preserved_state(model: Any) -> Iterator[None]:
-    """Run the block, then put back every buffer's value and the global RNG state as they
-    were before it (parameters are never written: every recorded call runs under no_grad).
+    """Run the block, then restore every buffer's value and the global RNG state.
+
+    They are put back as they were before the block (parameters are never written: every recorded
+    call runs under no_grad).
     """
     saved = []
     seen: set[int] = set()

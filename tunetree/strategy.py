@@ -79,6 +79,7 @@ class Strategy:
 
 class FirstWinsStrategy(Strategy):
     """The first candidate, in the given order, that builds and matches eager wins.
+
     Later candidates are not built (cheapest tuning).
     """
 
@@ -176,8 +177,9 @@ class HighestThroughputStrategy(Strategy):
 
 
 class LatencyBudgetStrategy(Strategy):
-    """The first candidate, in the given order, whose median latency is within
-    ``budget_ms``; when none is, the fastest one.
+    """The first candidate, in the given order, whose median latency is within ``budget_ms``.
+
+    When none is, the fastest one.
     """
 
     def __init__(self, budget_ms: float, backends: Sequence[Backend]) -> None:
@@ -199,9 +201,10 @@ class LatencyBudgetStrategy(Strategy):
 
 
 def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:
-    """Highest throughput over every registered backend that runs on ``device`` and keeps
-    the model's results. Backends that cannot run here are left out with one log line
-    naming what to install.
+    """Highest throughput over every registered backend that runs on ``device``.
+
+    Only backends that keep the model's results are considered. Backends that cannot run here are
+    left out with one log line naming what to install.
     """
     dev = torch.device(device)
     chosen = []
@@ -219,8 +222,9 @@ def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStr
 
 
 def _scaled_graph(module: torch.nn.Module, graph: Graph, factor: int) -> Graph:
-    """The graph with every sample's tensors repeated ``factor`` times along axis 0, and
-    eager's outputs for them.
+    """The graph with every sample's tensors repeated ``factor`` times along axis 0.
+
+    Also returns eager's outputs for them.
     """
 
     def scale(sample: Sample) -> Sample:

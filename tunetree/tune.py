@@ -117,9 +117,10 @@ def tune_cut(
     deadline: Deadline | None = None,
 ) -> list[GraphResult]:
     """Run the strategy on every graph of every module in the cut at ``depth``.
-    The model must be unwrapped; nothing is wrapped here. Once ``deadline`` has passed,
-    graphs not started are skipped (their modules keep their forward) and started graphs
-    build no further candidate but eager.
+
+    The model must be unwrapped; nothing is wrapped here. Once ``deadline`` has passed, graphs not
+    started are skipped (their modules keep their forward) and started graphs build no further
+    candidate but eager.
     """
     base = strategy or default_strategy(info.device)
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
@@ -172,8 +173,9 @@ def _tune_graph(session: GraphSession, base: Strategy, cache: GraphCache | None)
 
 
 def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
-    """Per-shape latencies of the winner and eager on a ranged graph (the mean over the
-    recorded mix decided the winner; these show how each size fares).
+    """Per-shape latencies of the winner and eager on a ranged graph.
+
+    The mean over the recorded mix decided the winner; these show how each size fares.
     """
     if result.winner is None or not session.graph.key.is_dynamic:
         return
@@ -250,9 +252,10 @@ def tune(
     dynamic_shapes: DynamicShapes = None,
     allow_training: bool = False,
 ) -> TuneResult:
-    """Tune the modules of one cut: every executed module at ``depth`` plus executed
-    leaves shallower than it. Each graph (input signature) of each module gets its own
-    copy of ``strategy`` (default: :func:`default_strategy` for the device).
+    """Tune one cut: every executed module at ``depth`` plus executed leaves shallower than it.
+
+    Each graph (input signature) of each module gets its own copy of ``strategy`` (default:
+    :func:`default_strategy` for the device).
 
     Returns a :class:`TuneResult`; call ``result.model``. At depth 0 that is a new object
     sharing the model's parameters and the object given in stays untuned: for a pipeline,

@@ -104,8 +104,9 @@ class Dispatcher:
         return runner(*args, **kwargs)
 
     def route(self, key: GraphKey) -> Runner | None:
-        """The runner serving the exact signature ``key`` (None: the original forward),
-        remembered for the next call with it.
+        """The runner serving the exact signature ``key`` (None: the original forward).
+
+        It is remembered for the next call with it.
         """
         runner = self._exact.get(key)
         if runner is None:
@@ -162,8 +163,9 @@ class Dispatcher:
 
 
 def _fast_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """For a call of positional tensors only (the common case), dtypes and shapes: cheaper
-    to build than a :class:`GraphKey` and enough to remember the routing decision.
+    """For a call of positional tensors only (the common case), its dtypes and shapes.
+
+    Cheaper to build than a :class:`GraphKey` and enough to remember the routing decision.
     """
     key = []
     for arg in args:
@@ -225,9 +227,10 @@ def _shallow(module: nn.Module) -> nn.Module:
 
 
 def copy_along(model: Any, paths: list[str]) -> Any:
-    """A shallow copy of ``model`` in which every module on the way to each of ``paths``
-    (included) is its own shallow copy, so wrapping those paths leaves ``model`` untouched.
-    A module reached by two paths (a shared submodule) is copied once.
+    """A shallow copy of ``model`` whose modules on the way to each of ``paths`` are copied too.
+
+    Every module on the way to each path (included) is its own shallow copy, so wrapping those paths
+    leaves ``model`` untouched. A module reached by two paths (a shared submodule) is copied once.
     """
     copies: dict[int, nn.Module] = {}
 

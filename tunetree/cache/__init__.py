@@ -1,5 +1,7 @@
-"""The persistent tuning cache: the same graph of the same module, tuned with the same
-strategy in the same environment, is never tuned twice, across processes and restarts.
+"""The persistent tuning cache: the same graph is never tuned twice, across processes and restarts.
+
+"The same graph" means the same graph of the same module, tuned with the same strategy in the same
+environment.
 
 :class:`TuningCache` is what :func:`tunetree.tune` and :func:`tunetree.auto_tune` consult
 per graph before building anything (``cache=``; on by default, in ``TUNETREE_CACHE_DIR``

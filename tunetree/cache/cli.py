@@ -98,8 +98,9 @@ def verify_command(args: argparse.Namespace) -> int:
 
 
 def gc_command(args: argparse.Namespace) -> int:
-    """Remove orphans of dead writers, invalid entries, unreferenced artifacts, and the
-    least recently used entries beyond ``--max-size``.
+    """Remove dead writers' orphans, invalid entries, unreferenced artifacts and LRU overflow.
+
+    Least recently used entries are removed beyond ``--max-size``.
     """
     cache = _open(args)
     report = cache.gc(args.max_size)

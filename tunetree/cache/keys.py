@@ -58,8 +58,9 @@ def canonical_json(value: Any) -> str:
 
 
 def stable(value: Any, depth: int = 0) -> Any:
-    """A JSON-able description of ``value`` that is the same in every process: no memory
-    addresses, no set ordering. Unknown objects are described by their type only.
+    """A JSON-able description of ``value`` that is the same in every process.
+
+    No memory addresses, no set ordering. Unknown objects are described by their type only.
     """
     if value is None or isinstance(value, bool | int | str):
         return value
@@ -108,8 +109,10 @@ def _stable_object(value: Any, depth: int) -> Any:
 
 
 def _code_record(code: types.CodeType, doc: str | None = None) -> list[Any]:
-    """Bytecode, names and constants of a code object, nested code included; line numbers,
-    file names and the docstring are left out (editing them changes nothing that runs).
+    """Bytecode, names and constants of a code object, nested code included.
+
+    Line numbers, file names and the docstring are left out (editing them changes nothing that
+    runs).
     """
     consts: list[Any] = []
     for i, const in enumerate(code.co_consts):
@@ -142,8 +145,10 @@ def _names_used(code: types.CodeType) -> set[str]:
 
 
 def function_record(fn: types.FunctionType, seen: set[int] | None = None) -> list[Any]:
-    """Code identity of a Python function, including the helper functions of its own module
-    that it refers to by global name (so editing such a helper changes the key too).
+    """Code identity of a Python function, including its module's helpers that it refers to.
+
+    Helper functions of its own module that it refers to by global name are included, so editing
+    such a helper changes the key too.
     """
     seen = set() if seen is None else seen
     seen.add(id(fn))
@@ -184,8 +189,10 @@ _class_digests: weakref.WeakKeyDictionary[type, str] = weakref.WeakKeyDictionary
 
 
 def class_code_digest(cls: type) -> str:
-    """Digest of the code a module class runs. Classes from torch itself are identified by
-    name only: their code is covered by the torch version in the hard environment.
+    """Digest of the code a module class runs.
+
+    Classes from torch itself are identified by name only: their code is covered by the torch
+    version in the hard environment.
     """
     cached = _class_digests.get(cls)
     if cached is not None:
@@ -226,8 +233,10 @@ def _member_record(value: Any) -> Any:
 
 
 def module_structure(module: nn.Module) -> dict[str, Any]:
-    """What determines a module's tuning result besides its weight values, with each child
-    described by its own structure digest (so an entry can record its children's keys).
+    """What determines a module's tuning result besides its weight values.
+
+    Each child is described by its own structure digest (so an entry can record its children's
+    keys).
     """
     cls = type(module)
     attrs = {
@@ -291,8 +300,9 @@ def _is_soft(entry: str) -> bool:
 
 @functools.lru_cache(maxsize=32)
 def _record(kinds: tuple[str, ...]) -> tuple[tuple[str, Any], ...]:
-    """The flattened environment record (:mod:`tunetree.checkpoint.environment`), once
-    per process.
+    """The flattened environment record (:mod:`tunetree.checkpoint.environment`).
+
+    Computed once per process.
     """
     flat = flatten_record(environment_record(kinds))
     return tuple(sorted((k, json.loads(canonical_json(v))) for k, v in flat.items()))
@@ -316,10 +326,11 @@ def _device_fields(device: str) -> tuple[tuple[str, Any], ...]:
 
 
 def environment(device: torch.device, backend_kinds: list[str]) -> Environment:
-    """The environment an entry for ``device`` depends on: the environment record of
-    :func:`tunetree.checkpoint.environment.environment_record` for these backend kinds (library
-    versions, OS, CPU model and flags, accelerators), split into hard and soft entries,
-    plus torch's thread count (soft).
+    """The environment an entry for ``device`` depends on, split into hard and soft entries.
+
+    It is the environment record of :func:`tunetree.checkpoint.environment.environment_record` for
+    these backend kinds (library versions, OS, CPU model and flags, accelerators), plus torch's
+    thread count (soft).
     """
     hard: dict[str, Any] = dict(_device_fields(str(device)))
     soft: dict[str, Any] = {"threads": torch.get_num_threads()}

@@ -30,9 +30,10 @@ class WriterLocks:
         self._held: dict[str, filelock.BaseFileLock] = {}
 
     def acquire(self, key: str, session: GraphSession, wait: bool = True) -> bool:
-        """Take ``key``'s lock, waiting up to ``timeout_s`` while another process holds it
-        (it is tuning this graph). False when not taken (timed out, busy with
-        ``wait=False``, or locks unsupported here): the caller goes on without it.
+        """Take ``key``'s lock, waiting up to ``timeout_s`` while another process holds it.
+
+        The holder is tuning this graph. False when not taken (timed out, busy with ``wait=False``,
+        or locks unsupported here): the caller goes on without it.
         """
         lock = filelock.FileLock(str(self.directory / f"{key}.lock"))
         try:
@@ -69,8 +70,9 @@ class WriterLocks:
 
 @contextlib.contextmanager
 def device_lock(directory: Path, device: torch.device | str, timeout_s: float) -> Iterator[None]:
-    """Held around measurements on ``device``. After ``timeout_s``, or where the lock
-    cannot be created, the caller measures without it.
+    """Held around measurements on ``device``.
+
+    After ``timeout_s``, or where the lock cannot be created, the caller measures without it.
     """
     dev = torch.device(device)
     name = dev.type if dev.index is None else f"{dev.type}-{dev.index}"

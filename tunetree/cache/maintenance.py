@@ -120,9 +120,11 @@ def temporaries(store: CacheStore) -> Iterator[tuple[Path, bool]]:
 
 
 def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
-    """Remove orphaned temporaries of dead writers, trash, invalid entries, then
-    least-recently-used entries until the cache fits ``max_size`` bytes, then every
-    artifact no entry or live writer references.
+    """Remove orphans, trash, invalid and least-recently-used entries, then unreferenced artifacts.
+
+    In that order: orphaned temporaries of dead writers, trash, invalid entries, then
+    least-recently-used entries until the cache fits ``max_size`` bytes, then every artifact no
+    entry or live writer references.
     """
     report = GcReport(size_before=store.size())
     start = time.time()
@@ -148,8 +150,9 @@ def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
 
 
 def _clear_temporaries(store: CacheStore, report: GcReport) -> set[str]:
-    """Remove dead writers' temporaries and the trash; returns the artifacts that live
-    writers' journals still claim.
+    """Remove dead writers' temporaries and the trash.
+
+    Returns the artifacts that live writers' journals still claim.
     """
     protected: set[str] = set()
     for path, dead in temporaries(store):
@@ -183,8 +186,10 @@ def _drop_invalid(store: CacheStore, report: GcReport) -> dict[str, EntryInfo]:
 
 
 def _evict(store: CacheStore, infos: dict[str, EntryInfo], max_size: int) -> int:
-    """Remove least-recently-used entries (from ``infos`` too) until the entries and the
-    artifacts they reference fit ``max_size`` bytes; returns how many were removed.
+    """Remove least-recently-used entries (from ``infos`` too) until the cache fits ``max_size``.
+
+    The entries and the artifacts they reference must fit ``max_size`` bytes. Returns how many were
+    removed.
     """
     sizes = {sha: store.artifact_size(sha) for i in infos.values() for sha in i.artifacts}
     total = sum(store.entry_dir_size(k) for k in infos) + sum(sizes.values())
@@ -220,8 +225,10 @@ def _sweep_artifacts(store: CacheStore, referenced: set[str], start: float) -> i
 
 
 def _artifact_files(store: CacheStore) -> list[Path]:
-    """Files under the artifact shards, never through a symbolic link: a linked shard (or
-    anything not a directory) is skipped, so gc deletes nothing outside the cache.
+    """Files under the artifact shards, never through a symbolic link.
+
+    A linked shard (or anything not a directory) is skipped, so gc deletes nothing outside the
+    cache.
     """
     files: list[Path] = []
     with contextlib.suppress(OSError):

@@ -23,8 +23,9 @@ log = logging.getLogger(__name__)
 
 
 class Unusable(Exception):
-    """The entry cannot serve this lookup; the graph is tuned again. ``mark``: whether the
-    entry itself is at fault (then it is marked invalid).
+    """The entry cannot serve this lookup; the graph is tuned again.
+
+    ``mark``: whether the entry itself is at fault (then it is marked invalid).
     """
 
     def __init__(self, reason: str, mark: bool = True) -> None:
@@ -52,10 +53,10 @@ def recorded_rows(strategy: Strategy, manifest: EntryManifest) -> list[Candidate
 def load_candidate(
     store: CacheStore, session: GraphSession, row: CandidateRow, record: CandidateRecord
 ) -> Runner | None:
-    """The candidate's runner rebuilt from its artifacts and checked against eager, or
-    None when it cannot be loaded (the row becomes a failure). Raises for corrupted
-    artifacts (the whole entry is invalid) and :class:`Unusable` for outputs that differ
-    from eager.
+    """The candidate's runner rebuilt from its artifacts and checked against eager.
+
+    None when it cannot be loaded (the row becomes a failure). Raises for corrupted artifacts (the
+    whole entry is invalid) and :class:`Unusable` for outputs that differ from eager.
     """
     artifact = record.artifact
     if artifact is None or not artifact.saved:
@@ -90,8 +91,10 @@ def _validate(session: GraphSession, backend: Backend, runner: Runner) -> Compar
 
 
 def select(strategy: Strategy, measured: list[CandidateRow]) -> CandidateRow:
-    """The strategy's pick; the first in order for strategies without a selection rule
-    (first-wins: the first usable candidate).
+    """The strategy's pick.
+
+    The first in order for strategies without a selection rule (first-wins: the first usable
+    candidate).
     """
     try:
         return strategy.select(measured)
@@ -100,8 +103,9 @@ def select(strategy: Strategy, measured: list[CandidateRow]) -> CandidateRow:
 
 
 def ranking(strategy: Strategy, rows: list[CandidateRow], winner: int) -> list[int]:
-    """The recorded winner first, then the other measured candidates in the order the
-    strategy would have picked them.
+    """The recorded winner first, then the other measured candidates in the strategy's order.
+
+    The others come in the order the strategy would have picked them.
     """
     order = [winner]
     rest = [r for i, r in enumerate(rows) if i != winner and r.status is Status.OK and r.timing]

@@ -88,8 +88,9 @@ class CacheStore:
     # ------------------------------------------------------------------ staging
 
     def new_temporary(self, what: str) -> Path:
-        """A fresh directory under ``tmp/`` named after this host and process (so gc can
-        tell a dead writer's leftovers from a live one's).
+        """A fresh directory under ``tmp/`` named after this host and process.
+
+        The name lets gc tell a dead writer's leftovers from a live one's.
         """
         path = self.tmp / f"{what}.{HOST}.{os.getpid()}.{uuid.uuid4().hex[:12]}"
         path.mkdir()
@@ -99,8 +100,9 @@ class CacheStore:
         return self.artifacts / sha[:2] / sha
 
     def artifact_stat(self, sha: str) -> os.stat_result:
-        """``lstat`` of an artifact, which must be a regular file in a real shard directory
-        (no symbolic link anywhere below the root); OSError otherwise.
+        """``lstat`` of an artifact, which must be a regular file in a real shard directory.
+
+        No symbolic link is allowed anywhere below the root; OSError otherwise.
         """
         path = self.artifact_path(sha)
         if not is_real_dir(path.parent):
@@ -111,9 +113,10 @@ class CacheStore:
         return st
 
     def put_artifact(self, source: Path, journal: Path) -> tuple[str, int]:
-        """Move ``source`` (a file inside a staging directory) into content-addressed storage;
-        returns its sha256 and size. The sha is journaled before the artifact appears, and
-        the artifact's mtime is refreshed, so a concurrent gc never removes it.
+        """Move ``source`` (a file inside a staging directory) into content-addressed storage.
+
+        Returns its sha256 and size. The sha is journaled before the artifact appears, and the
+        artifact's mtime is refreshed, so a concurrent gc never removes it.
         """
         sha, size = file_sha256(source)
         with open(journal, "a", encoding="utf-8") as f:
@@ -131,8 +134,9 @@ class CacheStore:
         return sha, size
 
     def keep_artifacts(self, files: list[FileRecord], journal: Path) -> None:
-        """Journal artifacts a new entry reuses from an older one and refresh their mtime,
-        so a gc running while the older entry is replaced keeps them.
+        """Journal artifacts a new entry reuses from an older one and refresh their mtime.
+
+        So a gc running while the older entry is replaced keeps them.
         """
         with open(journal, "a", encoding="utf-8") as f:
             f.write("".join(ref.sha256 + "\n" for ref in files))
@@ -141,8 +145,9 @@ class CacheStore:
                 os.utime(self.artifact_path(ref.sha256))
 
     def write_manifest(self, directory: Path, manifest: EntryManifest) -> None:
-        """Write ``manifest.json``: the sha256 of the JSON body on the first line, then the
-        body. Written to a side file and renamed, so a manifest is complete or absent.
+        """Write ``manifest.json``: the sha256 of the JSON body on the first line, then the body.
+
+        Written to a side file and renamed, so a manifest is complete or absent.
         """
         data = json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
         text = hashlib.sha256(data).hexdigest().encode() + b"\n" + data
@@ -157,9 +162,10 @@ class CacheStore:
     def publish(
         self, staging: Path, key: str, keep_existing: Callable[[EntryManifest], bool]
     ) -> bool:
-        """Rename a complete staging directory to ``entries/<key>``. When an entry is already
-        there and ``keep_existing(its body)`` holds (it is valid for us), ours is discarded
-        and False returned; an unusable one is moved to trash and replaced.
+        """Rename a complete staging directory to ``entries/<key>``.
+
+        When an entry is already there and ``keep_existing(its body)`` holds (it is valid for us),
+        ours is discarded and False returned; an unusable one is moved to trash and replaced.
         """
         final = self.entries / key
         for _ in range(5):
@@ -192,9 +198,11 @@ class CacheStore:
     # ------------------------------------------------------------------ reading
 
     def read_manifest(self, key: str) -> EntryManifest:
-        """The checked, validated manifest of ``key``. Raises :class:`EntryMissing` when
-        there is no entry and :class:`EntryFault` when its manifest is truncated, corrupted
-        or malformed (:class:`MalformedEntryError`, naming the field).
+        """The checked, validated manifest of ``key``.
+
+        Raises :class:`EntryMissing` when there is no entry and :class:`EntryFault` when its
+        manifest is truncated, corrupted or malformed (:class:`MalformedEntryError`, naming the
+        field).
         """
         path = self.entries / key / MANIFEST
         try:
@@ -235,8 +243,9 @@ class CacheStore:
                 raise EntryFault(f"artifact {sha[:12]} ({ref.path}) is corrupted")
 
     def materialize(self, files: list[FileRecord]) -> Path:
-        """A fresh directory holding ``files`` under their saved relative paths (hard links
-        to the read-only artifacts, copies where links fail), each checked by sha256.
+        """A fresh directory holding ``files`` under their saved paths, each checked by sha256.
+
+        The files are hard links to the read-only artifacts, copies where links fail.
         """
         target = self.new_temporary("load")
         try:

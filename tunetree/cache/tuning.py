@@ -91,10 +91,11 @@ class TuningCache:
     # ------------------------------------------------------------------ GraphCache protocol
 
     def lookup(self, session: GraphSession, strategy: Strategy) -> GraphResult | None:
-        """A validated earlier result for this graph, or None. On a miss this process
-        becomes the graph's writer: it takes the per-key lock (waiting while another process
-        tunes the same graph, then looking again) and the session's measurements take the
-        device lock. Never raises for cache problems.
+        """A validated earlier result for this graph, or None.
+
+        On a miss this process becomes the graph's writer: it takes the per-key lock (waiting while
+        another process tunes the same graph, then looking again) and the session's measurements
+        take the device lock. Never raises for cache problems.
         """
         self._writers.release_all()
         self._identities.clear()
@@ -117,8 +118,9 @@ class TuningCache:
         return None
 
     def store(self, session: GraphSession, strategy: Strategy, result: GraphResult) -> None:
-        """Record a freshly tuned graph: every candidate's row, and the artifacts of every
-        usable candidate. Logs instead of raising on I/O problems.
+        """Record a freshly tuned graph: every candidate's row and usable candidates' artifacts.
+
+        Logs instead of raising on I/O problems.
         """
         ident = self._identities.pop(id(session), None)
         try:
@@ -153,16 +155,18 @@ class TuningCache:
         return bad
 
     def gc(self, max_size: int | None = None) -> GcReport:
-        """Remove invalid entries, orphans of dead writers and unreferenced artifacts, then
-        least-recently-used entries until the cache holds at most ``max_size`` bytes.
+        """Remove invalid entries, dead writers' orphans, unreferenced artifacts and LRU overflow.
+
+        Least-recently-used entries are removed until the cache holds at most ``max_size`` bytes.
         """
         lock = filelock.FileLock(str(self.disk.locks / "gc.lock"))
         with lock.acquire(timeout=self.lock_timeout_s):
             return maintenance.gc(self.disk, max_size)
 
     def device_lock(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
-        """Held around measurements so concurrent tuners on one device do not disturb each
-        other's timings (see :func:`tunetree.cache.locks.device_lock`).
+        """Held around measurements so concurrent tuners on one device do not disturb each other.
+
+        See :func:`tunetree.cache.locks.device_lock`.
         """
         return device_lock(self.disk.locks, device, self.lock_timeout_s)
 
@@ -175,8 +179,9 @@ class TuningCache:
     def _lookup(
         self, session: GraphSession, strategy: Strategy, ident: keys.EntryIdentity
     ) -> tuple[GraphResult | None, bool]:
-        """The validated result, or None; and whether the entry was missing (a plain miss,
-        as opposed to an entry that exists but cannot serve).
+        """The validated result, or None; and whether the entry was missing.
+
+        Missing is a plain miss, as opposed to an entry that exists but cannot serve.
         """
         key = ident.key
         manifest: EntryManifest | None = None
@@ -225,8 +230,9 @@ class TuningCache:
     def _load_winner(
         self, session: GraphSession, strategy: Strategy, manifest: EntryManifest
     ) -> GraphResult:
-        """Load and validate only the recorded winner (the next recorded candidate when the
-        winner can no longer be loaded).
+        """Load and validate only the recorded winner.
+
+        The next recorded candidate is used when the winner can no longer be loaded.
         """
         rows = recorded_rows(strategy, manifest)
         winner = None
@@ -249,8 +255,10 @@ class TuningCache:
         ident: keys.EntryIdentity,
         manifest: EntryManifest,
     ) -> GraphResult:
-        """Soft fields changed: load every recorded usable candidate (no rebuild), measure
-        them again, let the strategy choose, and replace the entry with the new numbers.
+        """Soft fields changed: reload and re-measure the recorded candidates and replace the entry.
+
+        Every recorded usable candidate is loaded (no rebuild) and measured again, the strategy
+        chooses, and the entry is replaced with the new numbers.
         """
         session.progress(
             session.path or "<model>", session.graph, "cache: environment changed, re-measuring"
@@ -298,9 +306,10 @@ def _check_manifest(manifest: EntryManifest, ident: keys.EntryIdentity) -> None:
 
 
 def open_cache(cache: Any = None) -> GraphCache | None:
-    """Resolve a ``cache=`` argument: None or True → the default directory
-    (:func:`default_directory`), False → no cache, a path → a cache there, a
-    :class:`TuningCache` (or any object with ``lookup``/``store``) → itself.
+    """Resolve a ``cache=`` argument to a cache or None.
+
+    None or True → the default directory (:func:`default_directory`), False → no cache, a path → a
+    cache there, a :class:`TuningCache` (or any object with ``lookup``/``store``) → itself.
 
     A default directory that cannot be created only disables caching (with a warning); an
     explicit one raises :class:`~tunetree.errors.CacheError`.

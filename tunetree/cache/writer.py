@@ -46,6 +46,7 @@ def write_entry(
     replace: bool = False,
 ) -> None:
     """Stage artifacts and the manifest (last), then rename the entry into place.
+
     ``reused``: artifacts of an older entry kept for these candidate indices.
     """
     rows_backends = [BackendRecord.of(r.backend).to_json() for r in result.rows]

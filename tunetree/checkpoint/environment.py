@@ -39,8 +39,10 @@ def backend_kinds(backends_used: Iterable[Any]) -> list[str]:
 
 
 def backend_libraries(kind: str) -> tuple[str, ...]:
-    """Distribution names whose versions matter for ``kind``: what its backend class declares
-    in ``libraries``; a kind no longer known is looked up as a distribution of its own name.
+    """Distribution names whose versions matter for ``kind``.
+
+    What its backend class declares in ``libraries``; a kind no longer known is looked up as a
+    distribution of its own name.
     """
     try:
         return libraries_of(kind)
@@ -129,9 +131,11 @@ def _accelerators() -> dict[str, Any]:
 
 
 def environment_record(backends_used: Iterable[Any] = ()) -> dict[str, Any]:
-    """Where this process runs, as JSON data: host name, operating system, CPU model and
-    flags, accelerators, and the versions of Python, torch, tunetree and of the libraries
-    behind ``backends_used`` (kinds, backend objects or classes).
+    """Where this process runs, as JSON data.
+
+    Host name, operating system, CPU model and flags, accelerators, and the versions of Python,
+    torch, tunetree and of the libraries behind ``backends_used`` (kinds, backend objects or
+    classes).
 
     Two records are equal exactly when a tuning measured in one holds in the other.
     """
@@ -211,8 +215,9 @@ def _ignored(entry: str, ignore: Iterable[str]) -> bool:
 def compare_records(
     tuned: Mapping[str, Any], running: Mapping[str, Any], ignore: Iterable[str] = ()
 ) -> list[Difference]:
-    """Every entry that differs between two records, in a stable order. An entry of
-    ``ignore`` waives itself and every entry below it (``"cpu"`` waives ``cpu.flags``).
+    """Every entry that differs between two records, in a stable order.
+
+    An entry of ``ignore`` waives itself and every entry below it (``"cpu"`` waives ``cpu.flags``).
     """
     ignore = tuple(ignore)
     a, b = flatten_record(tuned), flatten_record(running)
@@ -224,9 +229,9 @@ def compare_records(
 
 
 def unrecorded_libraries(record: Mapping[str, Any], kinds: Iterable[str]) -> list[str]:
-    """``kind: library`` for every library a known backend of ``kinds`` needs that
-    ``record`` does not list (a record edited to drop one would skip the version
-    comparison).
+    """``kind: library`` for every library a known backend of ``kinds`` needs that ``record`` lacks.
+
+    A record edited to drop one would skip the version comparison.
     """
     versions = record.get("versions", {})
     recorded = set(record.get("backends", ()))

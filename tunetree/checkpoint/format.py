@@ -240,9 +240,10 @@ class Manifest:
 
     @classmethod
     def from_json(cls, data: Any) -> Manifest:
-        """Validate a parsed ``manifest.json``; raises :class:`ManifestError` naming the
-        first malformed field (or :class:`CheckpointError` for unsafe member names and
-        weights stored other than as safetensors).
+        """Validate a parsed ``manifest.json``.
+
+        Raises :class:`ManifestError` naming the first malformed field (or :class:`CheckpointError`
+        for unsafe member names and weights stored other than as safetensors).
         """
         fields = Fields(data, "", ManifestError)
         members = {}

@@ -60,10 +60,11 @@ class CheckpointInfo:
 
 
 def read_info(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> CheckpointInfo:
-    """Version, environment record, comparison with this environment, and the manifest of a
-    checkpoint. Reads the header and the manifest only (no weights, no artifacts); raises
-    like :func:`load` for another format version or a damaged file, but not for another
-    environment (see :attr:`CheckpointInfo.differences`).
+    """Version, environment record, comparison with this environment, and manifest of a checkpoint.
+
+    Reads the header and the manifest only (no weights, no artifacts); raises like :func:`load` for
+    another format version or a damaged file, but not for another environment (see
+    :attr:`CheckpointInfo.differences`).
     """
     path = Path(os.fspath(path))
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)

@@ -139,8 +139,10 @@ def _target_device(
 
 
 def _needed_entries(manifest: Manifest) -> list[int]:
-    """Entries to rebuild: those of paths that are wrapped, i.e. where some graph's winner
-    is not eager (as :meth:`Plan.runners` decides). The others need nothing from the file.
+    """Entries to rebuild: those of paths that are wrapped.
+
+    A path is wrapped where some graph's winner is not eager (as :meth:`Plan.runners` decides). The
+    others need nothing from the file.
     """
     wrapped = {e.path for e in manifest.entries if e.backend.kind != "eager"}
     return [n for n, e in enumerate(manifest.entries) if e.path in wrapped]

@@ -246,9 +246,10 @@ _UNSUPPORTED_FLAGS = 0x1 | 0x20 | 0x40
 
 
 def check_zip_features(path: Path, info: zipfile.ZipInfo) -> None:
-    """Refuse what tunetree never writes: encryption, patched data, and any method but
-    stored and deflate (bzip2 and LZMA decompress without an output bound, others are not
-    implemented and fail untyped).
+    """Refuse what tunetree never writes: encryption, patched data, and unusual compression methods.
+
+    Any method but stored and deflate is refused (bzip2 and LZMA decompress without an output bound,
+    others are not implemented and fail untyped).
     """
     if info.flag_bits & _UNSUPPORTED_FLAGS:
         raise CheckpointError(
@@ -316,8 +317,9 @@ def read_manifest(source: Source, header: Header) -> Manifest:
 
 
 class Budget:
-    """Bytes a load may still extract (size-bomb protection); limits are read from
-    :mod:`tunetree.checkpoint.format` when the budget is made.
+    """Bytes a load may still extract (size-bomb protection).
+
+    Limits are read from :mod:`tunetree.checkpoint.format` when the budget is made.
     """
 
     def __init__(self) -> None:

@@ -1,6 +1,7 @@
-"""The environment record's schema, checked before any entry of a record read from a file
-is used: every entry present with its type, lists and strings bounded, backend kinds of
-the closed form :data:`~tunetree.artifacts.KIND`.
+"""The environment record's schema, checked before any entry of a record read from a file is used.
+
+Every entry must be present with its type, lists and strings bounded, backend kinds of the closed
+form :data:`~tunetree.artifacts.KIND`.
 """
 
 from __future__ import annotations

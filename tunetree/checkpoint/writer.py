@@ -47,9 +47,10 @@ log = logging.getLogger(__name__)
 def save(
     model_or_result: Any, path: str | os.PathLike[str], *, compress_checkpoint: bool = True
 ) -> Path:
-    """Save a tuned model (or a tune result) so that :func:`load` can rebuild it without
-    tuning: its weights, its plan, the winning runners' artifacts and the environment
-    record. Only what the plan reaches is written; losing candidates leave no trace.
+    """Save a tuned model (or a tune result) so that :func:`load` can rebuild it without tuning.
+
+    The file holds its weights, its plan, the winning runners' artifacts and the environment record.
+    Only what the plan reaches is written; losing candidates leave no trace.
 
     ``compress_checkpoint=False`` writes a directory with the same content. The write is
     atomic: a temporary file (or directory) beside ``path`` is filled, flushed to disk and
@@ -106,8 +107,10 @@ def save(
 
 
 def _refuse_hidden_modules(model: Any) -> None:
-    """Refuse a model whose modules hold modules in a plain dict or list: their weights are
-    in no ``state_dict``, so after loading they would silently be the fresh model's.
+    """Refuse a model whose modules hold modules in a plain dict or list.
+
+    Their weights are in no ``state_dict``, so after loading they would silently be the fresh
+    model's.
     """
     hidden = hidden_modules(model)
     if hidden:
@@ -119,8 +122,10 @@ def _refuse_hidden_modules(model: Any) -> None:
 
 
 def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
-    """The model to save, its plan and (for results) the graph results with each winner's
-    measurements. A bare model's plan is read from its dispatchers.
+    """The model to save, its plan and (for results) the graph results with winners' measurements.
+
+    The graph results carry each winner's measurements. A bare model's plan is read from its
+    dispatchers.
     """
     plan = getattr(obj, "plan", None)
     if isinstance(plan, Plan) and hasattr(obj, "model"):
@@ -200,8 +205,10 @@ def _check_config_round_trip(backend: Backend) -> None:
 
 
 def _write_weights(model: Any, path: Path) -> int:
-    """The model's state dict as safetensors (no pickle). Tensors that share memory (tied
-    weights) or are not contiguous are copied first, as safetensors requires.
+    """The model's state dict as safetensors (no pickle).
+
+    Tensors that share memory (tied weights) or are not contiguous are copied first, as safetensors
+    requires.
     """
     from safetensors.torch import save_file
 
@@ -260,8 +267,9 @@ def _write_tt(staging: Path, record_bytes: bytes, target: Path) -> None:
 
 
 def _install(tmp: Path, target: Path) -> None:
-    """Move a fully written (and fsynced) file or directory onto ``target`` and make the
-    rename durable. A file replaces a file in one atomic rename; anything involving a
+    """Move a fully written (and fsynced) file or directory onto ``target``, durably.
+
+    The rename is made durable. A file replaces a file in one atomic rename; anything involving a
     directory moves the old target aside first and deletes it after the new one is in.
     """
     if target.exists() and (tmp.is_dir() or target.is_dir()):
