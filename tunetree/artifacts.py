@@ -71,6 +71,7 @@ class BackendRecord:
         return cls(backend.kind, config, f"{klass.__module__}.{klass.__qualname__}")
 
     def to_json(self) -> dict[str, Any]:
+        """This record as JSON data; class and name only where known."""
         data: dict[str, Any] = {"kind": self.kind, "config": self.config}
         if self.cls:
             data["class"] = self.cls
@@ -116,10 +117,12 @@ class FileRecord:
     size: int
 
     def to_json(self) -> dict[str, Any]:
+        """This record as JSON data."""
         return {"path": self.path, "sha256": self.sha256, "size": self.size}
 
     @classmethod
     def from_json(cls, data: Any, where: str, error: type[Exception]) -> FileRecord:
+        """Read a record; raises ``error`` for a bad field or a path that leaves its directory."""
         fields = Fields(data, where, error)
         size = fields.get("size", int)
         if size < 0:

@@ -85,6 +85,7 @@ class DepthRow:
 
     @property
     def latency_s(self) -> float | None:
+        """Median end-to-end latency at this depth, or None when not measured."""
         return self.timing.median_s if self.timing else None
 
     @property
@@ -130,6 +131,7 @@ class AutoTuneResult:
 
     @property
     def selected_row(self) -> DepthRow | None:
+        """The row of the selected depth, or None when the model stays untuned."""
         return next((r for r in self.rows if r.depth == self.depth), None)
 
     def undo(self) -> Any:

@@ -25,10 +25,13 @@ class Deadline:
 
     @classmethod
     def after(cls, seconds: float, start: float | None = None) -> Deadline:
+        """The deadline ``seconds`` after ``start`` (default: now)."""
         return cls((now() if start is None else start) + seconds)
 
     def passed(self) -> bool:
+        """True once the deadline has passed."""
         return now() > self.at
 
     def left_s(self) -> float:
+        """Seconds left until the deadline (0 once passed)."""
         return max(0.0, self.at - now())

@@ -101,6 +101,7 @@ def info_command(args: argparse.Namespace) -> int:
 
 
 def add_info_command(subparsers: Any) -> None:
+    """Add the ``info`` subcommand: a checkpoint's version, environment and plan."""
     parser = subparsers.add_parser(
         "info",
         help="show a checkpoint's version, environment and plan (loads no weights)",
@@ -122,6 +123,7 @@ def add_info_command(subparsers: Any) -> None:
 
 
 def add_demo_command(subparsers: Any) -> None:
+    """Add the ``demo`` subcommand: auto-tune the built-in transformer encoder."""
     parser = subparsers.add_parser(
         "demo",
         help="auto-tune the built-in 4-layer transformer encoder and print the tables",
@@ -133,6 +135,7 @@ def add_demo_command(subparsers: Any) -> None:
 
 
 def demo_command(args: argparse.Namespace) -> int:
+    """Run the demo with the parsed arguments; returns the exit status."""
     from .demo import run_demo
 
     return run_demo(args.max_depth, args.time_budget)
@@ -143,6 +146,7 @@ COMMANDS: list[Callable[[Any], None]] = [add_info_command, add_cache_commands, a
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``tunetree`` argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="tunetree", description="Make PyTorch inference faster without changing results."
     )

@@ -53,10 +53,12 @@ class Tolerances:
 
     @classmethod
     def uniform(cls, atol: float, rtol: float) -> Tolerances:
+        """The same tolerance for every float dtype."""
         tol = Tolerance(atol, rtol)
         return cls({dt: tol for dt in DEFAULT_TOLERANCES})
 
     def for_dtype(self, dtype: torch.dtype) -> Tolerance:
+        """The tolerance for ``dtype``; exact (``atol = rtol = 0``) for a dtype without one."""
         return self.by_dtype.get(dtype, Tolerance(0.0, 0.0))
 
     def to_json(self) -> dict[str, dict[str, float]]:

@@ -22,6 +22,7 @@ def build_encoder(d_model: int = 256, layers: int = 4) -> torch.nn.Module:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point of the demo; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-depth", type=int, default=1, help="deepest cut to try")
     parser.add_argument("--time-budget", type=float, default=None, help="seconds")

@@ -62,6 +62,7 @@ class CandidateRow:
 
     @property
     def latency_s(self) -> float | None:
+        """Median latency of the candidate, or None when not measured."""
         return self.timing.median_s if self.timing else None
 
     @property
@@ -71,6 +72,7 @@ class CandidateRow:
 
     @property
     def usable(self) -> bool:
+        """True when the candidate's status is OK and it has a runner."""
         return self.status is Status.OK and self.runner is not None
 
     def describe(self) -> str:
@@ -79,6 +81,7 @@ class CandidateRow:
         return f"{self.status}{note}" + (f": {self.reason}" if self.reason else "")
 
     def latency_text(self) -> str:
+        """The measured latency as the table shows it."""
         return str(self.timing) if self.timing else format_seconds(None)
 
 

@@ -354,6 +354,7 @@ class Sample:
 
     @property
     def key(self) -> GraphKey:
+        """The graph key of this call."""
         return GraphKey.of(self.args, self.kwargs)
 
     def to(self, device: torch.device | str) -> Sample:

@@ -101,12 +101,14 @@ class ModelInfo:
         ]
 
     def summary(self, depth: int) -> DepthSummary:
+        """What a cut at ``depth`` wraps: modules, graphs and share of the forward time."""
         paths = self.cut(depth)
         graphs = sum(len(self.modules[p].graphs) for p in paths)
         share = sum(self.modules[p].total_s for p in paths) / self.total_s if self.total_s else 0
         return DepthSummary(depth, len(paths), graphs, share)
 
     def summaries(self) -> list[DepthSummary]:
+        """One summary per depth, from 0 to the deepest."""
         return [self.summary(d) for d in range(self.max_depth + 1)]
 
     def depth0_text(self) -> str:

@@ -16,6 +16,7 @@ class Progress:
         self.start = time.perf_counter()
 
     def __call__(self, *parts: object) -> None:
+        """Write one line of the non-empty ``parts`` with the elapsed time, when verbose."""
         if not self.verbose:
             return
         stream = self.stream or sys.stderr

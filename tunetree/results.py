@@ -30,6 +30,7 @@ class GraphResult:
 
     @property
     def eager_latency_s(self) -> float | None:
+        """Median latency of the eager row, or None when eager was not measured."""
         for row in self.rows:
             if row.backend.kind == "eager" and row.timing is not None:
                 return row.timing.median_s

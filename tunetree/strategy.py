@@ -61,6 +61,7 @@ class Strategy:
         raise NotImplementedError
 
     def describe(self) -> str:
+        """The strategy's name as reports show it."""
         return type(self).__name__
 
     def __str__(self) -> str:
@@ -84,6 +85,7 @@ class FirstWinsStrategy(Strategy):
     """
 
     def run(self, session: GraphSession) -> StrategyOutcome:
+        """Evaluate candidates in order until one is usable and measured; later ones are skipped."""
         rows: list[CandidateRow] = []
         winner = None
         for backend in self.backends:
@@ -109,6 +111,7 @@ class MinLatencyStrategy(Strategy):
     """Measure every candidate; the lowest median latency wins."""
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        """The measured candidate with the lowest median latency."""
         return min(measured, key=lambda r: r.latency_s or float("inf"))
 
 
@@ -133,9 +136,14 @@ class HighestThroughputStrategy(Strategy):
         self.max_batch_size = max_batch_size
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        """The measured candidate with the highest throughput."""
         return max(measured, key=lambda r: r.throughput or 0.0)
 
     def run(self, session: GraphSession) -> StrategyOutcome:
+        """Measure every candidate; with ``search_max_batch_size``, also search larger batches.
+
+        The winner is then the usable candidate with the highest throughput at its best batch size.
+        """
         outcome = super().run(session)
         if not self.search_max_batch_size or outcome.winner is None:
             return outcome
@@ -172,6 +180,7 @@ class HighestThroughputStrategy(Strategy):
         return throughput
 
     def describe(self) -> str:
+        """The strategy's name as reports show it, noting the batch size search."""
         extra = " (max batch size search)" if self.search_max_batch_size else ""
         return f"HighestThroughputStrategy{extra}"
 
@@ -189,6 +198,7 @@ class LatencyBudgetStrategy(Strategy):
         self.budget_ms = budget_ms
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        """The first measured candidate within ``budget_ms``, else the fastest one."""
         for row in measured:
             if row.latency_s is not None and row.latency_s * 1e3 <= self.budget_ms:
                 return row
@@ -197,6 +207,7 @@ class LatencyBudgetStrategy(Strategy):
         return fastest
 
     def describe(self) -> str:
+        """The strategy's name as reports show it, with its budget."""
         return f"LatencyBudgetStrategy({self.budget_ms:g} ms)"
 
 

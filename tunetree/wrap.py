@@ -76,6 +76,11 @@ class Dispatcher:
                 self._ranged.setdefault(key.pattern(), []).append((key, runner))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Serve a call with the runner for its signature, or the original forward.
+
+        The original forward runs in training mode (with a warning, once) and for signatures no
+        runner serves.
+        """
         if self.original.__self__.training:
             # Runners are inference-only (an exported graph has no dropout, no autograd).
             if not self._warned_training:

@@ -31,6 +31,7 @@ def parse_size(text: str) -> int:
 
 
 def format_size(size: float) -> str:
+    """A byte count in B, KiB, MiB or GiB for display."""
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"

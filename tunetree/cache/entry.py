@@ -42,15 +42,18 @@ class ArtifactRecord:
 
     @property
     def saved(self) -> bool:
+        """True when the candidate's runner was saved (no error, a description)."""
         return self.error is None and self.description is not None
 
     def to_json(self) -> dict[str, Any]:
+        """This record as JSON data: the error, or the description and files."""
         if self.error is not None:
             return {"error": self.error}
         return {"description": self.description, "files": [f.to_json() for f in self.files]}
 
     @classmethod
     def from_json(cls, fields: Fields) -> ArtifactRecord:
+        """Read a record from a manifest's fields; raises on a malformed field."""
         if "error" in fields.data:
             return cls(error=fields.get("error", str))
         return cls(
@@ -77,9 +80,11 @@ class CandidateRecord:
 
     @property
     def files(self) -> list[FileRecord]:
+        """The candidate's saved files (none when it has no artifact)."""
         return self.artifact.files if self.artifact is not None else []
 
     def to_json(self) -> dict[str, Any]:
+        """This record as JSON data."""
         t = self.timing
         return {
             "backend": self.backend.to_json(),
@@ -97,6 +102,7 @@ class CandidateRecord:
 
     @classmethod
     def from_json(cls, fields: Fields) -> CandidateRecord:
+        """Read a record from a manifest's fields; raises on a malformed field."""
         status = fields.get("status", str)
         try:
             parsed = Status(status)
@@ -155,6 +161,7 @@ class EntryManifest:
         return [f for c in self.candidates for f in c.files]
 
     def to_json(self) -> dict[str, Any]:
+        """This manifest as JSON data."""
         return {
             "schema": self.schema,
             "key": self.key,

@@ -58,12 +58,14 @@ class WriterLocks:
         return True
 
     def release(self, key: str) -> None:
+        """Release ``key``'s lock if held; errors while releasing are ignored."""
         lock = self._held.pop(key, None)
         if lock is not None:
             with contextlib.suppress(Exception):
                 lock.release(force=True)
 
     def release_all(self) -> None:
+        """Release every lock this object holds."""
         for key in list(self._held):
             self.release(key)
 

@@ -241,6 +241,7 @@ def _artifact_files(store: CacheStore) -> list[Path]:
 
 
 def remove_entry(store: CacheStore, key: str) -> None:
+    """Remove the entry of ``key`` (via the trash) with its invalid marker and hit counts."""
     trash = store.trash / f"{key}.{uuid.uuid4().hex[:8]}"
     try:
         os.rename(store.entries / key, trash)

@@ -97,6 +97,7 @@ class CacheStore:
         return path
 
     def artifact_path(self, sha: str) -> Path:
+        """Where the artifact with sha256 ``sha`` is stored (sharded by its first two chars)."""
         return self.artifacts / sha[:2] / sha
 
     def artifact_stat(self, sha: str) -> os.stat_result:
@@ -283,6 +284,7 @@ class CacheStore:
             log.debug("cannot mark %s invalid: %s", key, exc)
 
     def invalid_marker(self, key: str) -> dict[str, Any] | None:
+        """The invalid marker of ``key`` as JSON data, or None when absent or unreadable."""
         try:
             data = loads_bounded(read_regular(self.invalid / key, MAX_SMALL_BYTES), MAX_SMALL_BYTES)
         except (OSError, ValueError):
@@ -290,6 +292,7 @@ class CacheStore:
         return data if isinstance(data, dict) else None
 
     def is_marked_invalid(self, key: str, manifest: EntryManifest) -> bool:
+        """True when ``key`` is marked invalid for this very entry (same ``entry_id``)."""
         marker = self.invalid_marker(key)
         return marker is not None and marker.get("entry_id") == manifest.entry_id
 
@@ -316,6 +319,7 @@ class CacheStore:
     # ------------------------------------------------------------------ listing
 
     def entry_keys(self) -> list[str]:
+        """Keys of the stored entries, sorted (empty when unreadable)."""
         try:
             return sorted(p.name for p in self.entries.iterdir() if not p.name.startswith("."))
         except OSError:
@@ -331,6 +335,7 @@ class CacheStore:
         return total
 
     def entry_dir_size(self, key: str) -> int:
+        """Bytes (``lstat`` sizes) of what lies directly in ``entries/<key>``."""
         total = 0
         with contextlib.suppress(OSError):
             for p in (self.entries / key).iterdir():
@@ -338,6 +343,7 @@ class CacheStore:
         return total
 
     def artifact_size(self, sha: str) -> int:
+        """Bytes of the artifact with sha256 ``sha`` (0 when missing or not a regular file)."""
         try:
             return self.artifact_stat(sha).st_size
         except OSError:

@@ -83,6 +83,7 @@ class TuningCache:
 
     @property
     def directory(self) -> Path:
+        """The cache's root directory."""
         return self.disk.root
 
     def __repr__(self) -> str:

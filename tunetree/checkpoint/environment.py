@@ -196,6 +196,7 @@ class Difference:
         return f"{self.entry}: tuned {_show(self.tuned)} vs running {_show(self.running)}"
 
     def to_json(self) -> dict[str, Any]:
+        """This difference as JSON data."""
         return {"entry": self.entry, "tuned": self.tuned, "running": self.running}
 
 

@@ -133,10 +133,12 @@ class MemberRecord:
     size: int
 
     def to_json(self) -> dict[str, Any]:
+        """This record as JSON data."""
         return {"sha256": self.sha256, "size": self.size}
 
     @classmethod
     def from_json(cls, fields: Fields) -> MemberRecord:
+        """Read a record from a manifest's fields; raises on a malformed field."""
         size = fields.get("size", int)
         if size < 0:
             raise fields.fail("size", "is negative")
@@ -159,6 +161,7 @@ class EntryRecord:
     max_abs_diff: float | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """This record as JSON data."""
         return {
             "path": self.path,
             "graph": self.graph.to_json(),
@@ -174,6 +177,7 @@ class EntryRecord:
 
     @classmethod
     def from_json(cls, fields: Fields) -> EntryRecord:
+        """Read a record from a manifest's fields; raises on a malformed field."""
         try:
             graph = GraphKey.from_json(fields.data.get("graph"))
         except (ValueError, TypeError, RecursionError) as exc:
@@ -221,6 +225,7 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
+        """This manifest as JSON data."""
         return {
             "format_version": self.format_version,
             "tunetree_version": self.tunetree_version,

@@ -158,6 +158,10 @@ def _parse_record(path: Path, data: bytes) -> dict[str, Any]:
 
 
 def environment_error(path: Path, differences: list[Difference]) -> EnvironmentMismatchError:
+    """The error for a checkpoint tuned in another environment, listing the differences.
+
+    It says why the saved winners do not carry over and how to waive an entry with ``ignore``.
+    """
     lines = "\n".join(f"  {d}" for d in differences)
     example = "('host',)" if any(d.entry == "host" for d in differences) else "('ENTRY', ...)"
     return EnvironmentMismatchError(
@@ -176,19 +180,25 @@ class Source:
     """Read access to an archive's members (zip) or a checkpoint directory's files."""
 
     def size(self, name: str) -> int:
+        """Uncompressed size of member ``name`` in bytes."""
         raise NotImplementedError
 
     def compressed_size(self, name: str) -> int:
+        """Stored size of member ``name`` in bytes (the uncompressed size unless overridden)."""
         return self.size(name)
 
     def open(self, name: str) -> IO[bytes]:
+        """Open member ``name`` for reading bytes."""
         raise NotImplementedError
 
     def close(self) -> None:
+        """Release what the source holds open (nothing by default)."""
         pass
 
 
 class ZipSource(Source):
+    """The members of a ``.tt`` file: the zip archive after its header."""
+
     def __init__(self, path: Path, archive_offset: int) -> None:
         try:
             self.zip = zipfile.ZipFile(path)
@@ -229,15 +239,19 @@ class ZipSource(Source):
         return info
 
     def size(self, name: str) -> int:
+        """Uncompressed size of member ``name`` in bytes."""
         return self._info(name).file_size
 
     def compressed_size(self, name: str) -> int:
+        """Compressed size of member ``name`` in bytes."""
         return self._info(name).compress_size
 
     def open(self, name: str) -> IO[bytes]:
+        """Open member ``name`` for reading bytes."""
         return self.zip.open(self._info(name))
 
     def close(self) -> None:
+        """Close the zip file."""
         self.zip.close()
 
 
@@ -264,6 +278,8 @@ def check_zip_features(path: Path, info: zipfile.ZipInfo) -> None:
 
 
 class DirSource(Source):
+    """The files of a checkpoint directory, as members."""
+
     def __init__(self, root: Path) -> None:
         self.root = root.resolve()
 
@@ -279,13 +295,16 @@ class DirSource(Source):
         return path
 
     def size(self, name: str) -> int:
+        """Size of member ``name``'s file in bytes."""
         return self._path(name).lstat().st_size
 
     def open(self, name: str) -> IO[bytes]:
+        """Open member ``name``'s file for reading bytes."""
         return open(self._path(name), "rb")
 
 
 def read_member(source: Source, name: str, limit: int) -> bytes:
+    """The bytes of member ``name``; CheckpointError when larger than ``limit`` or damaged."""
     if source.size(name) > limit:
         raise CheckpointError(f"member {name!r} is larger than {limit} bytes")
     try:
@@ -327,6 +346,7 @@ class Budget:
         self.member_limit = fmt.MAX_MEMBER_BYTES
 
     def take(self, name: str, size: int) -> None:
+        """Count ``size`` bytes of member ``name`` against the limits (refusing a zip bomb)."""
         if size > self.member_limit or size > self.left:
             raise CheckpointError(
                 f"member {name!r} would extract to {size} bytes, over the limit "
@@ -384,6 +404,7 @@ def extract(source: Source, name: str, manifest: Manifest, root: Path, budget: B
 
 @contextlib.contextmanager
 def open_source(path: Path, header: Header) -> Iterator[Source]:
+    """The checkpoint's members as a :class:`Source` (directory or zip), closed on exit."""
     source: Source = DirSource(path) if path.is_dir() else ZipSource(path, header.archive_offset)
     try:
         yield source
