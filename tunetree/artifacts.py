@@ -148,7 +148,7 @@ class SavedRunner:
 def save_runner(runner: Runner, directory: Path, *, for_checkpoint: bool = False) -> SavedRunner:
     """Save ``runner`` into ``directory`` (existing, empty), hashing every file it wrote.
 
-    The runner's description is checked to be JSON and every file it wrote is hashed. Raises
+    Its description is checked to be JSON. Raises
     :class:`~tunetree.errors.BackendError` when the runner cannot be saved or writes anything but
     regular files.
     """

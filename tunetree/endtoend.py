@@ -39,10 +39,10 @@ def side_by_side(
 
 
 def too_noisy(timings: Mapping[str, Timing]) -> bool:
-    """Whether the timings' spread exceeds the closest gap that a decision rests on.
+    """Whether the measurement cannot separate the timings a decision rests on.
 
-    True when the spread is larger than the gap between any two of them that a decision rests on
-    (the closest pair): then the measurement cannot separate them.
+    True when the timings' spread is larger than the gap between any two of them that a decision
+    rests on (the closest pair).
     """
     values = sorted(timings.values(), key=lambda t: t.median_s)
     for a, b in itertools.pairwise(values):

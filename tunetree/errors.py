@@ -28,10 +28,9 @@ class IncompatibleCheckpointError(CheckpointError):
 
 
 class UntrustedConfigError(CheckpointError):
-    """A backend configuration read from a file needs ``trust_config=True``.
+    """A backend configuration read from a file could name programs, paths or code.
 
-    Such a config could name programs, paths or code, and the user did not pass
-    ``trust_config=True``.
+    The user did not pass ``trust_config=True``.
     """
 
 

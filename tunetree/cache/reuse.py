@@ -103,7 +103,7 @@ def select(strategy: Strategy, measured: list[CandidateRow]) -> CandidateRow:
 
 
 def ranking(strategy: Strategy, rows: list[CandidateRow], winner: int) -> list[int]:
-    """The recorded winner first, then the other measured candidates in the strategy's order.
+    """The recorded winner first, then the other measured candidates.
 
     The others come in the order the strategy would have picked them.
     """

@@ -122,7 +122,7 @@ def _refuse_hidden_modules(model: Any) -> None:
 
 
 def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
-    """The model to save, its plan and (for results) the graph results with winners' measurements.
+    """The model to save, its plan and (for results) the graph results.
 
     The graph results carry each winner's measurements. A bare model's plan is read from its
     dispatchers.
@@ -267,7 +267,7 @@ def _write_tt(staging: Path, record_bytes: bytes, target: Path) -> None:
 
 
 def _install(tmp: Path, target: Path) -> None:
-    """Move a fully written (and fsynced) file or directory onto ``target``, durably.
+    """Move a fully written (and fsynced) file or directory onto ``target``.
 
     The rename is made durable. A file replaces a file in one atomic rename; anything involving a
     directory moves the old target aside first and deletes it after the new one is in.
