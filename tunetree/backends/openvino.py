@@ -279,9 +279,7 @@ def _set_input_shapes(model: Any, inputs: FlatInputs, key: GraphKey) -> None:
             {
                 port: openvino.PartialShape(
                     [
-                        openvino.Dimension(axes[axis].min, axes[axis].max)
-                        if axis in axes
-                        else size
+                        openvino.Dimension(axes[axis].min, axes[axis].max) if axis in axes else size
                         for axis, size in enumerate(shape)
                     ]
                 )

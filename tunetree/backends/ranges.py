@@ -39,7 +39,9 @@ def call_sizes(tensors: Sequence[torch.Tensor], dims: Sequence[AxisDims]) -> dic
     }
 
 
-def example_sizes(dims: Mapping[str, Dim], preferred: Mapping[str, int] | None = None) -> dict[str, int]:
+def example_sizes(
+    dims: Mapping[str, Dim], preferred: Mapping[str, int] | None = None
+) -> dict[str, int]:
     """A size per dimension to export with: the preferred size where it is usable, each at
     least 2 (when the range allows) and no two dimensions at the same size."""
     preferred = preferred or {}
@@ -124,8 +126,7 @@ def export_dynamic_shapes(key: GraphKey) -> tuple[tuple[dict[int, Any], ...]] | 
     if not key.is_dynamic:
         return None
     exported = {
-        name: torch.export.Dim(name, min=dim.min, max=dim.max)
-        for name, dim in key.dims().items()
+        name: torch.export.Dim(name, min=dim.min, max=dim.max) for name, dim in key.dims().items()
     }
     per_input = tuple(
         {axis: exported[dim.name] for axis, dim in axes.items()} for axes in axis_dims(key)
