@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import linecache
+import os
 import re
+import traceback
 import warnings
 from collections.abc import Iterator
+
+import torch
 
 from ..errors import BackendError
 
@@ -21,7 +25,9 @@ _CONVERSION = re.compile(
 )
 _DATA_DEPENDENT_TYPES = ("GuardOnDataDependentSymNode",)
 _DATA_DEPENDENT_TEXT = ("guard on data-dependent", "specialized integer from data-dependent")
-_USER_CODE = re.compile(r"File: (\S+?):(\d+) in \w+, code: (.+)")
+_RAISED_BY = re.compile(
+    r'The following call raised this error:\s*File "([^"]+)", line (\d+), in \S+\s*\n\s*(.+)'
+)
 PREFIX = "the graph depends on input values"
 
 
@@ -64,13 +70,22 @@ def data_dependent_reason(error: BaseException) -> str | None:
         if type(current).__name__ in _DATA_DEPENDENT_TYPES or any(
             t in text for t in _DATA_DEPENDENT_TEXT
         ):
-            match = _USER_CODE.search(text)
-            where = (
-                f"`{match.group(3).strip()}` at {match.group(1).rsplit('/', 1)[-1]}:"
-                f"{match.group(2)}"
-                if match
-                else text.strip().splitlines()[0][:200]
-            )
+            where = _raising_code(current) or text.strip().splitlines()[0][:200]
             return f"{PREFIX}: torch.export cannot guard on a tensor value in {where}"
         current = current.__cause__ or current.__context__
+    return None
+
+
+def _raising_code(error: BaseException) -> str | None:
+    """The user code that raised ``error``: as torch's message names it, else the innermost
+    frame of its traceback outside torch."""
+    match = _RAISED_BY.search(str(error))
+    if match is not None:
+        return f"`{match.group(3).strip()}` at {match.group(1).rsplit('/', 1)[-1]}:{match.group(2)}"
+    torch_dir = os.path.dirname(torch.__file__)
+    frames = [f for f, _ in traceback.walk_tb(error.__traceback__)]
+    for frame in reversed(frames):
+        filename = frame.f_code.co_filename
+        if not filename.startswith(torch_dir) and os.sep + "tunetree" + os.sep not in filename:
+            return _source(filename, frame.f_lineno)
     return None
