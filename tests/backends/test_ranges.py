@@ -158,11 +158,11 @@ def test_example_sizes_are_at_least_two_and_distinct() -> None:
 
 
 def test_example_sample_resizes_the_largest_recorded_call() -> None:
-    module, graph = masked_graph()
+    _, graph = masked_graph()
     example = example_sample(graph)
     ids, mask = example.kwargs["input_ids"], example.kwargs["attention_mask"]
     assert ids.shape == mask.shape == (8, 64)  # the largest call already fits
-    module2, graph2 = mlp_graph()
+    _, graph2 = mlp_graph()
     graph2.samples = graph2.samples[:1]  # only batch 1 recorded: the example is resized to 2
     assert example_sample(graph2).args[0].shape == (2, 16)
     assert torch.equal(example_sample(graph2).args[0][1], graph2.samples[0].args[0][0])

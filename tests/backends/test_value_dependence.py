@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 import tunetree as tt
 from tunetree.backends import Eager, OnnxRuntime, OpenVINO
@@ -75,13 +74,12 @@ def test_tracer_check_ignores_other_warnings() -> None:
 
     with traced_values_checked("tracing"):
         warnings.warn("something else entirely", UserWarning, stacklevel=1)
-    with pytest.raises(ValueDependentError, match="Python number"):
-        with traced_values_checked("tracing"):
-            warnings.warn(
-                "Converting a tensor to a Python number might cause the trace to be incorrect.",
-                torch.jit.TracerWarning,
-                stacklevel=1,
-            )
+    message = "Converting a tensor to a Python number might cause the trace to be incorrect."
+    with (
+        pytest.raises(ValueDependentError, match="Python number"),
+        traced_values_checked("tracing"),
+    ):
+        warnings.warn(message, torch.jit.TracerWarning, stacklevel=1)
 
 
 def test_other_export_errors_are_not_value_dependence() -> None:
@@ -90,17 +88,6 @@ def test_other_export_errors_are_not_value_dependence() -> None:
     wrapped.__cause__ = RuntimeError("Could not guard on data-dependent expression Eq(u0, 1)")
     reason = data_dependent_reason(wrapped)
     assert reason is not None and reason.startswith("the graph depends on input values")
-
-
-class Faster(nn.Module):
-    """The data-dependent module, wrapped so tune sees one graph."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.inner = data_dependent()[0]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.inner(x)
 
 
 def test_tune_rows_say_what_happened() -> None:
