@@ -354,7 +354,7 @@ def run_model(
         block_s=0.0,
         trials=passes,
         min_trials=passes,
-        max_s_per_candidate=float("inf"),
+        max_s_per_candidate=1e9,
     )
     rows: list[dict[str, Any]] = []
     for name, make in approaches(work, calls, device, quick, max_depth):
@@ -364,7 +364,7 @@ def run_model(
             row = {"approach": name, "error": f"{type(exc).__name__}: {str(exc)[:160]}"}
         row["model"] = work.name
         rows.append(row)
-        print(f"  {work.name}: {name} done", flush=True)
+        print(f"  {work.name}: {name}: {row}", flush=True)
     return rows
 
 
