@@ -15,7 +15,8 @@ Approaches, each over the whole trace:
 
 Reported per approach: steady time for the whole trace (median of passes, measured by
 :func:`tunetree.measure` with one pass per block), ratio to eager, the first pass (compiles
-included), graphs built, calls that ran the original forward, tuning or compile time, and the
+included), graphs built (Dynamo's compiled graphs; tunetree's candidate builds), calls of one
+pass that ran the original forward at a tuned module, tuning or export time, and the
 largest difference from eager's outputs over the trace. Run ``python benchmarks/dynamic.py
 --quick`` to check it works; real numbers need an idle machine.
 """
@@ -302,11 +303,14 @@ def evaluate(
     config: MeasureConfig,
 ) -> dict[str, Any]:
     """First pass (compiles included), correctness against eager, then steady passes."""
+    before = approach.fallbacks()
     synchronize(device)
     start = time.perf_counter()
     outputs = run_trace(approach.fn, calls)
     synchronize(device)
     first = time.perf_counter() - start
+    after = approach.fallbacks()
+    fallbacks = None if before is None or after is None else after - before
     diff = max(
         float((_first_tensor(o).float().cpu() - e).abs().max())
         for o, e in zip(outputs, eager, strict=True)
@@ -321,7 +325,7 @@ def evaluate(
         "first_pass_s": first,
         "setup_s": approach.setup_s,
         "builds": approach.builds(),
-        "fallback_calls": approach.fallbacks(),
+        "fallback_calls": fallbacks,
         "max_abs_diff": diff,
         "note": approach.note,
     }
