@@ -370,3 +370,59 @@ def test_captures_the_compiled_forward() -> None:
     runner = backend.build(module, graph, CUDA)
     result = compare_all(graph.outputs, _run_all(runner, samples), Tolerances())
     assert result.ok, result.reason
+
+
+# ------------------------------------------------------------- ranged graphs: a set of captures
+
+
+def _ranged_mlp(device: torch.device, batches: tuple[int, ...]) -> tuple[nn.Module, Graph]:
+    from tunetree.shapes import group_graphs
+
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval().to(device)
+    samples = [Sample((torch.randn(b, 8, device=device),)) for b in batches]
+    with torch.no_grad():
+        (graph,) = group_graphs([(s, module(*s.args)) for s in samples]).values()
+    assert graph.key.is_dynamic
+    return module, graph
+
+
+def _check_shape_set(module: nn.Module, graph: Graph, device: torch.device, tmp: Path) -> None:
+    backend = DeviceGraph(max_shapes=3)
+    runner = backend.build(module, graph, device)
+    assert isinstance(runner, device_graph.ShapeSetRunner)
+    assert runner.served_shapes == [((1, 8),), ((4, 8),)]  # the recorded shapes, at build
+    calls = [torch.randn(b, 8, device=device) for b in (4, 7, 1, 5, 7)]
+    with torch.no_grad():
+        got = [runner(x) for x in calls]
+        want = [module(x) for x in calls]
+    assert compare_all(want, got, Tolerances()).ok
+    # 7 was captured on its first call; 5 found no room and ran eager.
+    assert runner.served_shapes == [((1, 8),), ((4, 8),), ((7, 8),)]
+    assert runner.eager_calls == 1
+    assert "3 of at most 3 shapes captured" in str(runner) and "[7,8]" in str(runner)
+    loaded = backend.load(module, graph.key, tmp, runner.save(tmp), device)
+    with torch.no_grad():
+        assert compare_all(want, [loaded(x) for x in calls], Tolerances()).ok
+    assert isinstance(loaded, device_graph.ShapeSetRunner)
+    assert loaded.served_shapes == [((4, 8),), ((7, 8),), ((1, 8),)]  # captured on demand
+    assert loaded.eager_calls == 1
+
+
+@pytest.mark.usefixtures("fake_graphs")
+def test_ranged_graph_captures_a_bounded_set_of_shapes(tmp_path: Path) -> None:
+    module, graph = _ranged_mlp(CPU, (1, 4))
+    _check_shape_set(module, graph, CPU, tmp_path)
+
+
+def test_max_shapes_must_be_positive() -> None:
+    with pytest.raises(InvalidInputError, match="max_shapes"):
+        DeviceGraph(max_shapes=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.usefixtures("no_tf32")
+def test_ranged_graph_on_cuda(tmp_path: Path) -> None:
+    module, graph = _ranged_mlp(CUDA, (1, 4))
+    _check_shape_set(module, graph, CUDA, tmp_path)

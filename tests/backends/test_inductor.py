@@ -49,3 +49,28 @@ def test_mode_and_options_together_are_refused() -> None:
 def test_reduce_overhead_needs_cuda() -> None:
     assert Inductor(mode="reduce-overhead").unavailable_reason(torch.device("cpu"))
     assert Inductor().unavailable_reason(CPU) is None
+
+
+@pytest.mark.slow
+def test_ranged_graph_compiles_once_for_the_whole_range(tmp_path: Path) -> None:
+    """Marked dims with the graph's min and max: recorded sizes, the range's ends (1 too) and
+    a prime in between all run on the first compiled graph."""
+    from tunetree.backends.ranges import resize_sample
+    from tunetree.compare import compare_all
+    from tunetree.graph import Sample
+    from tunetree.shapes import group_graphs, probe_sizes
+
+    module, _ = mlp(width=16, depth=2)
+    samples = [Sample((torch.randn(b, 16),)) for b in (3, 8, 1)]
+    with torch.no_grad():
+        (graph,) = group_graphs([(s, module(*s.args)) for s in samples]).values()
+    probes = [resize_sample(samples[1], graph.key, sizes) for sizes in probe_sizes(graph.key)]
+    for runner in (
+        Inductor().build(module, graph, CPU),
+        Inductor().load(module, graph.key, tmp_path, {}, CPU),
+    ):
+        with torch.no_grad():
+            want = [module(*s.args) for s in [*samples, *probes]]
+            got = [runner(*s.args) for s in [*samples, *probes]]
+        assert compare_all(want, got).ok
+        assert runner.compiles == 1

@@ -17,6 +17,7 @@ from tunetree.backends import (
     default_backends,
 )
 from tunetree.backends.onnxruntime import OnnxRuntimeRunner
+from tunetree.backends.value_dependence import ValueDependentError
 from tunetree.compare import compare_all
 from tunetree.errors import BackendError, InvalidInputError
 
@@ -68,11 +69,12 @@ def test_awkward_inputs_and_outputs(tmp_path: Path) -> None:
         assert_same(a, b)
 
 
-def test_falls_back_to_the_torchscript_exporter() -> None:
+def test_value_dependent_module_fails_the_build_with_the_reason() -> None:
+    # torch.export refuses the branch on x.sum(); tracing would bake in the sample's branch.
     module, samples = data_dependent()
     graph = graph_of(module, samples)
-    runner = OnnxRuntime().build(module, graph, CPU)
-    assert compare_all(graph.outputs, run_all(runner, graph)).ok
+    with pytest.raises(ValueDependentError, match=r"depends on input values.*x.sum\(\) > 0"):
+        OnnxRuntime().build(module, graph, CPU)
 
 
 def test_runner_removes_its_directory() -> None:

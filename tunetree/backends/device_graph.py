@@ -13,7 +13,8 @@ replay writes into the same output memory.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -223,12 +224,101 @@ class DeviceGraphRunner(Runner):
         return {"recapture_on_load": True}
 
 
+ShapeKey = tuple[tuple[int, ...], ...]
+"""The shapes of one call's tensor inputs, in a fixed order: which capture serves it."""
+
+
+def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ShapeKey:
+    """The call's tensor shapes: positional tensors, then keyword tensors by name; nested
+    inputs through a full flatten."""
+    top = [*args, *(kwargs[k] for k in sorted(kwargs))]
+    if all(isinstance(v, (torch.Tensor, *_CONSTANT_TYPES)) for v in top):
+        return tuple(tuple(v.shape) for v in top if isinstance(v, torch.Tensor))
+    leaves, _ = flatten((args, dict(sorted(kwargs.items()))))
+    return tuple(tuple(v.shape) for v in leaves if isinstance(v, torch.Tensor))
+
+
+class ShapeSetRunner(Runner):
+    """Device graphs for a ranged graph: one capture per distinct input shape, at most
+    ``backend.max_shapes``. The recorded shapes are captured at build; a new shape inside the
+    range is captured on its first call while there is room; calls of further shapes run the
+    original forward (counted in :attr:`eager_calls`). ``str(runner)`` says which shapes
+    are served by replays."""
+
+    def __init__(
+        self,
+        backend: DeviceGraph,
+        module: nn.Module,
+        key: GraphKey,
+        device: torch.device,
+        samples: Sequence[Sample] = (),
+    ) -> None:
+        super().__init__(backend)
+        self.module = module
+        self.key = key
+        self.device = device
+        self.max_shapes = backend.max_shapes
+        self.forward = original_forward(module)
+        self.captures: dict[ShapeKey, DeviceGraphRunner] = {}
+        self.eager_calls = 0
+        self.lock = threading.Lock()
+        for sample in samples:
+            shapes = _shape_key(tuple(sample.args), sample.kwargs)
+            if shapes not in self.captures and len(self.captures) < self.max_shapes:
+                self.captures[shapes] = DeviceGraphRunner(backend, module, sample, device)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        shapes = _shape_key(args, kwargs)
+        capture = self.captures.get(shapes)
+        if capture is None:
+            capture = self._capture(shapes, args, kwargs)
+            if capture is None:
+                self.eager_calls += 1
+                return self.forward(*args, **kwargs)
+        return capture(*args, **kwargs)
+
+    def _capture(
+        self, shapes: ShapeKey, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> DeviceGraphRunner | None:
+        with self.lock:
+            if shapes in self.captures:
+                return self.captures[shapes]
+            if len(self.captures) >= self.max_shapes:
+                return None
+            assert isinstance(self.backend, DeviceGraph)
+            capture = DeviceGraphRunner(
+                self.backend, self.module, Sample(args, kwargs), self.device
+            )
+            self.captures[shapes] = capture
+            return capture
+
+    @property
+    def served_shapes(self) -> list[ShapeKey]:
+        """The input shapes replayed from a captured graph, in capture order."""
+        return list(self.captures)
+
+    def __str__(self) -> str:
+        shapes = "; ".join(
+            ", ".join("[" + ",".join(map(str, s)) + "]" for s in shape) for shape in self.captures
+        )
+        return (
+            f"{self.backend.name} for {self.key}: {len(self.captures)} of at most "
+            f"{self.max_shapes} shapes captured ({shapes or 'none yet'}); others run eager"
+        )
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        # Captures hold device addresses: a loaded runner captures again, shape by shape.
+        return {"recapture_on_load": True}
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceGraph(Backend):
     """Capture the module's forward in a CUDA graph (XPU graph on Intel GPUs) and replay it.
 
-    Keeps results: the replay runs the very kernels eager runs. Static shapes only, one
-    capture per graph. ``compile=True`` captures the Inductor-compiled forward
+    Keeps results: the replay runs the very kernels eager runs. A capture has static
+    shapes: one capture per graph, or for a ranged graph one per input shape, at most
+    ``max_shapes`` (the recorded ones at build, new ones on their first call; beyond the
+    bound a call runs eager). ``compile=True`` captures the Inductor-compiled forward
     (``torch.compile(mode=compile_mode)``, a mode that does not capture graphs itself)
     instead of eager. ``clone_outputs=False`` returns the static output tensors
     themselves: faster, but the next call overwrites them.
@@ -238,8 +328,13 @@ class DeviceGraph(Backend):
     compile: bool = False
     compile_mode: str | None = "max-autotune-no-cudagraphs"
     clone_outputs: bool = True
+    max_shapes: int = 16
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_shapes, int) or self.max_shapes < 1:
+            raise InvalidInputError(
+                f"max_shapes must be a positive integer, not {self.max_shapes!r}"
+            )
         if self.compile_mode in _CUDA_GRAPH_MODES:
             raise InvalidInputError(
                 f"compile_mode={self.compile_mode!r} captures CUDA graphs itself and cannot be "
@@ -264,6 +359,8 @@ class DeviceGraph(Backend):
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
         if not graph.samples:
             raise BackendError("a device graph needs one recorded sample to capture")
+        if graph.key.is_dynamic:
+            return ShapeSetRunner(self, module, graph.key, device, graph.samples)
         return DeviceGraphRunner(self, module, graph.samples[0], device)
 
     def load(
@@ -274,4 +371,6 @@ class DeviceGraph(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
+        if key.is_dynamic:
+            return ShapeSetRunner(self, module, key, device)
         return DeviceGraphRunner(self, module, sample_from_key(key, device), device)

@@ -27,6 +27,7 @@ from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec
 from . import structure
 from .base import original_forward
 from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
+from .ranges import example_sample
 
 MAX_SAVED_TENSORS = 100_000
 """Most inputs, outputs or output leaves a saved runner record may list."""
@@ -286,12 +287,18 @@ class FlatGraph:
     example: tuple[torch.Tensor, ...]
     inputs: FlatInputs
     outputs: FlatOutputs
+    key: GraphKey
+    """The graph's key: its ranges say which axes of the inputs are dynamic."""
+    output_axes: tuple[tuple[int, ...], ...] = ()
+    """Per tensor output, the axes whose size differs between the recorded calls."""
 
     @classmethod
     def of(cls, module: nn.Module, graph: Graph) -> FlatGraph:
+        """The flat form of ``graph``; the example is a recorded sample, or for a ranged
+        graph one with every dynamic size at 2 or more (see :func:`.ranges.example_sample`)."""
         if not graph.samples or not graph.outputs:
             raise BackendError("the graph has no recorded sample: cannot export it")
-        sample: Sample = graph.samples[0]
+        sample: Sample = example_sample(graph)
         kwargs = {k: sample.kwargs[k] for k in sorted(sample.kwargs)}
         with_paths, in_spec = pytree.tree_flatten_with_path((tuple(sample.args), kwargs))
         positions = [i for i, (_, leaf) in enumerate(with_paths) if isinstance(leaf, torch.Tensor)]
@@ -308,12 +315,27 @@ class FlatGraph:
             raise BackendError("the module returns no tensor: nothing to compile")
         template = [None if isinstance(leaf, torch.Tensor) else leaf for _, leaf in with_paths]
         flat = FlatModule(module, template, in_spec, positions, outputs.positions)
-        return cls(flat, example, inputs, outputs)
+        return cls(flat, example, inputs, outputs, graph.key, _varying_axes(graph, outputs))
 
     def check_numpy_dtypes(self) -> None:
         """Refuse dtypes numpy cannot carry (bfloat16) before any time goes into exporting."""
         for dtype in (*self.inputs.dtypes, *self.outputs.dtypes):
             numpy_dtype(dtype)
+
+
+def _varying_axes(graph: Graph, outputs: FlatOutputs) -> tuple[tuple[int, ...], ...]:
+    shapes = [
+        [tuple(leaves[i].shape) for i in outputs.positions]
+        for leaves in (pytree.tree_leaves(out) for out in graph.outputs)
+    ]
+    return tuple(
+        tuple(
+            axis
+            for axis, size in enumerate(first)
+            if any(len(s[i]) != len(first) or s[i][axis] != size for s in shapes)
+        )
+        for i, first in enumerate(shapes[0])
+    )
 
 
 def _unique(names: list[str]) -> tuple[str, ...]:

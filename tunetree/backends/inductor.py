@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any, ClassVar
@@ -10,9 +11,10 @@ import torch
 from torch import nn
 
 from ..errors import InvalidInputError
-from ..graph import Graph, GraphKey, detach_clone
+from ..graph import Graph, GraphKey, Sample, detach_clone
 from .base import Backend, Runner, original_forward
 from .packages import install_hint, missing_packages
+from .ranges import axis_dims, call_sizes, example_sizes, resize_sample, sample_tensors
 from .safe_config import check_choice, check_fields, refuse
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -85,12 +87,18 @@ def compile_unavailable_reason(device: torch.device, what: str = "compile=True")
 class InductorRunner(Runner):
     """A ``torch.compile``-d original forward. Compilation happens on the first call; a runner
     loaded from a checkpoint therefore recompiles from the module (Inductor's own on-disk
-    cache makes that fast on the machine that tuned it)."""
+    cache makes that fast on the machine that tuned it).
 
-    def __init__(self, backend: Inductor, module: nn.Module) -> None:
+    For a ranged graph the first compile is of the first call resized to sizes of 2 or more
+    (:func:`.ranges.example_sizes`), with every dynamic axis marked with its dimension's min
+    and max and backed sizes treated size-obliviously, so that one compiled graph serves the
+    whole range, sizes 1 included. :attr:`compiles` counts the graphs compiled so far."""
+
+    def __init__(self, backend: Inductor, module: nn.Module, key: GraphKey | None = None) -> None:
         super().__init__(backend)
+        self.entry = fresh_entry(original_forward(module))
         self.compiled = torch.compile(
-            fresh_entry(original_forward(module)),
+            self.entry,
             mode=backend.mode,
             dynamic=backend.dynamic,
             fullgraph=backend.fullgraph,
@@ -98,10 +106,49 @@ class InductorRunner(Runner):
         )
         # Modes that replay CUDA graphs hand back outputs that the next replay overwrites.
         self.clone_outputs = backend.mode in ("reduce-overhead", "max-autotune")
+        self.key = key if key is not None and key.is_dynamic else None
+
+    @property
+    def compiles(self) -> int:
+        """How many graphs Dynamo compiled for this runner (1 when no call recompiled)."""
+        return len(_debug_get_cache_entry_list(self.entry.__code__))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.key is not None:
+            self._compile_for_range(args, kwargs)
         out = self.compiled(*args, **kwargs)
         return detach_clone(out) if self.clone_outputs else out
+
+    def _compile_for_range(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Compile once from this call resized to the example sizes, dynamic axes marked."""
+        key, self.key = self.key, None
+        assert key is not None
+        leaves, _, where = sample_tensors(Sample(args, kwargs))
+        dims = axis_dims(key)
+        sizes = example_sizes(key.dims(), call_sizes([leaves[i] for i in where], dims))
+        example = resize_sample(Sample(args, kwargs), key, sizes)
+        leaves, _, where = sample_tensors(example)
+        for i, axes in zip(where, dims, strict=True):
+            for axis, dim in axes.items():
+                torch._dynamo.mark_dynamic(leaves[i], axis, min=dim.min, max=dim.max)
+        with _size_oblivious():
+            self.compiled(*example.args, **example.kwargs)
+
+
+def _debug_get_cache_entry_list(code: Any) -> list[Any]:
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list as entries
+
+    return list(entries(code))
+
+
+def _size_oblivious() -> Any:
+    """Treat dynamic sizes size-obliviously while compiling: otherwise a graph compiled for
+    sizes >= 2 guards against size 1 and recompiles for it."""
+    import torch.fx.experimental._config as fx_config
+
+    if hasattr(fx_config, "backed_size_oblivious"):
+        return getattr(fx_config, "patch")(backed_size_oblivious=True)  # noqa: B009 - untyped
+    return contextlib.nullcontext()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +196,7 @@ class Inductor(Backend):
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
-        return InductorRunner(self, module)
+        return InductorRunner(self, module, graph.key)
 
     def load(
         self,
@@ -159,4 +206,4 @@ class Inductor(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        return InductorRunner(self, module)
+        return InductorRunner(self, module, key)

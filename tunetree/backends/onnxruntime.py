@@ -26,7 +26,9 @@ from .export_context import describe_error, exporting, quiet
 from .files import artifact_file, copy_files
 from .flat import FlatGraph, FlatInputs, FlatOutputs
 from .packages import not_installed_reason
+from .ranges import axis_dims, export_dynamic_shapes
 from .safe_config import check_choice, check_count, check_fields, refuse
+from .value_dependence import ValueDependentError, data_dependent_reason, traced_values_checked
 
 _MODEL_FILE = "model.onnx"
 PROVIDERS = (
@@ -66,9 +68,11 @@ class OnnxRuntimeRunner(Runner):
         inputs: FlatInputs,
         outputs: FlatOutputs,
         device: torch.device,
+        dynamic: bool = False,
     ) -> None:
         super().__init__(backend)
         self.directory = directory
+        self.dynamic = dynamic  # output shapes vary with the call: ONNX Runtime allocates
         weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
         import onnxruntime
 
@@ -123,6 +127,8 @@ class OnnxRuntimeRunner(Runner):
                 list(tensor.shape),
                 tensor.data_ptr(),
             )
+        if self.dynamic:
+            return self._run_bound_dynamic(binding)
         results = [
             torch.empty(shape, dtype=dtype, device=self.device)
             for shape, dtype in zip(self.outputs.shapes, self.outputs.dtypes, strict=True)
@@ -140,6 +146,23 @@ class OnnxRuntimeRunner(Runner):
         torch.cuda.current_stream(self.device).synchronize()
         self.session.run_with_iobinding(binding)
         binding.synchronize_outputs()
+        return results
+
+    def _run_bound_dynamic(self, binding: Any) -> list[torch.Tensor]:
+        """Run a ranged graph with inputs bound: output shapes depend on the call, so ONNX
+        Runtime allocates the outputs on the device; they come back through DLPack (a
+        host copy where this onnxruntime lacks it)."""
+        for name in self.output_names:
+            binding.bind_output(name, self.device.type, self.device.index or 0)
+        torch.cuda.current_stream(self.device).synchronize()
+        self.session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        results = []
+        for value, dtype in zip(binding.get_outputs(), self.outputs.dtypes, strict=True):
+            if hasattr(value, "to_dlpack"):
+                results.append(torch.from_dlpack(value.to_dlpack()).clone())
+            else:
+                results.append(as_torch(value.numpy(), dtype, self.device))
         return results
 
     def save(self, directory: Path) -> dict[str, Any]:
@@ -263,7 +286,9 @@ class OnnxRuntime(Backend):
         directory = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
         try:
             _export(flat, module, directory)
-            return OnnxRuntimeRunner(self, directory, flat.inputs, flat.outputs, device)
+            return OnnxRuntimeRunner(
+                self, directory, flat.inputs, flat.outputs, device, flat.key.is_dynamic
+            )
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -290,7 +315,7 @@ class OnnxRuntime(Backend):
         own = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
         try:
             copy_files(directory, own, files)
-            return OnnxRuntimeRunner(self, own, inputs, outputs, device)
+            return OnnxRuntimeRunner(self, own, inputs, outputs, device, key.is_dynamic)
         except BaseException:
             shutil.rmtree(own, ignore_errors=True)
             raise
@@ -298,9 +323,10 @@ class OnnxRuntime(Backend):
 
 def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
     """Export the flat graph to ``directory/model.onnx`` with the dynamo exporter (weights in
-    external data files); where that fails, with the legacy TorchScript exporter, which traces
-    (data-dependent branches are fixed to the sample's; the comparison with eager on every
-    recorded sample catches a wrong one)."""
+    external data files, the graph's ranges as dynamic shapes); where that fails for another
+    reason than branching on tensor values, with the legacy TorchScript exporter, which
+    traces (dynamic axes named after the graph's dimensions; a module that converts a tensor
+    to a Python value fails, see :mod:`.value_dependence`)."""
     path = str(directory / _MODEL_FILE)
     output_names = [f"output_{i}" for i in range(len(flat.outputs.positions))]
     input_names = list(flat.inputs.names)
@@ -317,22 +343,26 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
                 artifacts_dir=str(directory),
                 input_names=input_names,
                 output_names=output_names,
+                dynamic_shapes=export_dynamic_shapes(flat.key),
             )
         except Exception as dynamo_error:
-            for leftover in directory.iterdir():
-                if leftover.is_dir():
-                    shutil.rmtree(leftover)
-                else:
-                    leftover.unlink()
+            reason = data_dependent_reason(dynamo_error)
+            if reason is not None:
+                raise ValueDependentError(reason) from dynamo_error
+            _empty(directory)
             try:
-                torch.onnx.export(
-                    flat.module,
-                    flat.example,
-                    path,
-                    dynamo=False,
-                    input_names=input_names,
-                    output_names=output_names,
-                )
+                with traced_values_checked("the TorchScript exporter's tracing"):
+                    torch.onnx.export(
+                        flat.module,
+                        flat.example,
+                        path,
+                        dynamo=False,
+                        input_names=input_names,
+                        output_names=output_names,
+                        dynamic_axes=_dynamic_axes(flat) or None,
+                    )
+            except ValueDependentError:
+                raise
             except Exception as legacy_error:
                 raise BackendError(
                     "ONNX export failed: the dynamo exporter with "
@@ -360,3 +390,24 @@ def check_external_data(model_file: Path, files: set[str]) -> None:
                     f"saved ONNX model names external data {entry.value[:80]!r}, not one of "
                     "the runner's own files: refusing to read outside the checkpoint"
                 )
+
+
+def _empty(directory: Path) -> None:
+    for leftover in directory.iterdir():
+        if leftover.is_dir():
+            shutil.rmtree(leftover)
+        else:
+            leftover.unlink()
+
+
+def _dynamic_axes(flat: FlatGraph) -> dict[str, dict[int, str]]:
+    """The TorchScript exporter's ``dynamic_axes``: each input's dynamic axes named after
+    their dimension, and each output axis whose size differs between recorded calls."""
+    axes: dict[str, dict[int, str]] = {}
+    for name, dims in zip(flat.inputs.names, axis_dims(flat.key), strict=True):
+        if dims:
+            axes[name] = {axis: dim.name for axis, dim in dims.items()}
+    for i, varying in enumerate(flat.output_axes):
+        if varying:
+            axes[f"output_{i}"] = {axis: f"output_{i}_{axis}" for axis in varying}
+    return axes

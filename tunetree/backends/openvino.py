@@ -34,7 +34,9 @@ from .export_context import describe_error, exporting, parameters_on_cpu, quiet
 from .files import artifact_file
 from .flat import FlatGraph, FlatInputs, FlatOutputs
 from .packages import not_installed_reason
+from .ranges import axis_dims, export_dynamic_shapes
 from .safe_config import check_choice, check_count, check_fields, check_pattern, check_scalar
+from .value_dependence import ValueDependentError, data_dependent_reason, traced_values_checked
 
 log = logging.getLogger(__name__)
 
@@ -235,7 +237,7 @@ class OpenVINO(Backend):
         flat = FlatGraph.of(module, graph)
         flat.check_numpy_dtypes()
         model, exported = _convert(flat, module)
-        _make_static(model, flat.inputs)
+        _set_input_shapes(model, flat.inputs, flat.key)
         # The converted model may share weight memory with the exported program's tensors.
         return OpenVINORunner(self, model, flat.inputs, flat.outputs, device, keepalive=exported)
 
@@ -292,19 +294,29 @@ class OpenVINOBf16(OpenVINO):
 
 def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
     """The graph as an OpenVINO model, and what it may share memory with: through
-    ``torch.export``, else by tracing. Weights are read on the host; the module's parameters
-    stay where they were."""
+    ``torch.export`` (with the graph's ranges as dynamic shapes), else by tracing. A module
+    that branches on tensor values fails here (:mod:`.value_dependence`). Weights are read on
+    the host; the module's parameters stay where they were."""
     import openvino
 
     example = tuple(t.cpu() for t in flat.example)
     with exporting(module), parameters_on_cpu(module), quiet():
         try:
-            exported = torch.export.export(flat.module, example)
+            exported = torch.export.export(
+                flat.module, example, dynamic_shapes=export_dynamic_shapes(flat.key)
+            )
             return openvino.convert_model(exported), exported
         except Exception as export_error:
+            reason = data_dependent_reason(export_error)
+            if reason is not None:
+                raise ValueDependentError(reason) from export_error
             log.debug("torch.export route failed, tracing instead: %r", export_error)
             try:
-                return openvino.convert_model(flat.module, example_input=example), None
+                with traced_values_checked("tracing"):
+                    model = openvino.convert_model(flat.module, example_input=example)
+                return model, None
+            except ValueDependentError:
+                raise
             except Exception as trace_error:
                 raise BackendError(
                     "OpenVINO could not convert the module: torch.export failed with "
@@ -312,17 +324,24 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
                 ) from trace_error
 
 
-def _make_static(model: Any, inputs: FlatInputs) -> None:
-    """Fix every input shape to the graph's (conversion leaves them dynamic): static shapes
-    let OpenVINO plan memory and pick kernels once."""
+def _set_input_shapes(model: Any, inputs: FlatInputs, key: GraphKey) -> None:
+    """Give every input the graph's shape: fixed sizes, and ``Dimension(min, max)`` on
+    exactly the dynamic axes of a ranged graph (conversion leaves every axis dynamic). Known
+    shapes let OpenVINO plan memory and pick kernels once; bounds keep that for ranges."""
     import openvino
 
+    dims = axis_dims(key)
     try:
         model.reshape(
             {
-                port: openvino.PartialShape(list(shape))
-                for port, shape in zip(model.inputs, inputs.shapes, strict=True)
+                port: openvino.PartialShape(
+                    [
+                        openvino.Dimension(axes[axis].min, axes[axis].max) if axis in axes else size
+                        for axis, size in enumerate(shape)
+                    ]
+                )
+                for port, shape, axes in zip(model.inputs, inputs.shapes, dims, strict=True)
             }
         )
-    except Exception as exc:  # the model stays dynamic: slower, still correct
-        log.debug("could not make the OpenVINO model static: %r", exc)
+    except Exception as exc:  # the model stays fully dynamic: slower, still correct
+        log.debug("could not set the OpenVINO model's input shapes: %r", exc)

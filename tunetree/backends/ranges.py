@@ -1,0 +1,139 @@
+"""A ranged graph as the building backends need it: the :class:`~tunetree.graph.Dim` of
+each dynamic axis per tensor input, and an example call to export or compile from.
+
+Exporters and compilers specialise sizes 0 and 1 and may unify dynamic axes whose example
+sizes are equal, so the example has every dynamic size at 2 or more and different
+dimensions at different sizes. Tensors are addressed in ``GraphKey.tensor_specs`` order,
+which is the order of the tensor leaves of ``(args, kwargs sorted by name)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import BackendError
+from ..graph import Dim, Graph, GraphKey, Sample, flatten, unflatten
+
+AxisDims = dict[int, Dim]
+"""The dynamic axes of one tensor input: axis -> its dimension."""
+
+
+def axis_dims(key: GraphKey) -> list[AxisDims]:
+    """Per tensor input (``tensor_specs`` order), its dynamic axes and their dimensions."""
+    return [
+        {axis: size for axis, size in enumerate(spec.shape) if isinstance(size, Dim)}
+        for spec in key.tensor_specs()
+    ]
+
+
+def call_sizes(tensors: Sequence[torch.Tensor], dims: Sequence[AxisDims]) -> dict[str, int]:
+    """The size each named dimension takes in one call's tensor inputs."""
+    return {
+        dim.name: int(tensor.shape[axis])
+        for tensor, axes in zip(tensors, dims, strict=True)
+        for axis, dim in axes.items()
+    }
+
+
+def example_sizes(
+    dims: Mapping[str, Dim], preferred: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """A size per dimension to export with: the preferred size where it is usable, each at
+    least 2 (when the range allows) and no two dimensions at the same size."""
+    preferred = preferred or {}
+    chosen: dict[str, int] = {}
+    for name in sorted(dims):
+        dim = dims[name]
+        low = min(max(dim.min, 2), dim.max)
+        start = min(max(preferred.get(name, low), low), dim.max)
+        taken = set(chosen.values())
+        candidates = [*range(start, dim.max + 1), *range(start - 1, low - 1, -1)]
+        chosen[name] = next((n for n in candidates if n not in taken), start)
+    return chosen
+
+
+def resize_tensor(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
+    """``tensor`` with ``axis`` at ``size``: sliced when smaller, tiled when larger, so the
+    values stay ones the model saw (token ids in the vocabulary, masks with real rows)."""
+    have = int(tensor.shape[axis])
+    if size <= have:
+        return tensor.narrow(axis, 0, size)
+    repeats = math.ceil(size / max(have, 1))
+    return torch.cat([tensor] * repeats, dim=axis).narrow(axis, 0, size)
+
+
+def resize_inputs(
+    tensors: Sequence[torch.Tensor], dims: Sequence[AxisDims], sizes: Mapping[str, int]
+) -> list[torch.Tensor]:
+    """Each tensor input with its dynamic axes at ``sizes`` (contiguous copies)."""
+    resized = []
+    for tensor, axes in zip(tensors, dims, strict=True):
+        for axis, dim in axes.items():
+            tensor = resize_tensor(tensor, axis, sizes[dim.name])
+        resized.append(tensor.contiguous().clone())
+    return resized
+
+
+def sample_tensors(sample: Sample) -> tuple[list[Any], Any, list[int]]:
+    """A call's leaves in ``tensor_specs`` order, its structure, and where its tensors are."""
+    kwargs = {k: sample.kwargs[k] for k in sorted(sample.kwargs)}
+    leaves, spec = flatten((tuple(sample.args), kwargs))
+    return leaves, spec, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+
+def resize_sample(sample: Sample, key: GraphKey, sizes: Mapping[str, int]) -> Sample:
+    """A copy of ``sample`` (a call inside ``key``'s ranges) at ``sizes``."""
+    leaves, spec, where = sample_tensors(sample)
+    dims = axis_dims(key)
+    if len(where) != len(dims):
+        raise BackendError(
+            f"the call has {len(where)} tensor inputs, the graph {len(dims)}: cannot resize it"
+        )
+    resized = resize_inputs([leaves[i] for i in where], dims, sizes)
+    for i, tensor in zip(where, resized, strict=True):
+        leaves[i] = tensor
+    args, kwargs = unflatten(leaves, spec)
+    return Sample(tuple(args), dict(kwargs))
+
+
+def example_sample(graph: Graph) -> Sample:
+    """The call to export or compile ``graph`` from: a recorded sample when the graph has no
+    ranges, else the largest recorded sample resized to :func:`example_sizes`."""
+    if not graph.samples:
+        raise BackendError("the graph has no recorded sample to build from")
+    if not graph.key.is_dynamic:
+        return graph.samples[0]
+    dims = axis_dims(graph.key)
+
+    def elements(sample: Sample) -> int:
+        leaves, _, where = sample_tensors(sample)
+        return sum(int(leaves[i].numel()) for i in where)
+
+    base = max(graph.samples, key=elements)
+    leaves, _, where = sample_tensors(base)
+    sizes = example_sizes(graph.key.dims(), call_sizes([leaves[i] for i in where], dims))
+    return resize_sample(base, graph.key, sizes)
+
+
+def export_dynamic_shapes(key: GraphKey) -> tuple[tuple[dict[int, Any], ...]] | None:
+    """``torch.export`` dynamic shapes for a flat module ``forward(*tensors)`` (one
+    ``torch.export.Dim`` per named dimension, with its min and max; the outer tuple is the
+    variadic parameter), or None for a graph without ranges."""
+    if not key.is_dynamic:
+        return None
+    exported = {
+        name: torch.export.Dim(name, min=dim.min, max=dim.max) for name, dim in key.dims().items()
+    }
+    per_input = tuple(
+        {axis: exported[dim.name] for axis, dim in axes.items()} for axes in axis_dims(key)
+    )
+    return (per_input,)
+
+
+def describe_ranges(key: GraphKey) -> str:
+    """The graph's dimensions in one phrase, e.g. ``batch 1..64, seq 8..256``."""
+    return ", ".join(str(dim) for dim in key.dims().values())
