@@ -10,8 +10,9 @@ Approaches, each over the whole trace:
 - ``compile-default``: ``torch.compile(model)`` (recompiles for new shapes: counted);
 - ``openvino-manual``: exported by hand once with ``torch.export`` Dims over the trace's
   ranges and converted to OpenVINO (CPU only);
-- ``tunetree``: ``tt.auto_tune(model, subset)`` on 6 calls of the trace (the smallest and
-  largest calls and 4 others); calls outside what it tuned fall back to eager (counted).
+- ``tunetree``: ``tt.auto_tune(model, subset)`` on 6 calls of the trace (for every axis a
+  call at its smallest and at its largest size, then others); calls outside what it tuned
+  fall back to eager (counted).
 
 Reported per approach: steady time for the whole trace (median of passes, measured by
 :func:`tunetree.measure` with one pass per block), ratio to eager, the first pass (compiles
@@ -152,21 +153,30 @@ def trace(work: Workload, calls: int, seed: int = 0) -> list[Sample]:
 
 
 def subset(calls: list[Sample], n: int = 6) -> list[Sample]:
-    """``n`` calls to tune on: the smallest and the largest, and others spread over the trace."""
-
-    def size(sample: Sample) -> int:
-        leaves = [*sample.args, *sample.kwargs.values()]
-        return sum(int(t.numel()) for t in leaves if isinstance(t, torch.Tensor))
-
-    ordered = sorted(range(len(calls)), key=lambda i: size(calls[i]))
-    chosen = [ordered[0], ordered[-1]]
+    """``n`` calls to tune on: for every axis, a call with its smallest and one with its largest
+    size (so the ranges auto_tune infers span the trace, as a user's real sample would), then
+    others spread over the trace."""
+    shapes = [[tuple(t.shape) for t in _tensors(s)] for s in calls]
+    chosen: list[int] = []
+    for leaf, axis in {
+        (i, a) for shape in shapes for i, dims in enumerate(shape) for a in range(len(dims))
+    }:
+        sizes = [shape[leaf][axis] for shape in shapes]
+        for pick in (sizes.index(min(sizes)), sizes.index(max(sizes))):
+            if pick not in chosen and len(chosen) < n:
+                chosen.append(pick)
     step = max(1, len(calls) // (n - 1))
     for i in range(0, len(calls), step):
         if len(chosen) >= n:
             break
         if i not in chosen:
             chosen.append(i)
-    return [calls[i] for i in chosen]
+    return [calls[i] for i in sorted(chosen)]
+
+
+def _tensors(sample: Sample) -> list[torch.Tensor]:
+    leaves = [*sample.args, *(sample.kwargs[k] for k in sorted(sample.kwargs))]
+    return [t for t in leaves if isinstance(t, torch.Tensor)]
 
 
 @dataclasses.dataclass
