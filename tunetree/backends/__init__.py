@@ -1,6 +1,8 @@
-"""Candidate backends. Each lives in its own module; heavy packages are imported lazily,
-so every backend class can be imported and named even where its package is missing.
-Backends are found by kind through :mod:`.registry` (built-ins, entry point plugins)."""
+"""Candidate backends, each in its own module, found by kind through :mod:`.registry`.
+
+Heavy packages are imported lazily, so every backend class can be imported and named even
+where its package is missing. The registry finds built-ins and entry point plugins.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +25,9 @@ found by :func:`registered_backends` and :func:`backend_type`)."""
 
 def default_backends(device: torch.device) -> list[Backend]:
     """The result-preserving candidates tried by default on ``device``, in order.
-    Backends that cannot run there are kept; the strategy drops them with one log line."""
+
+    Backends that cannot run there are kept; the strategy drops them with one log line.
+    """
     if device.type == "cuda":
         return [Inductor(), Inductor(mode="reduce-overhead"), DeviceGraph(), OnnxRuntime(), Eager()]
     if device.type == "xpu":

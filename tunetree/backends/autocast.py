@@ -25,14 +25,17 @@ _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _output_dtypes(output: Any) -> list[str | None]:
-    """dtype name of every output leaf (None for non-tensors), in flattening order."""
+    """Dtype name of every output leaf (None for non-tensors), in flattening order."""
     leaves, _ = flatten(output)
     return [dtype_name(x.dtype) if isinstance(x, torch.Tensor) else None for x in leaves]
 
 
 class AutocastRunner(Runner):
-    """Runs the original (optionally compiled) forward under ``torch.autocast`` and casts
-    floating-point outputs back to the dtypes eager returned, so callers see eager's types."""
+    """Runs the original (optionally compiled) forward under ``torch.autocast``.
+
+    Floating-point outputs are cast back to the dtypes eager returned, so callers see eager's
+    types.
+    """
 
     def __init__(
         self,
@@ -53,6 +56,7 @@ class AutocastRunner(Runner):
         self._targets = [by_name.get(name) if name else None for name in output_dtypes]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the forward under autocast; floating-point outputs come back in eager's dtypes."""
         with torch.autocast(self.device_type, dtype=self.dtype):
             out = self.forward(*args, **kwargs)
         leaves, spec = flatten(out)
@@ -70,6 +74,7 @@ class AutocastRunner(Runner):
         return unflatten(cast, spec)
 
     def save(self, directory: Path) -> dict[str, Any]:
+        """Record eager's output dtypes only: there is nothing else to write."""
         # Nothing to write: the runner is the module's forward under a context manager.
         return {"output_dtypes": self.output_dtypes}
 
@@ -94,6 +99,7 @@ class Autocast(ChangesResults):
             )
 
     def unavailable_reason(self, device: torch.device) -> str | None:
+        """Why autocast in this dtype (and compile, if asked) cannot run on ``device``, or None."""
         if device.type == "cuda":
             if not torch.cuda.is_available():
                 return "CUDA is not available here (torch.cuda.is_available() is False)"
@@ -109,6 +115,7 @@ class Autocast(ChangesResults):
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        """Build a runner that casts outputs to the dtypes of eager's first recorded output."""
         if not graph.outputs:
             raise BackendError("Autocast needs eager's output of one sample to know its dtypes")
         return AutocastRunner(self, module, device, _output_dtypes(graph.outputs[0]))
@@ -121,6 +128,7 @@ class Autocast(ChangesResults):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
+        """Rebuild the runner from the output dtypes in ``saved`` (BackendError without them)."""
         dtypes = saved.get("output_dtypes")
         if not isinstance(dtypes, list):
             raise BackendError("the saved Autocast runner lacks its output dtypes; tune again")

@@ -38,8 +38,11 @@ class Runner(ABC):
         """Run the graph; returns outputs with eager's structure and types."""
 
     def save(self, directory: Path) -> dict[str, Any]:
-        """Write artifacts into ``directory`` (which exists and is empty) and return the
-        runner's saved record: small JSON data that :meth:`Backend.load` takes back."""
+        """Write artifacts into ``directory`` and return the runner's saved record.
+
+        ``directory`` exists and is empty; the record is small JSON data that
+        :meth:`Backend.load` takes back.
+        """
         return {}
 
 
@@ -58,10 +61,13 @@ class Backend(ABC):
     environment of checkpoints and cache entries)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """Register a subclass that declares its own ``kind``: the kind must be a non-empty
-        string that no other live backend class declares. A class defined again under the
-        same module and name (a reloaded module, a test run twice) replaces the old one.
-        Subclasses that inherit their parent's kind are variants of it, not registered."""
+        """Register a subclass that declares its own ``kind``.
+
+        The kind must be a non-empty string that no other live backend class declares. A class
+        defined again under the same module and name (a reloaded module, a test run twice)
+        replaces the old one. Subclasses that inherit their parent's kind are variants of it,
+        not registered.
+        """
         super().__init_subclass__(**kwargs)
         if "kind" not in cls.__dict__:
             return
@@ -93,10 +99,12 @@ class Backend(ABC):
 
     @classmethod
     def check_saved_config(cls, config: Mapping[str, Any]) -> None:
-        """Refuse a config read from a file that could name programs, paths or code
-        (raises :class:`~tunetree.errors.UntrustedConfigError`). The default admits this
-        class's fields holding plain scalars; backends whose fields reach a library's
-        options narrow that with allow-lists (see :mod:`tunetree.backends.safe_config`)."""
+        """Refuse a config read from a file that could name programs, paths or code.
+
+        Raises :class:`~tunetree.errors.UntrustedConfigError`. The default admits this class's
+        fields holding plain scalars; backends whose fields reach a library's options narrow that
+        with allow-lists (see :mod:`tunetree.backends.safe_config`).
+        """
         check_plain(cls.kind, cls, config)
 
     def tolerances(self) -> Tolerances | None:
@@ -109,8 +117,11 @@ class Backend(ABC):
 
     @abstractmethod
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
-        """Build a runner for ``graph``. ``module`` runs its original forward; samples and
-        the module are on ``device``. Raise anything on failure: the caller records it."""
+        """Build a runner for ``graph``.
+
+        ``module`` runs its original forward; samples and the module are on ``device``. Raise
+        anything on failure: the caller records it.
+        """
 
     def load(
         self,
@@ -120,8 +131,10 @@ class Backend(ABC):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        """Rebuild a runner from ``directory`` and the record ``saved`` that
-        :meth:`Runner.save` returned."""
+        """Rebuild a runner from ``directory`` and the record ``saved``.
+
+        ``saved`` is the record that :meth:`Runner.save` returned.
+        """
         raise BackendError(f"backend {self.kind!r} cannot load saved runners")
 
     def __str__(self) -> str:
@@ -145,6 +158,7 @@ class ChangesResults(Backend):
     rtol: float = 5e-2
 
     def tolerances(self) -> Tolerances:
+        """Uniform tolerances from this backend's ``atol`` and ``rtol``."""
         return Tolerances.uniform(self.atol, self.rtol)
 
 
@@ -159,8 +173,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def original_forward(module: nn.Module) -> Any:
-    """The module's forward as its class defines it, bound to the module (never a tunetree
-    dispatcher, so a runner that calls it cannot recurse into itself)."""
+    """The module's forward as its class defines it, bound to the module.
+
+    Never a tunetree dispatcher, so a runner that calls it cannot recurse into itself.
+    """
     return type(module).forward.__get__(module, type(module))
 
 
@@ -169,16 +185,21 @@ def _qualified(cls: type) -> str:
 
 
 def _is_abstract(cls: type) -> bool:
-    """Whether ``cls`` leaves an abstract method unimplemented. Computed here because
-    ``ABCMeta`` sets ``__abstractmethods__`` only after ``__init_subclass__`` has run."""
+    """Whether ``cls`` leaves an abstract method unimplemented.
+
+    Computed here because ``ABCMeta`` sets ``__abstractmethods__`` only after
+    ``__init_subclass__`` has run.
+    """
     names = {name for base in cls.__mro__[1:] for name in getattr(base, "__abstractmethods__", ())}
     names.update(cls.__dict__)
     return any(getattr(getattr(cls, name, None), "__isabstractmethod__", False) for name in names)
 
 
 def backend_classes() -> list[type[Backend]]:
-    """Every live concrete backend class that declares its own ``kind``, in definition
-    order (a class defined again under the same name comes after the one it replaces)."""
+    """Every live concrete backend class that declares its own ``kind``, in definition order.
+
+    A class defined again under the same name comes after the one it replaces.
+    """
     found: list[type[Backend]] = []
     seen: set[type[Backend]] = set()
     stack = list(reversed(Backend.__subclasses__()))

@@ -199,6 +199,7 @@ class DeviceGraphRunner(Runner):
                 ) from exc
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Copy the inputs into the captured static inputs and replay the graph."""
         slots = self.top_slots
         if slots is not None and len(args) == self.n_args and kwargs.keys() == self.kw_names:
             for where, static in slots:
@@ -219,6 +220,7 @@ class DeviceGraphRunner(Runner):
         return out.clone() if isinstance(out, torch.Tensor) else detach_clone(out)
 
     def save(self, directory: Path) -> dict[str, Any]:
+        """Write nothing: a captured graph holds device addresses, so load captures again."""
         # A captured graph holds device addresses and cannot be written to disk; load captures
         # again from placeholder inputs of the same signature.
         return {"recapture_on_load": True}
@@ -229,8 +231,10 @@ ShapeKey = tuple[tuple[int, ...], ...]
 
 
 def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ShapeKey:
-    """The call's tensor shapes: positional tensors, then keyword tensors by name; nested
-    inputs through a full flatten."""
+    """The call's tensor shapes: positional tensors, then keyword tensors by name.
+
+    Nested inputs go through a full flatten.
+    """
     top = [*args, *(kwargs[k] for k in sorted(kwargs))]
     if all(isinstance(v, (torch.Tensor, *_CONSTANT_TYPES)) for v in top):
         return tuple(tuple(v.shape) for v in top if isinstance(v, torch.Tensor))
@@ -239,11 +243,13 @@ def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ShapeKey:
 
 
 class ShapeSetRunner(Runner):
-    """Device graphs for a ranged graph: one capture per distinct input shape, at most
-    ``backend.max_shapes``. The recorded shapes are captured at build; a new shape inside the
-    range is captured on its first call while there is room; calls of further shapes run the
-    original forward (counted in :attr:`eager_calls`). ``str(runner)`` says which shapes
-    are served by replays."""
+    """Device graphs for a ranged graph: one capture per distinct input shape.
+
+    At most ``backend.max_shapes`` captures. The recorded shapes are captured at build; a new
+    shape inside the range is captured on its first call while there is room; calls of further
+    shapes run the original forward (counted in :attr:`eager_calls`). ``str(runner)`` says
+    which shapes are served by replays.
+    """
 
     def __init__(
         self,
@@ -268,6 +274,7 @@ class ShapeSetRunner(Runner):
                 self.captures[shapes] = DeviceGraphRunner(backend, module, sample, device)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Replay the capture for this call's shapes (captured now if there is room), else eager."""
         shapes = _shape_key(args, kwargs)
         capture = self.captures.get(shapes)
         if capture is None:
@@ -307,6 +314,7 @@ class ShapeSetRunner(Runner):
         )
 
     def save(self, directory: Path) -> dict[str, Any]:
+        """Write nothing: captures hold device addresses, so load captures again shape by shape."""
         # Captures hold device addresses: a loaded runner captures again, shape by shape.
         return {"recapture_on_load": True}
 
@@ -342,6 +350,7 @@ class DeviceGraph(Backend):
             )
 
     def unavailable_reason(self, device: torch.device) -> str | None:
+        """Why device graphs (and compile, if asked) cannot run on ``device``, or None."""
         if device.type == "cuda":
             if not torch.cuda.is_available():
                 return "CUDA is not available here (torch.cuda.is_available() is False)"
@@ -357,6 +366,7 @@ class DeviceGraph(Backend):
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        """Capture the recorded sample; for a ranged graph, one capture per recorded shape."""
         if not graph.samples:
             raise BackendError("a device graph needs one recorded sample to capture")
         if graph.key.is_dynamic:
@@ -371,6 +381,7 @@ class DeviceGraph(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
+        """Capture again from placeholder inputs shaped like ``key`` (nothing is read from disk)."""
         if key.is_dynamic:
             return ShapeSetRunner(self, module, key, device)
         return DeviceGraphRunner(self, module, sample_from_key(key, device), device)

@@ -1,6 +1,8 @@
-"""Dtype conversion for backends whose runtimes exchange numpy arrays (OpenVINO, ONNX
-Runtime): stable dtype names for saved runners, and tensors to and from numpy without copies
-where possible."""
+"""Dtype conversion for backends whose runtimes exchange numpy arrays (OpenVINO, ONNX Runtime).
+
+Stable dtype names for saved runners, and tensors to and from numpy without copies where
+possible.
+"""
 
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ def dtype_to_name(dtype: torch.dtype) -> str:
 
 
 def dtype_from_short_name(name: str) -> torch.dtype | None:
-    """The torch dtype a graph signature calls ``name`` (``"f32"``, see
-    :func:`tunetree.graph.dtype_name`), or None when there is none."""
+    """The torch dtype a graph signature calls ``name``, or None when there is none.
+
+    Names are like ``"f32"`` (see :func:`tunetree.graph.dtype_name`).
+    """
     return _SHORT_DTYPES.get(name)
 
 
@@ -50,8 +54,10 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
 
 
 def as_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
-    """A C-contiguous numpy view of ``tensor`` (a copy only when it is not on the CPU or not
-    contiguous)."""
+    """A C-contiguous numpy view of ``tensor``.
+
+    A copy only when it is not on the CPU or not contiguous.
+    """
     if tensor.requires_grad:
         tensor = tensor.detach()
     if tensor.device.type != "cpu":

@@ -21,6 +21,7 @@ class EagerRunner(Runner):
         self.forward = original_forward(module)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the module's original forward."""
         return self.forward(*args, **kwargs)
 
 
@@ -31,6 +32,7 @@ class Eager(Backend):
     kind: ClassVar[str] = "eager"
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        """Return a runner that calls the module's original forward."""
         return EagerRunner(self, module)
 
     def load(
@@ -41,4 +43,5 @@ class Eager(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
+        """Return a runner that calls the module's original forward (nothing was saved)."""
         return EagerRunner(self, module)

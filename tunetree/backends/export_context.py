@@ -1,6 +1,9 @@
-"""Conditions around one export or conversion (torch.export, ONNX, OpenVINO): no autograd and
-no fused attention fast path, weights readable on the host, exporters' noise silenced, and
-their long errors reduced to one line. Everything is restored afterwards."""
+"""Conditions around one export or conversion (torch.export, ONNX, OpenVINO).
+
+No autograd and no fused attention fast path, weights readable on the host, exporters'
+noise silenced, and their long errors reduced to one line. Everything is restored
+afterwards.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +21,12 @@ from torch import nn
 
 @contextlib.contextmanager
 def exporting(module: nn.Module) -> Iterator[None]:
-    """Conditions for exporting ``module``: no autograd, and the fused multi-head-attention
-    fast path off (``nn.TransformerEncoder`` would otherwise trace to
-    ``aten::_transformer_encoder_layer_fwd``, which exporters cannot translate). Restores the
-    fast-path switch and every submodule's training flag afterwards."""
+    """Conditions for exporting ``module``: no autograd, and the fused attention fast path off.
+
+    The fused multi-head-attention fast path is off because ``nn.TransformerEncoder`` would
+    otherwise trace to ``aten::_transformer_encoder_layer_fwd``, which exporters cannot
+    translate. Restores the fast-path switch and every submodule's training flag afterwards.
+    """
     fastpath = torch.backends.mha.get_fastpath_enabled()
     modes = [(m, m.training) for m in module.modules()]
     torch.backends.mha.set_fastpath_enabled(False)
@@ -36,8 +41,11 @@ def exporting(module: nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def parameters_on_cpu(module: nn.Module) -> Iterator[None]:
-    """Temporarily give every parameter and buffer of ``module`` CPU data, for converters that
-    read weights on the host; afterwards each one holds its original data again."""
+    """Temporarily give every parameter and buffer of ``module`` CPU data.
+
+    For converters that read weights on the host; afterwards each one holds its original data
+    again.
+    """
     saved: list[tuple[torch.Tensor, torch.Tensor]] = []
     try:
         for tensor in itertools.chain(module.parameters(), module.buffers()):
@@ -55,9 +63,11 @@ _NOISY_LOGGERS = ("torch.onnx", "onnxscript", "torch.export", "torch._export", "
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Silence exporters' and converters' warnings and progress logs while one runs: a tune
-    tries many candidates, and a failure is reported through the error it raises (and a
-    wrong result through the comparison with eager)."""
+    """Silence exporters' and converters' warnings and progress logs while one runs.
+
+    A tune tries many candidates, and a failure is reported through the error it raises (and a
+    wrong result through the comparison with eager).
+    """
     loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
     levels = [lg.level for lg in loggers]
     for lg in loggers:

@@ -1,5 +1,8 @@
-"""Artifact files of saved runners: copied between a runner's own directory and the
-directory a checkpoint or the cache gives it."""
+"""Artifact files of saved runners.
+
+They are copied between a runner's own directory and the directory a checkpoint or the
+cache gives it.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +16,11 @@ from ..errors import BackendError
 
 
 def copy_files(source: Path, target: Path, names: Sequence[str]) -> None:
-    """Copy ``names`` from ``source`` to ``target`` (hard links where the file system allows:
-    artifacts are never modified after they are written)."""
+    """Copy ``names`` from ``source`` to ``target``.
+
+    Hard links where the file system allows: artifacts are never modified after they are
+    written.
+    """
     for name in names:
         src = artifact_file(source, name)
         try:
@@ -24,10 +30,13 @@ def copy_files(source: Path, target: Path, names: Sequence[str]) -> None:
 
 
 def artifact_file(directory: Path, name: object, suffix: str = "") -> Path:
-    """The artifact ``name`` of a saved runner record (untrusted): a plain file name (no
-    separator, no ``..``) ending in ``suffix``, naming a regular file (not a link) directly
-    in ``directory``. Anything else raises :class:`BackendError`, so a record can never make a
-    loader open a file outside the runner's own directory."""
+    """The artifact ``name`` of a saved runner record (untrusted), checked.
+
+    It must be a plain file name (no separator, no ``..``) ending in ``suffix``, naming a
+    regular file (not a link) directly in ``directory``. Anything else raises
+    :class:`BackendError`, so a record can never make a loader open a file outside the
+    runner's own directory.
+    """
     ok = isinstance(name, str) and name not in ("", ".", "..") and name.endswith(suffix)
     if not ok or Path(str(name)).name != name or "\\" in str(name) or "\x00" in str(name):
         raise BackendError(f"refusing artifact name {str(name)[:80]!r}: not a plain file name")

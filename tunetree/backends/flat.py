@@ -1,12 +1,11 @@
-"""Flat tensor I/O for backends that compile a module into a graph with tensors in and tensors
-out (OpenVINO, ONNX Runtime).
+"""Flat tensor I/O for backends that compile a module into a tensors-in, tensors-out graph.
 
-Such a graph takes a flat list of tensors and returns a flat list of tensors. From one sample
-and eager's output this module records which leaves of a call's ``(args, kwargs)`` are graph
-inputs (non-tensor leaves are constants baked into the graph; the graph key holds their
-values), and how the flat outputs are rebuilt into eager's structure and container types
-(tuples, dicts, Hugging Face ``ModelOutput`` ...). Both records are JSON, so a saved runner is
-rebuilt without samples.
+Those backends are OpenVINO and ONNX Runtime; their graph takes a flat list of tensors and
+returns a flat list of tensors. From one sample and eager's output this module records which
+leaves of a call's ``(args, kwargs)`` are graph inputs (non-tensor leaves are constants baked
+into the graph; the graph key holds their values), and how the flat outputs are rebuilt into
+eager's structure and container types (tuples, dicts, Hugging Face ``ModelOutput`` ...). Both
+records are JSON, so a saved runner is rebuilt without samples.
 """
 
 from __future__ import annotations
@@ -89,8 +88,10 @@ class FlatInputs:
 
     @classmethod
     def from_json(cls, data: Any) -> FlatInputs:
-        """The record :meth:`to_json` wrote, checked as untrusted input (see
-        :func:`saved_list`); BackendError when it is malformed."""
+        """The record :meth:`to_json` wrote, checked as untrusted input.
+
+        See :func:`saved_list`; BackendError when it is malformed.
+        """
         if not isinstance(data, dict):
             raise BackendError("saved runner record has no inputs object")
         paths = tuple(saved_path(p) for p in saved_list(data, "paths"))
@@ -106,9 +107,11 @@ class FlatInputs:
 
 @dataclasses.dataclass(frozen=True)
 class FlatOutputs:
-    """Eager's output structure: the tree spec, its non-tensor leaves, and the position, dtype
-    and shape of every tensor leaf. :meth:`rebuild` turns the graph's flat outputs back into
-    eager's structure."""
+    """Eager's output structure, so that the graph's flat outputs can be rebuilt into it.
+
+    Records the tree spec, its non-tensor leaves, and the position, dtype and shape of every
+    tensor leaf. :meth:`rebuild` turns the graph's flat outputs back into eager's structure.
+    """
 
     spec: pytree.TreeSpec
     template: tuple[Any, ...]
@@ -119,6 +122,7 @@ class FlatOutputs:
 
     @classmethod
     def of(cls, output: Any) -> FlatOutputs:
+        """The record of eager's output ``output``."""
         leaves, spec = pytree.tree_flatten(output)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         tensors = [leaves[i] for i in positions]
@@ -141,8 +145,10 @@ class FlatOutputs:
         return pytree.tree_unflatten(leaves, self.spec)
 
     def to_json(self) -> dict[str, Any]:
-        """The record as JSON data; the structure in tunetree's closed vocabulary
-        (:func:`.structure.describe`)."""
+        """The record as JSON data.
+
+        The structure is in tunetree's closed vocabulary (:func:`.structure.describe`).
+        """
         constants = {
             str(i): leaf for i, leaf in enumerate(self.template) if i not in self.positions
         }
@@ -168,10 +174,12 @@ class FlatOutputs:
     def from_json(
         cls, data: Any, module: nn.Module, key: GraphKey, device: torch.device
     ) -> FlatOutputs:
-        """The record :meth:`to_json` wrote, checked as untrusted input. Its structure is
-        read in tunetree's closed vocabulary (:mod:`.structure`, never by a deserialiser
-        that imports); named containers, or a structure that was not saved, are learnt
-        again by running ``module`` once on zeros shaped like ``key``."""
+        """The record :meth:`to_json` wrote, checked as untrusted input.
+
+        Its structure is read in tunetree's closed vocabulary (:mod:`.structure`, never by a
+        deserialiser that imports); named containers, or a structure that was not saved, are
+        learnt again by running ``module`` once on zeros shaped like ``key``.
+        """
         if not isinstance(data, dict):
             raise BackendError("saved runner record has no outputs object")
         num_leaves = data.get("num_leaves")
@@ -198,8 +206,11 @@ class FlatOutputs:
 def _saved_spec(
     data: dict[str, Any], module: nn.Module, key: GraphKey, device: torch.device
 ) -> pytree.TreeSpec:
-    """The output structure a saved record describes: ``structure`` (this release),
-    ``spec`` (pytree JSON of the first release, read as data) or, without either, learnt."""
+    """The output structure a saved record describes.
+
+    From ``structure`` (this release), ``spec`` (pytree JSON of the first release, read as
+    data) or, without either, learnt.
+    """
 
     def learn() -> pytree.TreeSpec:
         return _output_spec_by_running(module, key, device)
@@ -250,8 +261,11 @@ def _value_from_signature(signature: Any, device: torch.device) -> Any:
 
 
 class FlatModule(nn.Module):
-    """A module as a function of its graph's input tensors only, returning its output tensors
-    as a flat tuple: the form exporters take. Constants are the sample's non-tensor leaves."""
+    """A module as a function of its graph's input tensors only: the form exporters take.
+
+    It returns its output tensors as a flat tuple. Constants are the sample's non-tensor
+    leaves.
+    """
 
     def __init__(
         self,
@@ -269,6 +283,7 @@ class FlatModule(nn.Module):
         self.output_positions = list(output_positions)
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Run the original forward with ``tensors`` as the inputs; return the output tensors."""
         leaves = list(self.template)
         for position, tensor in zip(self.input_positions, tensors, strict=True):
             leaves[position] = tensor
@@ -280,8 +295,10 @@ class FlatModule(nn.Module):
 
 @dataclasses.dataclass
 class FlatGraph:
-    """Everything an exporter needs for one graph: the flat module, example input tensors,
-    and the input and output records the runner keeps."""
+    """Everything an exporter needs for one graph.
+
+    The flat module, example input tensors, and the input and output records the runner keeps.
+    """
 
     module: FlatModule
     example: tuple[torch.Tensor, ...]
@@ -294,8 +311,11 @@ class FlatGraph:
 
     @classmethod
     def of(cls, module: nn.Module, graph: Graph) -> FlatGraph:
-        """The flat form of ``graph``; the example is a recorded sample, or for a ranged
-        graph one with every dynamic size at 2 or more (see :func:`.ranges.example_sample`)."""
+        """The flat form of ``graph``.
+
+        The example is a recorded sample, or for a ranged graph one with every dynamic size at 2
+        or more (see :func:`.ranges.example_sample`).
+        """
         if not graph.samples or not graph.outputs:
             raise BackendError("the graph has no recorded sample: cannot export it")
         sample: Sample = example_sample(graph)

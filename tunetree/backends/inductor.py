@@ -85,14 +85,16 @@ def compile_unavailable_reason(device: torch.device, what: str = "compile=True")
 
 
 class InductorRunner(Runner):
-    """A ``torch.compile``-d original forward. Compilation happens on the first call; a runner
-    loaded from a checkpoint therefore recompiles from the module (Inductor's own on-disk
-    cache makes that fast on the machine that tuned it).
+    """A ``torch.compile``-d original forward, compiled on the first call.
+
+    A runner loaded from a checkpoint therefore recompiles from the module (Inductor's own
+    on-disk cache makes that fast on the machine that tuned it).
 
     For a ranged graph the first compile is of the first call resized to sizes of 2 or more
     (:func:`.ranges.example_sizes`), with every dynamic axis marked with its dimension's min
     and max and backed sizes treated size-obliviously, so that one compiled graph serves the
-    whole range, sizes 1 included. :attr:`compiles` counts the graphs compiled so far."""
+    whole range, sizes 1 included. :attr:`compiles` counts the graphs compiled so far.
+    """
 
     def __init__(self, backend: Inductor, module: nn.Module, key: GraphKey | None = None) -> None:
         super().__init__(backend)
@@ -114,6 +116,7 @@ class InductorRunner(Runner):
         return len(_debug_get_cache_entry_list(self.entry.__code__))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the compiled forward (compiling on the first call); clone outputs when configured."""
         if self.key is not None:
             self._compile_for_range(args, kwargs)
         out = self.compiled(*args, **kwargs)
@@ -142,8 +145,10 @@ def _debug_get_cache_entry_list(code: Any) -> list[Any]:
 
 
 def _size_oblivious() -> Any:
-    """Treat dynamic sizes size-obliviously while compiling: otherwise a graph compiled for
-    sizes >= 2 guards against size 1 and recompiles for it."""
+    """Treat dynamic sizes size-obliviously while compiling.
+
+    Otherwise a graph compiled for sizes >= 2 guards against size 1 and recompiles for it.
+    """
     import torch.fx.experimental._config as fx_config
 
     if hasattr(fx_config, "backed_size_oblivious"):
@@ -188,6 +193,7 @@ class Inductor(Backend):
         check_inductor_options(cls.kind, config.get("options", ()))
 
     def unavailable_reason(self, device: torch.device) -> str | None:
+        """Why Inductor cannot compile for ``device`` in this mode, or None."""
         reason = compile_unavailable_reason(device, "Inductor")
         if reason:
             return reason
@@ -196,6 +202,7 @@ class Inductor(Backend):
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        """Return a runner that compiles the original forward on its first call."""
         return InductorRunner(self, module, graph.key)
 
     def load(
@@ -206,4 +213,5 @@ class Inductor(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
+        """Return a runner that compiles again from the module (nothing is read from disk)."""
         return InductorRunner(self, module, key)

@@ -1,5 +1,7 @@
-"""ONNX Runtime: exports the module with torch's dynamo ONNX exporter and runs it in an
-``onnxruntime.InferenceSession`` (CPU provider; CUDA provider on CUDA devices).
+"""ONNX Runtime: exports the module to ONNX and runs it in an ``onnxruntime.InferenceSession``.
+
+The export uses torch's dynamo ONNX exporter; the session uses the CPU provider, or the
+CUDA provider on CUDA devices.
 
 The legacy TorchScript exporter is only a fallback for modules ``torch.export`` refuses
 (data-dependent Python control flow): it fails on Hugging Face BERT and on the fused
@@ -56,10 +58,13 @@ _OPTIMIZATION_LEVELS = {
 
 
 class OnnxRuntimeRunner(Runner):
-    """An ONNX Runtime session over a model file in a directory the runner owns (removed when
-    the runner is garbage collected). On the CPU inputs go in as numpy views and the
-    session's new output arrays come back without a copy; on CUDA inputs and outputs are bound
-    in device memory (IO binding), outputs freshly allocated on every call."""
+    """An ONNX Runtime session over a model file in a directory the runner owns.
+
+    The directory is removed when the runner is garbage collected. On the CPU inputs go in as
+    numpy views and the session's new output arrays come back without a copy; on CUDA inputs
+    and outputs are bound in device memory (IO binding), outputs freshly allocated on every
+    call.
+    """
 
     def __init__(
         self,
@@ -100,6 +105,7 @@ class OnnxRuntimeRunner(Runner):
         self.bind = device.type == "cuda"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Pick the input tensors, run the session and rebuild eager's output structure."""
         tensors = self.inputs.pick(args, kwargs)
         if self.bind:
             return self.outputs.rebuild(self._run_bound(tensors))
@@ -149,9 +155,11 @@ class OnnxRuntimeRunner(Runner):
         return results
 
     def _run_bound_dynamic(self, binding: Any) -> list[torch.Tensor]:
-        """Run a ranged graph with inputs bound: output shapes depend on the call, so ONNX
-        Runtime allocates the outputs on the device; they come back through DLPack (a
-        host copy where this onnxruntime lacks it)."""
+        """Run a ranged graph with inputs bound; ONNX Runtime allocates the outputs on the device.
+
+        Output shapes depend on the call, so ONNX Runtime allocates them; they come back through
+        DLPack (a host copy where this onnxruntime lacks it).
+        """
         for name in self.output_names:
             binding.bind_output(name, self.device.type, self.device.index or 0)
         torch.cuda.current_stream(self.device).synchronize()
@@ -166,6 +174,7 @@ class OnnxRuntimeRunner(Runner):
         return results
 
     def save(self, directory: Path) -> dict[str, Any]:
+        """Copy the model files into ``directory`` and record them with the I/O records."""
         files = sorted(p.name for p in self.directory.iterdir() if p.is_file())
         copy_files(self.directory, directory, files)
         return {
@@ -265,6 +274,7 @@ class OnnxRuntime(Backend):
         return options
 
     def unavailable_reason(self, device: torch.device) -> str | None:
+        """Why ONNX Runtime cannot run on ``device``: missing packages, device or providers."""
         missing = not_installed_reason(self, "onnxruntime", "onnx", "onnxscript")
         if missing is not None:
             return missing
@@ -281,6 +291,7 @@ class OnnxRuntime(Backend):
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        """Export the flat graph to ONNX in a new directory and open a session on it."""
         flat = FlatGraph.of(module, graph)
         flat.check_numpy_dtypes()
         directory = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
@@ -301,6 +312,7 @@ class OnnxRuntime(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
+        """Check the saved files and records, copy the files to its own directory and open them."""
         files = saved.get("files")
         if not isinstance(files, list) or not 0 < len(files) <= 4096:
             raise BackendError("saved ONNX Runtime runner record lists no files")
@@ -322,11 +334,14 @@ class OnnxRuntime(Backend):
 
 
 def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
-    """Export the flat graph to ``directory/model.onnx`` with the dynamo exporter (weights in
-    external data files, the graph's ranges as dynamic shapes); where that fails for another
-    reason than branching on tensor values, with the legacy TorchScript exporter, which
-    traces (dynamic axes named after the graph's dimensions; a module that converts a tensor
-    to a Python value fails, see :mod:`.value_dependence`)."""
+    """Export the flat graph to ``directory/model.onnx``, with a fallback exporter.
+
+    First with the dynamo exporter (weights in external data files, the graph's ranges as
+    dynamic shapes); where that fails for another reason than branching on tensor values, with
+    the legacy TorchScript exporter, which traces (dynamic axes named after the graph's
+    dimensions; a module that converts a tensor to a Python value fails, see
+    :mod:`.value_dependence`).
+    """
     path = str(directory / _MODEL_FILE)
     output_names = [f"output_{i}" for i in range(len(flat.outputs.positions))]
     input_names = list(flat.inputs.names)
@@ -374,8 +389,10 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
 
 
 def check_external_data(model_file: Path, files: set[str]) -> None:
-    """Refuse a saved ONNX model whose tensors name external data files other than the
-    runner's own (a path in the model could point anywhere on the disk)."""
+    """Refuse a saved ONNX model whose tensors name external data files other than the runner's.
+
+    A path in the model could point anywhere on the disk.
+    """
     import onnx
     from onnx.external_data_helper import _get_all_tensors
 
@@ -401,8 +418,11 @@ def _empty(directory: Path) -> None:
 
 
 def _dynamic_axes(flat: FlatGraph) -> dict[str, dict[int, str]]:
-    """The TorchScript exporter's ``dynamic_axes``: each input's dynamic axes named after
-    their dimension, and each output axis whose size differs between recorded calls."""
+    """The TorchScript exporter's ``dynamic_axes``.
+
+    Each input's dynamic axes named after their dimension, and each output axis whose size
+    differs between recorded calls.
+    """
     axes: dict[str, dict[int, str]] = {}
     for name, dims in zip(flat.inputs.names, axis_dims(flat.key), strict=True):
         if dims:

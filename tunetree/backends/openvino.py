@@ -1,5 +1,7 @@
-"""OpenVINO: converts the module through ``torch.export`` (tracing as a fallback) and runs it
-with the OpenVINO runtime on the CPU or an Intel GPU.
+"""OpenVINO: converts the module and runs it with the OpenVINO runtime.
+
+Conversion goes through ``torch.export`` (tracing as a fallback); the runtime runs on the
+CPU or an Intel GPU.
 
 The default precision is f32: on CPUs with bf16 units OpenVINO would otherwise compute in
 bf16 and change results by about 1e-2. :class:`OpenVINOBf16` is the opt-in reduced-precision
@@ -53,8 +55,11 @@ _HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 
 @functools.lru_cache(maxsize=1)
 def _private_dir() -> str:
-    """A directory of this process for files OpenVINO writes into the home directory
-    (telemetry under ``~/intel``, written even with its opt-out set); removed at exit."""
+    """A directory of this process for files OpenVINO writes into the home directory.
+
+    Those are telemetry files under ``~/intel``, written even with its opt-out set; the
+    directory is removed at exit.
+    """
     path = tempfile.mkdtemp(prefix="tunetree-openvino-home-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
@@ -62,8 +67,10 @@ def _private_dir() -> str:
 
 @contextlib.contextmanager
 def private_home() -> Iterator[None]:
-    """Run OpenVINO calls with the home and XDG directories pointed at :func:`_private_dir`,
-    so that importing or calling OpenVINO writes nothing under the user's home directory."""
+    """Run OpenVINO calls with the home and XDG directories pointed at :func:`_private_dir`.
+
+    So importing or calling OpenVINO writes nothing under the user's home directory.
+    """
     names = ("HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME")
     saved = {name: os.environ.get(name) for name in names}
     home = _private_dir()
@@ -88,9 +95,12 @@ def _core() -> Any:
 
 
 class OpenVINORunner(Runner):
-    """A compiled OpenVINO model with one infer request. Inputs are shared with OpenVINO (no
-    copy on the CPU); every call returns freshly allocated outputs, so a later call never
-    overwrites what an earlier one returned. Calls are serialised by a lock (one request)."""
+    """A compiled OpenVINO model with one infer request.
+
+    Inputs are shared with OpenVINO (no copy on the CPU); every call returns freshly allocated
+    outputs, so a later call never overwrites what an earlier one returned. Calls are
+    serialised by a lock (one request).
+    """
 
     def __init__(
         self,
@@ -125,6 +135,7 @@ class OpenVINORunner(Runner):
         self.lock = threading.Lock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the infer request on the picked inputs and rebuild eager's output structure."""
         arrays = [as_numpy(t) for t in self.inputs.pick(args, kwargs)]
         with self.lock:
             # share_outputs=False: OpenVINO copies results into new arrays that we own.
@@ -137,6 +148,7 @@ class OpenVINORunner(Runner):
         return self.outputs.rebuild(tensors)
 
     def save(self, directory: Path) -> dict[str, Any]:
+        """Write the model (weights as they are, not compressed) and record the I/O records."""
         import openvino
 
         # compress_to_fp16 would round the weights: keep them as they are.
@@ -182,8 +194,11 @@ class OpenVINO(Backend):
 
     @classmethod
     def check_saved_config(cls, config: Any) -> None:
-        """Known fields; a device of :data:`DEVICE`'s form; known precision and hint;
-        stream and thread counts in 0..1024; any other field a plain scalar."""
+        """Admit known fields with checked values, and any other field holding a plain scalar.
+
+        Checked values: a device of :data:`DEVICE`'s form, known precision and hint, stream and
+        thread counts in 0..1024.
+        """
         check_fields(cls.kind, cls, config)
         check_pattern(cls.kind, "device", config.get("device"), DEVICE)
         check_choice(cls.kind, "precision", config.get("precision", "f32"), _PRECISIONS)
@@ -218,6 +233,7 @@ class OpenVINO(Backend):
         return config
 
     def unavailable_reason(self, device: torch.device) -> str | None:
+        """Why OpenVINO cannot run on ``device``: package missing, or device not available."""
         missing = not_installed_reason(self, "openvino")
         if missing is not None:
             return missing
@@ -234,6 +250,7 @@ class OpenVINO(Backend):
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        """Convert the flat graph to an OpenVINO model with the graph's input shapes."""
         flat = FlatGraph.of(module, graph)
         flat.check_numpy_dtypes()
         model, exported = _convert(flat, module)
@@ -249,6 +266,7 @@ class OpenVINO(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
+        """Read the saved model (checked file names) and rebuild the runner with its I/O records."""
         model_file = artifact_file(directory, saved.get("model"), ".xml")
         artifact_file(directory, model_file.with_suffix(".bin").name)
         inputs = FlatInputs.from_json(saved.get("inputs"))
@@ -260,9 +278,11 @@ class OpenVINO(Backend):
 
 @dataclasses.dataclass(frozen=True)
 class OpenVINOBf16(OpenVINO):
-    """OpenVINO computing in bf16 (or f16 with ``precision="f16"``): much faster on CPUs with
-    bf16 units, but results change by about 1e-2, so it is never chosen by default. It is
-    checked with its own looser tolerances ``atol`` and ``rtol``."""
+    """OpenVINO computing in bf16 (or f16 with ``precision="f16"``).
+
+    Much faster on CPUs with bf16 units, but results change by about 1e-2, so it is never
+    chosen by default. It is checked with its own looser tolerances ``atol`` and ``rtol``.
+    """
 
     kind: ClassVar[str] = "openvino-bf16"
     preserves_results: ClassVar[bool] = False
@@ -278,9 +298,11 @@ class OpenVINOBf16(OpenVINO):
             )
 
     def tolerances(self) -> Tolerances:
+        """Uniform tolerances from this backend's ``atol`` and ``rtol``."""
         return Tolerances.uniform(self.atol, self.rtol)
 
     def unavailable_reason(self, device: torch.device) -> str | None:
+        """OpenVINO's reasons, plus a CPU without bf16 units when ``precision`` is bf16."""
         reason = super().unavailable_reason(device)
         if reason is not None:
             return reason
@@ -293,10 +315,12 @@ class OpenVINOBf16(OpenVINO):
 
 
 def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
-    """The graph as an OpenVINO model, and what it may share memory with: through
-    ``torch.export`` (with the graph's ranges as dynamic shapes), else by tracing. A module
-    that branches on tensor values fails here (:mod:`.value_dependence`). Weights are read on
-    the host; the module's parameters stay where they were."""
+    """The graph as an OpenVINO model, and what it may share memory with.
+
+    Converted through ``torch.export`` (with the graph's ranges as dynamic shapes), else by
+    tracing. A module that branches on tensor values fails here (:mod:`.value_dependence`).
+    Weights are read on the host; the module's parameters stay where they were.
+    """
     import openvino
 
     example = tuple(t.cpu() for t in flat.example)
@@ -325,9 +349,12 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
 
 
 def _set_input_shapes(model: Any, inputs: FlatInputs, key: GraphKey) -> None:
-    """Give every input the graph's shape: fixed sizes, and ``Dimension(min, max)`` on
-    exactly the dynamic axes of a ranged graph (conversion leaves every axis dynamic). Known
-    shapes let OpenVINO plan memory and pick kernels once; bounds keep that for ranges."""
+    """Give every input of the converted model the graph's shape.
+
+    Fixed sizes, and ``Dimension(min, max)`` on exactly the dynamic axes of a ranged graph
+    (conversion leaves every axis dynamic). Known shapes let OpenVINO plan memory and pick
+    kernels once; bounds keep that for ranges.
+    """
     import openvino
 
     dims = axis_dims(key)

@@ -1,5 +1,8 @@
-"""Optional packages of backends: which are missing here, and the one way tunetree tells the
-user how to install them (the backend's pip extra, else its libraries)."""
+"""Optional packages of backends: which are missing here, and how to install them.
+
+This is the one way tunetree tells the user how to install them: the backend's pip extra,
+else its libraries.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,10 @@ from typing import Any
 
 
 def missing_packages(*names: str) -> list[str]:
-    """Which of the top-level packages ``names`` cannot be imported here (checked without
-    importing them)."""
+    """Which of the top-level packages ``names`` cannot be imported here.
+
+    Checked without importing them.
+    """
     missing = []
     for name in names:
         try:
@@ -22,9 +27,11 @@ def missing_packages(*names: str) -> list[str]:
 
 
 def install_hint(backend: Any, upgrade: bool = False) -> str:
-    """The pip command that installs (or with ``upgrade`` upgrades) what ``backend`` (a
-    backend class or object) needs: ``pip install 'tunetree[extra]'`` from its ``extra``,
-    else its ``libraries``."""
+    """The pip command that installs (or with ``upgrade`` upgrades) what ``backend`` needs.
+
+    ``backend`` is a backend class or object; the command is ``pip install 'tunetree[extra]'``
+    from its ``extra``, else names its ``libraries``.
+    """
     command = "pip install -U" if upgrade else "pip install"
     extra = getattr(backend, "extra", None)
     if extra:
@@ -34,8 +41,10 @@ def install_hint(backend: Any, upgrade: bool = False) -> str:
 
 
 def not_installed_reason(backend: Any, *packages: str) -> str | None:
-    """Why ``backend`` cannot run when some of ``packages`` (import names) are missing, with
-    the install command; None when all are importable."""
+    """Why ``backend`` cannot run when some of ``packages`` are missing; None when all import.
+
+    ``packages`` are import names; the reason includes the install command.
+    """
     missing = missing_packages(*packages)
     if not missing:
         return None

@@ -1,5 +1,7 @@
-"""A ranged graph as the building backends need it: the :class:`~tunetree.graph.Dim` of
-each dynamic axis per tensor input, and an example call to export or compile from.
+"""A ranged graph as the building backends need it: Dims per axis and an example call.
+
+For each tensor input, the :class:`~tunetree.graph.Dim` of each dynamic axis, and an
+example call to export or compile from.
 
 Exporters and compilers specialise sizes 0 and 1 and may unify dynamic axes whose example
 sizes are equal, so the example has every dynamic size at 2 or more and different
@@ -42,8 +44,11 @@ def call_sizes(tensors: Sequence[torch.Tensor], dims: Sequence[AxisDims]) -> dic
 def example_sizes(
     dims: Mapping[str, Dim], preferred: Mapping[str, int] | None = None
 ) -> dict[str, int]:
-    """A size per dimension to export with: the preferred size where it is usable, each at
-    least 2 (when the range allows) and no two dimensions at the same size."""
+    """A size per dimension to export with.
+
+    The preferred size where it is usable, each at least 2 (when the range allows) and no two
+    dimensions at the same size.
+    """
     preferred = preferred or {}
     chosen: dict[str, int] = {}
     for name in sorted(dims):
@@ -57,8 +62,10 @@ def example_sizes(
 
 
 def resize_tensor(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
-    """``tensor`` with ``axis`` at ``size``: sliced when smaller, tiled when larger, so the
-    values stay ones the model saw (token ids in the vocabulary, masks with real rows)."""
+    """``tensor`` with ``axis`` at ``size``: sliced when smaller, tiled when larger.
+
+    So the values stay ones the model saw (token ids in the vocabulary, masks with real rows).
+    """
     have = int(tensor.shape[axis])
     if size <= have:
         return tensor.narrow(axis, 0, size)
@@ -101,8 +108,11 @@ def resize_sample(sample: Sample, key: GraphKey, sizes: Mapping[str, int]) -> Sa
 
 
 def example_sample(graph: Graph) -> Sample:
-    """The call to export or compile ``graph`` from: a recorded sample when the graph has no
-    ranges, else the largest recorded sample resized to :func:`example_sizes`."""
+    """The call to export or compile ``graph`` from.
+
+    A recorded sample when the graph has no ranges, else the largest recorded sample resized
+    to :func:`example_sizes`.
+    """
     if not graph.samples:
         raise BackendError("the graph has no recorded sample to build from")
     if not graph.key.is_dynamic:
@@ -120,9 +130,11 @@ def example_sample(graph: Graph) -> Sample:
 
 
 def export_dynamic_shapes(key: GraphKey) -> tuple[tuple[dict[int, Any], ...]] | None:
-    """``torch.export`` dynamic shapes for a flat module ``forward(*tensors)`` (one
-    ``torch.export.Dim`` per named dimension, with its min and max; the outer tuple is the
-    variadic parameter), or None for a graph without ranges."""
+    """``torch.export`` dynamic shapes for a flat module ``forward(*tensors)``.
+
+    One ``torch.export.Dim`` per named dimension, with its min and max; the outer tuple is the
+    variadic parameter. None for a graph without ranges.
+    """
     if not key.is_dynamic:
         return None
     exported = {

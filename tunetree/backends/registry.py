@@ -1,6 +1,9 @@
-"""Which backend classes exist, by ``kind``: the built-ins, those of third-party packages
-advertised through the ``tunetree.backends`` entry point group, and any other subclass of
-:class:`~tunetree.backends.base.Backend` defined in this process (tests' fakes, a user's own).
+"""Which backend classes exist, by ``kind``: built-ins, plugins and other defined subclasses.
+
+The plugins are those of third-party packages advertised through the
+``tunetree.backends`` entry point group; other subclasses of
+:class:`~tunetree.backends.base.Backend` are any defined in this process (tests' fakes, a
+user's own).
 
 There is no registry dict: a backend registers by declaring its ``kind`` (checked unique by
 ``Backend.__init_subclass__``), and lookups walk the class hierarchy. Entry points are loaded
@@ -45,9 +48,11 @@ BUILTIN_BACKENDS: tuple[type[Backend], ...] = (
 
 
 def load_plugins() -> list[type[Backend]]:
-    """Import the backends advertised in the ``tunetree.backends`` entry point group and
-    return those that loaded. A failing entry point, or one that names something other than
-    a :class:`Backend` subclass, is logged and skipped: a broken plugin never breaks tunetree."""
+    """Import the backends advertised in the ``tunetree.backends`` entry point group.
+
+    Returns those that loaded. A failing entry point, or one that names something other than a
+    :class:`Backend` subclass, is logged and skipped: a broken plugin never breaks tunetree.
+    """
     loaded: list[type[Backend]] = []
     try:
         entry_points = list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
@@ -77,15 +82,20 @@ def load_plugins() -> list[type[Backend]]:
 
 
 def registered_backends() -> tuple[type[Backend], ...]:
-    """Every backend class reachable by kind: the built-ins first, then the plugins' and any
-    other defined in this process, one per kind."""
+    """Every backend class reachable by kind, one per kind.
+
+    The built-ins first, then the plugins' and any other defined in this process.
+    """
     load_plugins()
     return tuple(_by_kind().values())
 
 
 def backend_type(kind: str) -> type[Backend]:
-    """The backend class whose ``kind`` is ``kind``; plugins are loaded when no class that is
-    already defined has it. BackendUnavailableError names the known kinds otherwise."""
+    """The backend class whose ``kind`` is ``kind``.
+
+    Plugins are loaded when no class that is already defined has it. BackendUnavailableError
+    names the known kinds otherwise.
+    """
     found = _by_kind().get(kind)
     if found is None:
         load_plugins()
@@ -102,8 +112,10 @@ def libraries_of(kind: str) -> tuple[str, ...]:
 
 
 def _by_kind() -> dict[str, type[Backend]]:
-    """Kind -> class for the classes defined now, built-ins first. Of two classes with the same
-    module and name (a module defined again), the later one wins."""
+    """Kind -> class for the classes defined now, built-ins first.
+
+    Of two classes with the same module and name (a module defined again), the later one wins.
+    """
     classes: dict[str, type[Backend]] = {cls.kind: cls for cls in BUILTIN_BACKENDS}
     for cls in backend_classes():
         if classes.get(cls.kind) not in BUILTIN_BACKENDS:

@@ -52,8 +52,10 @@ def describe(spec: pytree.TreeSpec) -> list[Any]:
 
 
 def check(node: Any) -> list[Any]:
-    """``node`` validated as a structure (closed vocabulary, bounded depth and size);
-    raises :class:`BackendError` naming what is wrong."""
+    """``node`` validated as a structure (closed vocabulary, bounded depth and size).
+
+    Raises :class:`BackendError` naming what is wrong.
+    """
     count = [0]
     _check(node, 0, count)
     return node  # type: ignore[no-any-return]
@@ -85,8 +87,10 @@ def _check(node: Any, depth: int, count: list[int]) -> None:
 
 
 def from_pytree_json(text: Any) -> list[Any]:
-    """The structure in pytree's ``treespec_dumps`` JSON (first release), read as data:
-    nothing is imported; unknown type names become ``named`` nodes."""
+    """The structure in pytree's ``treespec_dumps`` JSON (first release), read as data.
+
+    Nothing is imported; unknown type names become ``named`` nodes.
+    """
     if not isinstance(text, str) or len(text) > 16 << 20:
         raise BackendError("saved output structure is not pytree JSON text")
     try:
@@ -131,9 +135,11 @@ def _context_keys(context: Any) -> list[Any]:
 
 
 def build(node: list[Any], learn: Callable[[], pytree.TreeSpec]) -> pytree.TreeSpec:
-    """The pytree spec of a checked structure. Plain containers are built directly; a
-    structure with named containers is learnt from the user's model (``learn``) and must
-    match the saved one, else :class:`BackendError`."""
+    """The pytree spec of a checked structure.
+
+    Plain containers are built directly; a structure with named containers is learnt from the
+    user's model (``learn``) and must match the saved one, else :class:`BackendError`.
+    """
     if not _has_named(node):
         return _build_plain(node)
     learnt = learn()
@@ -158,8 +164,10 @@ def _build_plain(node: list[Any]) -> pytree.TreeSpec:
 
 
 def _matches(saved: list[Any], learnt: list[Any]) -> bool:
-    """Same nodes; a named node matches a learnt type by its class name (the first release
-    saved pytree's registered names, e.g. ``collections.namedtuple``)."""
+    """Same nodes; a named node matches a learnt type by its class name.
+
+    The first release saved pytree's registered names, e.g. ``collections.namedtuple``.
+    """
     if saved[0] != learnt[0] or len(saved) != len(learnt):
         return False
     if saved[0] == "leaf":

@@ -29,9 +29,11 @@ and per-call int8 activations. ``float8-dynamic``: float8 (e4m3) weights and act
 
 
 def _quantization_config(scheme: str) -> Any:
-    """The torchao config object for ``scheme``. ``set_inductor_config=False`` because
-    torchao would otherwise change Inductor's global settings for the whole process, and
-    with them every other candidate's compile."""
+    """The torchao config object for ``scheme``.
+
+    ``set_inductor_config=False`` because torchao would otherwise change Inductor's global
+    settings for the whole process, and with them every other candidate's compile.
+    """
     try:
         from torchao import quantization as q
     except Exception as exc:  # a torchao built for another torch can fail in many ways
@@ -68,9 +70,11 @@ def quantized_copy(module: nn.Module, scheme: str) -> nn.Module:
 
 
 class TorchAORunner(Runner):
-    """Runs the original forward of a quantised deep copy of the module (optionally
-    ``torch.compile``-d). The copy is made at build time: later in-place changes to the
-    user's weights are not seen by this runner."""
+    """Runs the original forward of a quantised deep copy of the module.
+
+    Optionally ``torch.compile``-d. The copy is made at build time: later in-place changes to
+    the user's weights are not seen by this runner.
+    """
 
     def __init__(self, backend: TorchAO, module: nn.Module) -> None:
         super().__init__(backend)
@@ -81,9 +85,11 @@ class TorchAORunner(Runner):
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the forward of the quantised copy."""
         return self.forward(*args, **kwargs)
 
     def save(self, directory: Path) -> dict[str, Any]:
+        """Record torchao's version only: load quantises the module again."""
         # Quantised weights would need pickled tensor subclasses to store, and loading a
         # checkpoint must never unpickle arbitrary objects: load quantises the module again.
         import torchao
@@ -114,6 +120,7 @@ class TorchAO(ChangesResults):
             )
 
     def unavailable_reason(self, device: torch.device) -> str | None:
+        """Why torchao cannot run this scheme on ``device``, or None."""
         missing = not_installed_reason(self, "torchao")
         if missing is not None:
             return missing
@@ -136,6 +143,7 @@ class TorchAO(ChangesResults):
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        """Return a runner over a quantised copy of ``module``."""
         return TorchAORunner(self, module)
 
     def load(
@@ -146,4 +154,5 @@ class TorchAO(ChangesResults):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
+        """Quantise a copy of ``module`` again (nothing is read from disk)."""
         return TorchAORunner(self, module)

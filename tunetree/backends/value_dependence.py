@@ -43,8 +43,11 @@ def _source(filename: str, lineno: int) -> str:
 
 @contextlib.contextmanager
 def traced_values_checked(what: str) -> Iterator[None]:
-    """Around a tracing export: raise :class:`ValueDependentError` when the tracer converted a
-    tensor to a Python value (a branch or a number fixed to the example's), naming the code."""
+    """Around a tracing export, fail when the tracer converted a tensor to a Python value.
+
+    Raises :class:`ValueDependentError` (a branch or a number fixed to the example's), naming
+    the code.
+    """
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("ignore")
         warnings.filterwarnings("always", message=_CONVERSION.pattern)
@@ -60,8 +63,10 @@ def traced_values_checked(what: str) -> Iterator[None]:
 
 
 def data_dependent_reason(error: BaseException) -> str | None:
-    """The reason to fail with when ``torch.export`` refused the module because it branches
-    on a tensor value, or None for other export errors."""
+    """The reason to fail with when ``torch.export`` refused a module branching on a tensor value.
+
+    None for other export errors.
+    """
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -77,8 +82,10 @@ def data_dependent_reason(error: BaseException) -> str | None:
 
 
 def _raising_code(error: BaseException) -> str | None:
-    """The user code that raised ``error``: as torch's message names it, else the innermost
-    frame of its traceback outside torch."""
+    """The user code that raised ``error``.
+
+    As torch's message names it, else the innermost frame of its traceback outside torch.
+    """
     match = _RAISED_BY.search(str(error))
     if match is not None:
         return f"`{match.group(3).strip()}` at {match.group(1).rsplit('/', 1)[-1]}:{match.group(2)}"
