@@ -4,6 +4,8 @@ import torch
 
 import tunetree as tt
 from tests.fakes import spin
+from tunetree.graph import Sample
+from tunetree.measure import cycle_calls
 
 
 def test_timing_statistics_are_ordered() -> None:
@@ -43,3 +45,21 @@ def test_time_per_candidate_is_bounded() -> None:
     timing = tt.measure({"a": lambda: spin(0.01)}, config=config)["a"]
     assert time.perf_counter() - start < 1.5
     assert timing.trials < 50
+
+
+def test_blocks_hold_whole_passes_over_a_mix_of_samples() -> None:
+    """With samples of very different cost, every timed block must hold the same mix: the
+    spread then reflects the machine, not which samples a block happened to hold."""
+    seen: list[float] = []
+
+    def run(seconds: float) -> None:
+        seen.append(seconds)
+        spin(seconds)
+
+    samples = [Sample((s,)) for s in (1e-4, 1e-4, 1e-4, 3e-3)]
+    timing = tt.measure(
+        {"mix": cycle_calls(run, samples)},
+        config=tt.MeasureConfig(warmup_s=0.0, block_s=1e-3, trials=5, min_trials=5),
+    )["mix"]
+    assert timing.calls_per_trial % len(samples) == 0
+    assert timing.spread < 0.5, timing  # a block of 3 cheap calls vs one with the slow call: ~10x

@@ -106,7 +106,10 @@ def measure(
         return {}
     with torch.no_grad():
         estimates = {name: _warm_up(candidates[name], dev, config) for name in names}
-        calls = {name: max(1, math.ceil(config.block_s / estimates[name])) for name in names}
+        calls = {
+            name: _whole_cycles(candidates[name], math.ceil(config.block_s / estimates[name]))
+            for name in names
+        }
         trials = {
             name: max(
                 config.min_trials,
@@ -134,13 +137,32 @@ def measure(
     return {name: _stats(per_call[name], calls[name]) for name in names}
 
 
+class _Cycle:
+    """Calls ``fn`` on each sample in turn; ``cycle`` is how many calls make one pass."""
+
+    def __init__(self, fn: Callable[..., object], samples: list) -> None:
+        self.fn, self.samples, self.cycle, self.i = fn, samples, len(samples), 0
+
+    def __call__(self) -> object:
+        sample = self.samples[self.i % self.cycle]
+        self.i += 1
+        return self.fn(*sample.args, **sample.kwargs)
+
+
 def cycle_calls(fn: Callable[..., object], samples: list) -> Callable[[], object]:
-    """A zero-argument callable that calls ``fn`` on each sample in turn."""
-    state = {"i": 0}
+    """A zero-argument callable that calls ``fn`` on each sample in turn.
 
-    def call() -> object:
-        sample = samples[state["i"] % len(samples)]
-        state["i"] += 1
-        return fn(*sample.args, **sample.kwargs)
+    :func:`measure` makes each timed block of such a callable a whole number of passes over
+    ``samples``: with a mix of shapes, every block then holds the same mix, so the spread
+    between blocks is the machine's noise, not which shapes a block happened to hold.
+    """
+    return _Cycle(fn, samples)
 
-    return call
+
+def _whole_cycles(fn: Callable[[], object], calls: int) -> int:
+    """Round ``calls`` up to whole passes of a :func:`cycle_calls` callable.
+
+    Any window of that length over the cyclic sequence holds each sample equally often.
+    """
+    cycle = getattr(fn, "cycle", 1)
+    return max(1, math.ceil(max(1, calls) / cycle)) * cycle
