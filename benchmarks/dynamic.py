@@ -354,7 +354,12 @@ def approaches(
 
 
 def run_model(
-    name: str, device: torch.device, quick: bool, n_calls: int, max_depth: int | None
+    name: str,
+    device: torch.device,
+    quick: bool,
+    n_calls: int,
+    max_depth: int | None,
+    only: set[str] | None = None,
 ) -> list[dict[str, Any]]:
     torch.manual_seed(0)
     work = MODELS[name](device, quick)
@@ -372,6 +377,8 @@ def run_model(
     )
     rows: list[dict[str, Any]] = []
     for name, make in approaches(work, calls, device, quick, max_depth):
+        if only and name not in only:
+            continue
         try:
             row = evaluate(make(), calls, eager, device, config)
         except Exception as exc:  # an approach that cannot run here gets a row saying why
@@ -432,7 +439,13 @@ def main() -> None:
         default=None,
         help="deepest cut auto_tune tries (default: every depth; --quick: 0)",
     )
+    p.add_argument(
+        "--approaches",
+        default=None,
+        help="comma-separated approaches to run (default: all; eager always runs)",
+    )
     args = p.parse_args()
+    only = None if args.approaches is None else {"eager", *args.approaches.split(",")}
     if args.quick and args.max_depth is None:
         args.max_depth = 0
     info = common.header(common.command_line())
@@ -441,7 +454,7 @@ def main() -> None:
     n_calls = args.calls or (12 if args.quick else 48)
     rows: list[dict[str, Any]] = []
     for name in args.models.split(","):
-        rows.extend(run_model(name.strip(), device, args.quick, n_calls, args.max_depth))
+        rows.extend(run_model(name.strip(), device, args.quick, n_calls, args.max_depth, only))
     print(table(rows))
     print(f"# load average after the run: {os.getloadavg()[0]:.2f}")
     common.write_json(
