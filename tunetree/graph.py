@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -377,6 +378,18 @@ class Graph:
 
     def __str__(self) -> str:
         return str(self.key)
+
+
+def resize_axis(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
+    """``tensor`` with ``axis`` at ``size``: sliced when smaller, tiled when larger.
+
+    So the values stay ones the model saw (token ids in the vocabulary, masks with real rows).
+    """
+    have = int(tensor.shape[axis])
+    if size <= have:
+        return tensor.narrow(axis, 0, size)
+    repeats = math.ceil(size / max(have, 1))
+    return torch.cat([tensor] * repeats, dim=axis).narrow(axis, 0, size)
 
 
 def as_sample(item: Any) -> Sample:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .errors import InvalidInputError
-from .graph import Dim, Graph, GraphKey, Sample, TensorSpec, as_samples
+from .graph import Dim, Graph, GraphKey, Sample, TensorSpec, as_samples, resize_axis
 
 AxisRef = tuple[int, int]
 """(index of a tensor leaf in :meth:`GraphKey.tensor_specs` order, axis)."""
@@ -315,18 +315,10 @@ def resize(sample: Sample, key: GraphKey, sizes: Mapping[str, int]) -> Sample:
     def one(leaf: int, tensor: torch.Tensor) -> torch.Tensor:
         for axis, size in enumerate(specs[leaf].shape):
             if isinstance(size, Dim) and size.name in sizes:
-                tensor = _resize_axis(tensor, axis, sizes[size.name])
+                tensor = resize_axis(tensor, axis, sizes[size.name])
         return tensor.clone()
 
     return map_leaves(sample, one)
-
-
-def _resize_axis(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
-    have = tensor.shape[axis]
-    if size <= have:
-        return tensor.narrow(axis, 0, size)
-    repeats = math.ceil(size / have)
-    return torch.cat([tensor] * repeats, dim=axis).narrow(axis, 0, size)
 
 
 def probe_sizes(key: GraphKey) -> list[dict[str, int]]:
@@ -428,7 +420,7 @@ def rebatch(dataset: Iterable[Any], batch_sizes: Sequence[int]) -> list[Sample]:
 
 def _with_batch(sample: Sample, leaves: set[int], size: int) -> Sample:
     def one(leaf: int, tensor: torch.Tensor) -> torch.Tensor:
-        return _resize_axis(tensor, 0, size).clone() if leaf in leaves else tensor
+        return resize_axis(tensor, 0, size).clone() if leaf in leaves else tensor
 
     return map_leaves(sample, one)
 

@@ -11,14 +11,13 @@ which is the order of the tensor leaves of ``(args, kwargs sorted by name)``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..errors import BackendError
-from ..graph import Dim, Graph, GraphKey, Sample, flatten, unflatten
+from ..graph import Dim, Graph, GraphKey, Sample, flatten, resize_axis, unflatten
 
 AxisDims = dict[int, Dim]
 """The dynamic axes of one tensor input: axis -> its dimension."""
@@ -61,18 +60,6 @@ def example_sizes(
     return chosen
 
 
-def resize_tensor(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
-    """``tensor`` with ``axis`` at ``size``: sliced when smaller, tiled when larger.
-
-    So the values stay ones the model saw (token ids in the vocabulary, masks with real rows).
-    """
-    have = int(tensor.shape[axis])
-    if size <= have:
-        return tensor.narrow(axis, 0, size)
-    repeats = math.ceil(size / max(have, 1))
-    return torch.cat([tensor] * repeats, dim=axis).narrow(axis, 0, size)
-
-
 def resize_inputs(
     tensors: Sequence[torch.Tensor], dims: Sequence[AxisDims], sizes: Mapping[str, int]
 ) -> list[torch.Tensor]:
@@ -80,7 +67,7 @@ def resize_inputs(
     resized = []
     for tensor, axes in zip(tensors, dims, strict=True):
         for axis, dim in axes.items():
-            tensor = resize_tensor(tensor, axis, sizes[dim.name])
+            tensor = resize_axis(tensor, axis, sizes[dim.name])
         resized.append(tensor.contiguous().clone())
     return resized
 
