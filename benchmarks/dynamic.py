@@ -262,8 +262,19 @@ def tunetree_auto(
         setup_s=setup,
         builds=lambda: len(builds),
         fallbacks=lambda: counter["calls"] if counter["wrapped"] else None,
-        note=f"depth {result.depth}",
+        note=f"depth {result.depth}: {_winners(result)}",
     )
+
+
+def _winners(result: tt.AutoTuneResult) -> str:
+    """The backends serving the selected depth, e.g. ``openvino x1``."""
+    if result.depth is None:
+        return "untuned"
+    names: dict[str, int] = {}
+    for graph in result.graphs.get(result.depth, []):
+        name = graph.winner.backend.name if graph.winner is not None else "original"
+        names[name] = names.get(name, 0) + 1
+    return ", ".join(f"{n} x{c}" for n, c in sorted(names.items()))
 
 
 class _CountingForward:

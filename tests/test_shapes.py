@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tunetree.errors import InvalidInputError
-from tunetree.graph import Dim, GraphKey, Sample
+from tunetree.graph import Dim, GraphKey, Sample, TensorSpec
 from tunetree.shapes import (
     declared_axes,
     group_graphs,
@@ -72,6 +72,28 @@ def test_accepts_inside_ranges_with_consistent_names() -> None:
     )
     assert not key.accepts(mismatched.key)  # one name, two sizes in one call
     assert key.pattern() == bert_call(3, 3).key.pattern()
+
+
+def test_covers_narrower_ranges_and_exact_keys_only() -> None:
+    wide = ranged_key([bert_call(b, n).key for b, n in [(1, 16), (32, 256)]])
+    narrow = ranged_key([bert_call(b, n).key for b, n in [(2, 17), (8, 200)]])
+    assert wide.covers(narrow) and not narrow.covers(wide)
+    assert wide.covers(wide)
+    assert wide.covers(bert_call(5, 77).key)  # one exact shape inside
+    assert not wide.covers(bert_call(33, 77).key)  # batch beyond the range
+    assert not wide.covers(ranged_key([bert_call(b, 64).key for b in (1, 64)]))
+    # one name of ours cannot take two independent sizes of theirs
+    independent = GraphKey(
+        (),
+        (
+            ("attention_mask", TensorSpec("i64", (Dim("b", 1, 8), Dim("n", 16, 32)))),
+            ("input_ids", TensorSpec("i64", (Dim("b2", 1, 8), Dim("n", 16, 32)))),
+        ),
+    )
+    assert not wide.covers(independent)
+    # another structure or dtype is never covered
+    floats = Sample((), {"input_ids": torch.zeros(4, 20), "attention_mask": torch.ones(4, 20)})
+    assert not wide.covers(floats.key)
 
 
 def test_group_graphs_dynamic_and_exact() -> None:

@@ -135,7 +135,7 @@ class GraphSession:
             return CandidateRow(
                 backend, Status.REJECTED, comparison.reason, build_s, comparison.max_abs_diff
             )
-        wrong = None if backend.kind == "eager" else self._probe(runner, tolerances)
+        wrong = None if backend.kind == "eager" else self.probe_failure(runner, tolerances)
         if wrong is not None:
             return CandidateRow(backend, Status.REJECTED, wrong, build_s, comparison.max_abs_diff)
         return CandidateRow(
@@ -147,8 +147,11 @@ class GraphSession:
             runner=runner,
         )
 
-    def _probe(self, runner: Runner, tolerances: Tolerances) -> str | None:
-        """Why ``runner`` is wrong on a probe call (:mod:`tunetree.probes`), or None."""
+    def probe_failure(self, runner: Runner, tolerances: Tolerances) -> str | None:
+        """Why ``runner`` is wrong on a probe call of this graph (:mod:`tunetree.probes`), or None.
+
+        Probes are the range ends, an odd size between them and value probes.
+        """
         for label, sample, expected in checks(self.module, self.graph):
             try:
                 with torch.no_grad():
@@ -171,8 +174,25 @@ class GraphSession:
             assert row.runner is not None
             calls[f"{i}"] = cycle_calls(row.runner, self.graph.samples)
         with self.measure_lock() if self.measure_lock is not None else nullcontext():
-            timings = self._time(calls, usable)
-        for name, timing in timings.items():
+            timings = self._time(calls, usable, self.measure_config)
+            for name, timing in timings.items():
+                usable[int(name)].timing = timing
+            if self.measure_config.rematch:
+                self._rematch(usable, calls)
+
+    def _rematch(self, usable: list[CandidateRow], calls: dict[str, Callable[[], object]]) -> None:
+        """Time again the candidates whose spread overlaps the fastest one's (a close race)."""
+        finalists = close_race(usable)
+        if len(finalists) < 2:
+            return
+        names = [str(usable.index(row)) for row in finalists]
+        self.progress(
+            self.path or "<model>",
+            self.graph,
+            "close race, measuring again: " + ", ".join(r.backend.name for r in finalists),
+        )
+        again = self._time({n: calls[n] for n in names}, usable, self.measure_config.longer())
+        for name, timing in again.items():
             usable[int(name)].timing = timing
 
     def measure_shapes(self, rows: list[CandidateRow]) -> None:
@@ -204,21 +224,44 @@ class GraphSession:
             usable[int(index)].per_shape[label] = timing
 
     def _time(
-        self, calls: dict[str, Callable[[], object]], usable: list[CandidateRow]
+        self,
+        calls: dict[str, Callable[[], object]],
+        usable: list[CandidateRow],
+        config: MeasureConfig,
     ) -> dict[str, Timing]:
         """Interleaved timings; one by one when a runner fails only when timed."""
         try:
-            return measure(calls, self.device, self.measure_config)
+            return measure(calls, self.device, config)
         except Exception as exc:
             log.debug("interleaved measurement failed: %s", exc)
         timings: dict[str, Timing] = {}
         for name, fn in calls.items():
             try:
-                timings.update(measure({name: fn}, self.device, self.measure_config))
+                timings.update(measure({name: fn}, self.device, config))
             except Exception as one_exc:
                 row = usable[int(name)]
                 row.status, row.reason = Status.FAILED, f"measure: {_short(one_exc)}"
         return timings
+
+
+def close_race(rows: list[CandidateRow]) -> list[CandidateRow]:
+    """The usable, timed rows whose spread (time per sample) overlaps the fastest row's.
+
+    Empty when there is no race: fewer than two such rows. The fastest row is always among
+    them otherwise.
+    """
+    timed = [r for r in rows if r.usable and r.timing is not None]
+    if len(timed) < 2:
+        return []
+
+    def per_sample(row: CandidateRow, value: float) -> float:
+        return value / max(row.batch, 1)
+
+    best = min(timed, key=lambda r: per_sample(r, r.timing.median_s))  # type: ignore[union-attr]
+    assert best.timing is not None
+    limit = per_sample(best, best.timing.q3_s)
+    finalists = [r for r in timed if per_sample(r, r.timing.q1_s) <= limit]  # type: ignore[union-attr]
+    return finalists if len(finalists) >= 2 else []
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -205,6 +205,29 @@ class GraphKey:
             for o, t in zip(ours, theirs, strict=True)
         )
 
+    def covers(self, other: GraphKey) -> bool:
+        """True when every call ``other`` accepts is accepted by this key too.
+
+        ``other`` may be exact or ranged. Used to serve a narrower range (or one shape) with
+        a runner tuned for a wider one. The keys must share a :meth:`pattern`.
+        """
+        if self.pattern() != other.pattern():
+            return False
+        taken: dict[str, int | str] = {}
+        for ours, theirs in zip(self.tensor_specs(), other.tensor_specs(), strict=True):
+            for want, got in zip(ours.shape, theirs.shape, strict=True):
+                if not isinstance(want, Dim):
+                    if want != got:
+                        return False
+                    continue
+                low, high = (got, got) if isinstance(got, int) else (got.min, got.max)
+                seen = got if isinstance(got, int) else got.name
+                if not (want.min <= low and high <= want.max):
+                    return False
+                if taken.setdefault(want.name, seen) != seen:
+                    return False  # one of our names, two independent sizes of theirs
+        return True
+
     def dims(self) -> dict[str, Dim]:
         """The named dynamic dimensions of this key, by name."""
         return {

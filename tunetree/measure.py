@@ -11,11 +11,11 @@ is the median per-call time over blocks, with the interquartile range as spread.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 
@@ -23,7 +23,7 @@ from ._table import format_seconds
 from .modules import synchronize
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class MeasureConfig:
     """How long and how often to measure.
 
@@ -31,6 +31,9 @@ class MeasureConfig:
     ``block_s``: target duration of one timed block of calls.
     ``trials``: timed blocks per candidate (fewer when ``max_s_per_candidate`` would be
     exceeded, but never fewer than ``min_trials``).
+    ``rematch``: when candidates' spreads overlap the fastest one's, time those finalists
+    again, alone together, with twice the trials (see :meth:`longer`): a close race is
+    decided on more evidence, not on one noisy round.
     """
 
     warmup_s: float = 0.2
@@ -39,14 +42,31 @@ class MeasureConfig:
     trials: int = 11
     min_trials: int = 3
     max_s_per_candidate: float = 3.0
+    rematch: bool = True
 
     @classmethod
     def quick(cls) -> MeasureConfig:
-        """Short measurements for tests and dry runs (less precise)."""
-        return cls(warmup_s=0.02, block_s=0.005, trials=5, min_trials=3, max_s_per_candidate=0.5)
+        """Short measurements for tests and dry runs (less precise, no rematch)."""
+        return cls(
+            warmup_s=0.02,
+            block_s=0.005,
+            trials=5,
+            min_trials=3,
+            max_s_per_candidate=0.5,
+            rematch=False,
+        )
+
+    def longer(self) -> MeasureConfig:
+        """This configuration with twice the trials and time per candidate (for a rematch)."""
+        return dataclasses.replace(
+            self,
+            trials=2 * self.trials,
+            min_trials=2 * self.min_trials,
+            max_s_per_candidate=2 * self.max_s_per_candidate,
+        )
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Timing:
     """Per-call latency statistics over timed blocks."""
 

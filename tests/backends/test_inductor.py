@@ -74,3 +74,32 @@ def test_ranged_graph_compiles_once_for_the_whole_range(tmp_path: Path) -> None:
             got = [runner(*s.args) for s in [*samples, *probes]]
         assert compare_all(want, got).ok
         assert runner.compiles == 1
+
+
+class _SizeBranch(torch.nn.Module):
+    """Chooses its code by batch size (as some conv kernels do): same results either way."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= 16:
+            return torch.clamp(x, min=0.0) * 2
+        return torch.relu(x) * 2
+
+
+@pytest.mark.slow
+def test_a_graph_guarding_a_narrower_range_still_serves_the_whole_range() -> None:
+    """mark_dynamic(min, max) refuses a graph that guards ``16 <= batch``; the runner then
+    compiles with soft dynamic axes and recompiles across the guard instead of failing."""
+    from tunetree.compare import compare_all
+    from tunetree.graph import Sample
+    from tunetree.shapes import group_graphs
+
+    module = _SizeBranch().eval()
+    samples = [Sample((torch.randn(b, 8),)) for b in (1, 64)]
+    with torch.no_grad():
+        (graph,) = group_graphs([(s, module(*s.args)) for s in samples]).values()
+    runner = Inductor().build(module, graph, CPU)
+    calls = [torch.randn(b, 8) for b in (1, 2, 3, 5, 7, 11, 15, 16, 17, 31, 33, 63, 64)]
+    with torch.no_grad():
+        assert compare_all([module(x) for x in calls], [runner(x) for x in calls]).ok
+    # a few graphs (each side of the guard; size 1 may be its own), not one per size (13)
+    assert 2 <= runner.compiles <= 4

@@ -459,7 +459,7 @@ def test_gc_removes_orphans_invalid_entries_and_unreferenced_artifacts(tmp_path:
     stray.write_bytes(b"orphan")
     os.utime(stray, (0, 0))
     keys = store.entry_keys()
-    store.mark_invalid(keys[0], store.read_manifest(keys[0]).entry_id, "test")
+    store.markers.mark_invalid(keys[0], store.read_manifest(keys[0]).entry_id, "test")
     report = TuningCache(tmp_path).gc()
     assert report.temporaries == 2 and report.invalid_entries == 1 and report.artifacts >= 1
     assert not stray.exists() and list(store.tmp.iterdir()) == []
@@ -629,4 +629,37 @@ def test_cache_hit_keeps_the_range_and_a_wider_range_is_tuned_again(tmp_path: Pa
     # a range wider than the cached entry's is not served by it: tuned again
     wider, builds = tune(tree(), TuningCache(tmp_path), data(2, 8))
     assert str(wider.graphs[0].graph.key) == "(f32[batch 2..8, 8])"
+    assert builds
+
+
+def test_an_entry_for_a_wider_range_serves_a_narrower_range_and_a_shape_inside_it(
+    tmp_path: Path,
+) -> None:
+    cache = TuningCache(tmp_path)
+    wide, builds = tune(tree(), cache, data(2, 8))
+    assert builds and str(wide.graphs[0].graph.key) == "(f32[batch 2..8, 8])"
+    # a narrower range: served by the wider entry, nothing built, outputs checked by tune()
+    narrow, builds = tune(tree(), TuningCache(tmp_path), data(3, 5))
+    assert builds == []
+    result = narrow.graphs[0]
+    assert str(result.graph.key) == "(f32[batch 3..5, 8])"
+    assert "cached for (f32[batch 2..8, 8])" in result.strategy
+    assert result.winner is not None and result.winner.backend.kind == "test-saving"
+    # one exact shape inside the range: served too
+    exact, builds = tune(tree(), TuningCache(tmp_path), data(6))
+    assert builds == [] and "cached for" in exact.graphs[0].strategy
+    # a range that reaches outside: tuned again
+    _, builds = tune(tree(), TuningCache(tmp_path), data(1, 4))
+    assert builds
+
+
+def test_gc_drops_family_records_of_removed_entries(tmp_path: Path) -> None:
+    cache = TuningCache(tmp_path)
+    tune(tree(), cache, data(2, 8))
+    families = list((tmp_path / "families").iterdir())
+    assert len(families) == 1 and len(list(families[0].iterdir())) == 1
+    cache.gc(max_size=0)  # evicts every entry
+    assert list((tmp_path / "families").iterdir()) == []
+    # with the record gone, a narrower range is a plain miss
+    _, builds = tune(tree(), TuningCache(tmp_path), data(3, 5))
     assert builds

@@ -75,13 +75,13 @@ def test_a_linked_hits_file_is_never_written_through(cache: Path, tmp_path: Path
     (cache / "hits" / key).unlink(missing_ok=True)
     (cache / "hits" / key).symlink_to(outside)
     store = CacheStore(cache)
-    store.record_hit(key)
-    store.touch_hits(key)
+    store.markers.record_hit(key)
+    store.markers.touch_hits(key)
     assert outside.read_text() == "x"
     (cache / "hits" / key).unlink()
     absent = tmp_path / "created-outside.txt"
     (cache / "hits" / key).symlink_to(absent)
-    store.record_hit(key)
+    store.markers.record_hit(key)
     assert not absent.exists()
 
 

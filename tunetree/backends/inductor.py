@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -16,6 +17,8 @@ from .base import Backend, Runner, original_forward
 from .packages import install_hint, missing_packages
 from .ranges import axis_dims, call_sizes, example_sizes, resize_sample, sample_tensors
 from .safe_config import check_choice, check_fields, refuse
+
+log = logging.getLogger(__name__)
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """``torch.compile`` modes a saved Inductor config may name."""
@@ -98,17 +101,28 @@ class InductorRunner(Runner):
 
     def __init__(self, backend: Inductor, module: nn.Module, key: GraphKey | None = None) -> None:
         super().__init__(backend)
-        self.entry = fresh_entry(original_forward(module))
-        self.compiled = torch.compile(
-            self.entry,
+        self.forward = original_forward(module)
+        self.entry, self.compiled = self._fresh_compile()
+        # Modes that replay CUDA graphs hand back outputs that the next replay overwrites.
+        self.clone_outputs = backend.mode in ("reduce-overhead", "max-autotune")
+        self.key = key if key is not None and key.is_dynamic else None
+        self.soft_axes: list[dict[int, Any]] | None = None
+        """Per input tensor, its dynamic axes, once they had to be marked softly (see
+        :meth:`_compile_for_range`): every call marks them so recompiles stay dynamic."""
+
+    def _fresh_compile(self) -> tuple[Any, Any]:
+        """A new entry function and its ``torch.compile`` (an empty Dynamo cache)."""
+        backend = self.backend
+        assert isinstance(backend, Inductor)
+        entry = fresh_entry(self.forward)
+        compiled = torch.compile(
+            entry,
             mode=backend.mode,
             dynamic=backend.dynamic,
             fullgraph=backend.fullgraph,
             options=dict(backend.options) or None,
         )
-        # Modes that replay CUDA graphs hand back outputs that the next replay overwrites.
-        self.clone_outputs = backend.mode in ("reduce-overhead", "max-autotune")
-        self.key = key if key is not None and key.is_dynamic else None
+        return entry, compiled
 
     @property
     def compiles(self) -> int:
@@ -119,7 +133,12 @@ class InductorRunner(Runner):
         """Run the compiled forward (compiling on the first call); clone outputs when configured."""
         if self.key is not None:
             self._compile_for_range(args, kwargs)
-        out = self.compiled(*args, **kwargs)
+        if self.soft_axes is not None:
+            _mark_softly(Sample(args, kwargs), self.soft_axes)
+            with _size_oblivious():
+                out = self.compiled(*args, **kwargs)
+        else:
+            out = self.compiled(*args, **kwargs)
         return detach_clone(out) if self.clone_outputs else out
 
     def _compile_for_range(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -134,8 +153,35 @@ class InductorRunner(Runner):
         for i, axes in zip(where, dims, strict=True):
             for axis, dim in axes.items():
                 torch._dynamo.mark_dynamic(leaves[i], axis, min=dim.min, max=dim.max)
+        try:
+            with _size_oblivious():
+                self.compiled(*example.args, **example.kwargs)
+            return
+        except Exception as exc:
+            if "ConstraintViolation" not in f"{type(exc).__name__}: {exc}":
+                raise
+            log.info(
+                "Inductor: the compiled graph guards a narrower range than %s (%s); "
+                "compiling with soft dynamic axes, so sizes outside the guard compile again",
+                key,
+                str(exc).splitlines()[0][:200],
+            )
+        # Some kernels choose by size (a guard like ``16 <= batch``): mark the axes softly, so
+        # Dynamo keeps them symbolic where it can and recompiles across such a guard.
+        self.entry, self.compiled = self._fresh_compile()
+        self.soft_axes = dims
+        example = resize_sample(Sample(args, kwargs), key, sizes)
+        _mark_softly(example, dims)
         with _size_oblivious():
             self.compiled(*example.args, **example.kwargs)
+
+
+def _mark_softly(sample: Sample, dims: list[dict[int, Any]]) -> None:
+    """``maybe_mark_dynamic`` on each tensor's dynamic axes (Dynamo may still guard them)."""
+    leaves, _, where = sample_tensors(sample)
+    for i, axes in zip(where, dims, strict=True):
+        for axis in axes:
+            torch._dynamo.maybe_mark_dynamic(leaves[i], axis)
 
 
 def _debug_get_cache_entry_list(code: Any) -> list[Any]:

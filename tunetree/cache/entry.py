@@ -155,6 +155,11 @@ class EntryManifest:
     candidates: list[CandidateRecord]
     winner: int | None
     edges: dict[str, Any] = field(default_factory=dict)
+    family: str = ""
+    """See :attr:`tunetree.cache.keys.EntryIdentity.family` (empty in older entries)."""
+    graph_key: dict[str, Any] | None = None
+    """The graph's key as :meth:`GraphKey.to_json` data (None in older entries): which sizes
+    the entry serves."""
 
     def referenced(self) -> list[FileRecord]:
         """Every artifact file the entry references (its dependency edges to artifacts)."""
@@ -178,6 +183,8 @@ class EntryManifest:
             "edges": self.edges,
             "candidates": [c.to_json() for c in self.candidates],
             "winner": self.winner,
+            "family": self.family,
+            "graph_key": self.graph_key,
         }
 
     @classmethod
@@ -206,4 +213,6 @@ class EntryManifest:
             candidates,
             winner,
             fields.get("edges", dict, {}),
+            fields.get("family", str, ""),
+            fields.optional("graph_key", dict),
         )

@@ -371,6 +371,9 @@ class EntryIdentity:
     tolerances: Any
     environment: Environment
     candidate_keys: list[str]
+    family: str = ""
+    """The key with the graph's sizes left out: entries of one family differ only in sizes
+    (ranges), so one tuned for a wider range can serve a narrower one."""
 
 
 EnvironmentFn = Callable[[torch.device, list[str]], Environment]
@@ -397,6 +400,15 @@ def entry_identity(
     }
     candidate_keys = [digest({**common, "backend": b}) for b in strat["backends"]]
     key = digest({**common, "strategy": strat, "tolerances": tolerances})[:40]
+    pattern = hashlib.sha256(repr(session.graph.key.pattern()).encode()).hexdigest()
+    family = digest({**common, "graph": pattern, "strategy": strat, "tolerances": tolerances})
     return EntryIdentity(
-        key, module, graph, strat, tolerances, environment_, [k[:40] for k in candidate_keys]
+        key,
+        module,
+        graph,
+        strat,
+        tolerances,
+        environment_,
+        [k[:40] for k in candidate_keys],
+        family[:40],
     )

@@ -87,8 +87,8 @@ def entry_info(store: CacheStore, key: str, deep: bool = False) -> EntryInfo:
     refs = body.referenced()
     info.artifacts = sorted({r.sha256 for r in refs})
     info.size += sum(r.size for r in {r.sha256: r for r in refs}.values())
-    if store.is_marked_invalid(key, body):
-        marker = store.invalid_marker(key) or {}
+    if store.markers.is_marked_invalid(key, body.entry_id):
+        marker = store.markers.invalid_marker(key) or {}
         info.problem = f"marked invalid: {marker.get('reason', '')}"
     try:
         store.check_files(body.referenced(), deep=deep)
@@ -144,6 +144,7 @@ def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
         for path in store.hits.iterdir():
             if not (store.entries / path.name).exists():
                 path.unlink(missing_ok=True)
+    store.markers.prune_families(store.entries)
     report.size_after = store.size()
     report.freed_bytes = max(0, report.size_before - report.size_after)
     return report
@@ -248,5 +249,4 @@ def remove_entry(store: CacheStore, key: str) -> None:
     except FileNotFoundError:
         return
     remove_tree(trash)
-    (store.invalid / key).unlink(missing_ok=True)
-    (store.hits / key).unlink(missing_ok=True)
+    store.markers.forget(key)

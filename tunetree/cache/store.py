@@ -8,6 +8,8 @@ Layout under the cache root::
     tmp/<what>.<host>.<pid>.<id>  writers' staging entries and readers' load directories
     invalid/<key>                 marker: this entry (by entry id) was found unusable
     hits/<key>                    one byte per cache hit; its mtime is the last use
+    families/<family>/<key>       entries whose graphs differ only in sizes (ranges)
+                                  (the last three written by :class:`.markers.EntryMarkers`)
     trash/                        entries moved aside by writers or gc, deleted by gc
     locks/                        per-key writer locks and per-device profiling locks
 
@@ -30,17 +32,16 @@ import os
 import shutil
 import socket
 import stat
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from .._fs import fsync_dir, is_real_dir, read_regular
 from .._json import loads_bounded
 from ..artifacts import FileRecord, file_sha256, remove_tree
 from ..errors import CacheError
 from .entry import EntryFault, EntryManifest, EntryMissing
+from .markers import EntryMarkers
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ ORPHAN_AGE_S = 24 * 3600.0
 MAX_MANIFEST_BYTES = 64 << 20
 """Largest entry manifest read (a real one is a few KiB)."""
 MAX_SMALL_BYTES = 1 << 20
-"""Largest marker or journal read."""
+"""Unit for the largest journal read (64 of these)."""
 
 HOST = socket.gethostname().replace(".", "-").replace(os.sep, "-") or "host"
 
@@ -69,6 +70,7 @@ class CacheStore:
         self.hits = self.root / "hits"
         self.trash = self.root / "trash"
         self.locks = self.root / "locks"
+        self.families = self.root / "families"
         try:
             for d in (
                 self.entries,
@@ -78,12 +80,14 @@ class CacheStore:
                 self.hits,
                 self.trash,
                 self.locks,
+                self.families,
             ):
                 d.mkdir(parents=True, exist_ok=True)
                 if not is_real_dir(d):
                     raise OSError(f"{d.name}/ is not a directory (a symbolic link?)")
         except OSError as exc:
             raise CacheError(f"cannot use {self.root} as a tuning cache: {exc}") from exc
+        self.markers = EntryMarkers(self.invalid, self.hits, self.families)
 
     # ------------------------------------------------------------------ staging
 
@@ -180,7 +184,9 @@ class CacheStore:
             try:
                 body = self.read_manifest(key)
                 self.check_files(body.referenced(), deep=True)
-                usable = keep_existing(body) and not self.is_marked_invalid(key, body)
+                usable = keep_existing(body) and not self.markers.is_marked_invalid(
+                    key, body.entry_id
+                )
             except EntryMissing:
                 continue  # it vanished (moved by gc or another writer): try again
             except EntryFault:
@@ -271,50 +277,6 @@ class CacheStore:
             remove_tree(target)
             raise
         return target
-
-    # ------------------------------------------------------------------ markers and stats
-
-    def mark_invalid(self, key: str, entry_id: str | None, reason: str) -> None:
-        """Record that an entry is unusable; never deletes it (readers only mark)."""
-        try:
-            part = self.invalid / f".{key}.{uuid.uuid4().hex[:8]}"
-            part.write_text(json.dumps({"entry_id": entry_id, "reason": reason, "at": time.time()}))
-            os.replace(part, self.invalid / key)
-        except OSError as exc:
-            log.debug("cannot mark %s invalid: %s", key, exc)
-
-    def invalid_marker(self, key: str) -> dict[str, Any] | None:
-        """The invalid marker of ``key`` as JSON data, or None when absent or unreadable."""
-        try:
-            data = loads_bounded(read_regular(self.invalid / key, MAX_SMALL_BYTES), MAX_SMALL_BYTES)
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    def is_marked_invalid(self, key: str, manifest: EntryManifest) -> bool:
-        """True when ``key`` is marked invalid for this very entry (same ``entry_id``)."""
-        marker = self.invalid_marker(key)
-        return marker is not None and marker.get("entry_id") == manifest.entry_id
-
-    def record_hit(self, key: str) -> None:
-        """Append one byte to ``hits/<key>`` (O_APPEND: no lock needed)."""
-        try:
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-            fd = os.open(self.hits / key, flags, 0o644)
-            try:
-                os.write(fd, b".")
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            log.debug("cannot count a hit of %s: %s", key, exc)
-
-    def touch_hits(self, key: str) -> None:
-        """Create ``hits/<key>`` (no hit yet) so the entry's last use starts now."""
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-            os.close(os.open(self.hits / key, flags, 0o644))
-        except OSError as exc:
-            log.debug("cannot create the hit counter of %s: %s", key, exc)
 
     # ------------------------------------------------------------------ listing
 

@@ -31,6 +31,7 @@ import torch
 
 from ..errors import CacheError
 from ..evaluate import GraphSession, Status
+from ..graph import GraphKey
 from ..results import GraphCache, GraphResult
 from ..strategy import Strategy
 from . import keys, maintenance
@@ -151,7 +152,7 @@ class TuningCache:
                 with contextlib.suppress(EntryFault):
                     entry_id = self.disk.read_manifest(info.key).entry_id
                 if not info.problem.startswith("marked invalid"):
-                    self.disk.mark_invalid(info.key, entry_id, info.problem)
+                    self.disk.markers.mark_invalid(info.key, entry_id, info.problem)
                 bad.append(info)
         return bad
 
@@ -188,7 +189,7 @@ class TuningCache:
         manifest: EntryManifest | None = None
         try:
             manifest = self.disk.read_manifest(key)
-            if self.disk.is_marked_invalid(key, manifest):
+            if self.disk.markers.is_marked_invalid(key, manifest.entry_id):
                 log.debug("tuning cache: entry %s is marked invalid; tuning again", key[:12])
                 return None, False
             _check_manifest(manifest, ident)
@@ -197,7 +198,8 @@ class TuningCache:
             else:
                 result = self._load_winner(session, strategy, manifest)
         except EntryMissing:
-            return None, True
+            wider = self._lookup_wider(session, strategy, ident)
+            return wider, wider is None
         except (EntryFault, Unusable) as exc:
             mark = not isinstance(exc, Unusable) or exc.mark
             self._fault(session, key, manifest, str(exc), mark)
@@ -206,10 +208,49 @@ class TuningCache:
             self._fault(session, key, manifest, f"{type(exc).__name__}: {exc}", mark=True)
             log.debug("%s", traceback.format_exc())
             return None, False
-        self.disk.record_hit(key)
+        self.disk.markers.record_hit(key)
         self.stats.hits += 1
         session.progress(session.path or "<model>", session.graph, "cache hit")
         return result, False
+
+    def _lookup_wider(
+        self, session: GraphSession, strategy: Strategy, ident: keys.EntryIdentity
+    ) -> GraphResult | None:
+        """A result borrowed from an entry tuned for a wider range that covers this graph.
+
+        The entry's winner is loaded, checked against eager on this graph's samples and on its
+        own probes (the narrower range's ends), and serves this graph; nothing is written.
+        Entries of another environment (soft fields included) are not borrowed from.
+        """
+        for key in self.disk.markers.family_members(ident.family):
+            if key == ident.key:
+                continue
+            try:
+                manifest = self.disk.read_manifest(key)
+                if not _covers(manifest, ident, session) or self.disk.markers.is_marked_invalid(
+                    key, manifest.entry_id
+                ):
+                    continue
+                result = self._load_winner(session, strategy, manifest)
+            except Exception as exc:  # a borrowed entry never breaks the lookup
+                log.debug("tuning cache: wider entry %s not used: %s", key[:12], exc)
+                continue
+            winner = result.winner
+            if winner is None or winner.runner is None:
+                continue
+            tolerances = winner.backend.tolerances() or session.tolerances
+            wrong = None
+            if winner.backend.kind != "eager":
+                wrong = session.probe_failure(winner.runner, tolerances)
+            if wrong is not None:
+                log.info("tuning cache: wider entry %s not used: %s", key[:12], wrong)
+                continue
+            result.strategy = f"{strategy.describe()} (cached for {manifest.graph_text})"
+            self.disk.markers.record_hit(key)
+            self.stats.hits += 1
+            session.progress(session.path or "<model>", session.graph, "cache hit (wider range)")
+            return result
+        return None
 
     def _fault(
         self,
@@ -226,7 +267,7 @@ class TuningCache:
         self.stats.invalid += 1
         if mark:
             entry_id = manifest.entry_id if manifest is not None else None
-            self.disk.mark_invalid(key, entry_id, reason)
+            self.disk.markers.mark_invalid(key, entry_id, reason)
 
     def _load_winner(
         self, session: GraphSession, strategy: Strategy, manifest: EntryManifest
@@ -304,6 +345,24 @@ def _check_manifest(manifest: EntryManifest, ident: keys.EntryIdentity) -> None:
     recorded = [c.backend.to_json() for c in manifest.candidates]
     if recorded != ident.strategy["backends"]:
         raise EntryFault("its candidates differ from the strategy's")
+
+
+def _covers(manifest: EntryManifest, ident: keys.EntryIdentity, session: GraphSession) -> bool:
+    """The entry is of this graph's family, environment and strategy, for a range covering it."""
+    if (
+        manifest.schema != keys.SCHEMA
+        or manifest.family != ident.family
+        or manifest.graph_key is None
+        or manifest.hard != ident.environment.hard
+        or manifest.soft != ident.environment.soft
+        or [c.backend.to_json() for c in manifest.candidates] != ident.strategy["backends"]
+    ):
+        return False
+    try:
+        recorded = GraphKey.from_json(manifest.graph_key)
+    except ValueError:
+        return False
+    return recorded.covers(session.graph.key)
 
 
 def open_cache(cache: Any = None) -> GraphCache | None:

@@ -78,7 +78,8 @@ def write_entry(
             lambda other: other.schema == keys.SCHEMA and other.hard == hard,
         )
         if published:
-            store.touch_hits(ident.key)
+            store.markers.touch_hits(ident.key)
+            store.markers.add_to_family(ident.family, ident.key)
     except BaseException:
         remove_tree(staging)
         raise
@@ -111,6 +112,8 @@ def _manifest(
             "children": {name: d for name, d in ident.module["children"]},
             "artifacts": sorted({f.sha256 for c in candidates for f in c.files}),
         },
+        family=ident.family,
+        graph_key=session.graph.key.to_json(),
     )
 
 
