@@ -154,7 +154,7 @@ class InductorRunner(Runner):
             for axis, dim in axes.items():
                 torch._dynamo.mark_dynamic(leaves[i], axis, min=dim.min, max=dim.max)
         try:
-            with _size_oblivious():
+            with _size_oblivious(), _quiet_constraint_errors():
                 self.compiled(*example.args, **example.kwargs)
             return
         except Exception as exc:
@@ -174,6 +174,29 @@ class InductorRunner(Runner):
         _mark_softly(example, dims)
         with _size_oblivious():
             self.compiled(*example.args, **example.kwargs)
+
+
+class _DropGuardErrors(logging.Filter):
+    """Drops torch's guard-creation ERROR records (a refused range logs its traceback there)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+
+@contextlib.contextmanager
+def _quiet_constraint_errors() -> Any:
+    """While compiling for a marked range, keep torch from logging the refusal we recover from.
+
+    A filter on torch's guard logger, removed afterwards; no logger's level or handlers change.
+    Any other failure in that window still raises, and the runner re-raises it.
+    """
+    guards = logging.getLogger("torch._guards")
+    drop = _DropGuardErrors()
+    guards.addFilter(drop)
+    try:
+        yield
+    finally:
+        guards.removeFilter(drop)
 
 
 def _mark_softly(sample: Sample, dims: list[dict[int, Any]]) -> None:
