@@ -133,3 +133,22 @@ def test_gc_on_a_cache_it_cannot_change_reports(
     monkeypatch.setattr(os, "rename", refuse)
     assert cli_main(["cache", "--dir", str(cache), "gc"]) == 2
     assert "cannot change" in capsys.readouterr().err
+
+
+def test_linked_family_records_are_never_followed(cache: Path, tmp_path: Path) -> None:
+    """A ``families/`` record that is a link, or a family that is a link to a directory
+    elsewhere: lookups list nothing through it and gc removes the link, not its target."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / ("a" * 40)).write_text("keep")
+    store = CacheStore(cache)
+    (store.families / ("b" * 40)).symlink_to(outside)
+    assert store.markers.family_members("b" * 40) == []
+    assert store.markers.family_members("../outside") == []  # not a family name
+    real = store.families / ("c" * 40)
+    real.mkdir()
+    (real / ("d" * 40)).symlink_to(outside / ("a" * 40))
+    assert cli_main(["cache", "--dir", str(cache), "gc"]) == 0
+    assert (outside / ("a" * 40)).read_text() == "keep"
+    assert not (store.families / ("b" * 40)).exists()
+    assert not (real / ("d" * 40)).is_symlink()  # a record of no entry: pruned
