@@ -79,7 +79,8 @@ def write_entry(
         )
         if published:
             store.markers.touch_hits(ident.key)
-            store.markers.add_to_family(ident.family, ident.key)
+            if session.graph.key.is_dynamic:  # only a range can cover another key
+                store.markers.add_to_family(ident.family, ident.key)
     except BaseException:
         remove_tree(staging)
         raise
