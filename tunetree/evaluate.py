@@ -135,7 +135,7 @@ class GraphSession:
             return CandidateRow(
                 backend, Status.REJECTED, comparison.reason, build_s, comparison.max_abs_diff
             )
-        wrong = None if backend.kind == "eager" else self.probe_failure(runner, tolerances)
+        wrong = self.probe_failure(runner)
         if wrong is not None:
             return CandidateRow(backend, Status.REJECTED, wrong, build_s, comparison.max_abs_diff)
         return CandidateRow(
@@ -147,11 +147,15 @@ class GraphSession:
             runner=runner,
         )
 
-    def probe_failure(self, runner: Runner, tolerances: Tolerances) -> str | None:
+    def probe_failure(self, runner: Runner) -> str | None:
         """Why ``runner`` is wrong on a probe call of this graph (:mod:`tunetree.probes`), or None.
 
-        Probes are the range ends, an odd size between them and value probes.
+        Probes are the range ends, an odd size between them and value probes; they are compared
+        with the runner's backend's tolerances. Eager is the reference and is not probed.
         """
+        if runner.backend.kind == "eager":
+            return None
+        tolerances = runner.backend.tolerances() or self.tolerances
         for label, sample, expected in checks(self.module, self.graph):
             try:
                 with torch.no_grad():
@@ -185,7 +189,8 @@ class GraphSession:
         finalists = close_race(usable)
         if len(finalists) < 2:
             return
-        names = [str(usable.index(row)) for row in finalists]
+        chosen = {id(row) for row in finalists}
+        names = [str(i) for i, row in enumerate(usable) if id(row) in chosen]
         self.progress(
             self.path or "<model>",
             self.graph,

@@ -140,21 +140,23 @@ class Dispatcher:
                     key,
                 )
             return
-        ranges = self._ranged.get(key.pattern())
+        pattern = key.pattern()
+        ranges = self._ranged.get(pattern)
+        # One warning per pattern when ranges exist (every size outside them), else per key.
+        once = pattern if ranges else key
+        if once in self._warned:
+            return
+        self._warned.add(once)
         if ranges:
-            pattern = key.pattern()
-            if pattern not in self._warned:
-                self._warned.add(pattern)
-                log.warning(
-                    "%s: input %s is outside the tuned range%s %s; running the original "
-                    "forward (tune with inputs of these sizes to widen the range)",
-                    where,
-                    key,
-                    "s" if len(ranges) > 1 else "",
-                    " or ".join(str(k) for k, _ in ranges),
-                )
-        elif key not in self._warned:
-            self._warned.add(key)
+            log.warning(
+                "%s: input %s is outside the tuned range%s %s; running the original "
+                "forward (tune with inputs of these sizes to widen the range)",
+                where,
+                key,
+                "s" if len(ranges) > 1 else "",
+                " or ".join(str(k) for k, _ in ranges),
+            )
+        else:
             log.warning(
                 "%s: input signature %s was not seen while tuning; running the original "
                 "forward (tune with an input like this one to speed it up)",

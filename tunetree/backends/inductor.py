@@ -15,7 +15,14 @@ from ..errors import InvalidInputError
 from ..graph import Graph, GraphKey, Sample, detach_clone
 from .base import Backend, Runner, original_forward
 from .packages import install_hint, missing_packages
-from .ranges import axis_dims, call_sizes, example_sizes, resize_sample, sample_tensors
+from .ranges import (
+    AxisDims,
+    axis_dims,
+    call_sizes,
+    example_sizes,
+    resize_sample,
+    sample_tensors,
+)
 from .safe_config import check_choice, check_fields, refuse
 
 log = logging.getLogger(__name__)
@@ -106,7 +113,7 @@ class InductorRunner(Runner):
         # Modes that replay CUDA graphs hand back outputs that the next replay overwrites.
         self.clone_outputs = backend.mode in ("reduce-overhead", "max-autotune")
         self.key = key if key is not None and key.is_dynamic else None
-        self.soft_axes: list[dict[int, Any]] | None = None
+        self.soft_axes: list[AxisDims] | None = None
         """Per input tensor, its dynamic axes, once they had to be marked softly (see
         :meth:`_compile_for_range`): every call marks them so recompiles stay dynamic."""
 
@@ -134,7 +141,7 @@ class InductorRunner(Runner):
         if self.key is not None:
             self._compile_for_range(args, kwargs)
         if self.soft_axes is not None:
-            _mark_softly(Sample(args, kwargs), self.soft_axes)
+            _mark_axes(Sample(args, kwargs), self.soft_axes, soft=True)
             with _size_oblivious():
                 out = self.compiled(*args, **kwargs)
         else:
@@ -149,10 +156,7 @@ class InductorRunner(Runner):
         dims = axis_dims(key)
         sizes = example_sizes(key.dims(), call_sizes([leaves[i] for i in where], dims))
         example = resize_sample(Sample(args, kwargs), key, sizes)
-        leaves, _, where = sample_tensors(example)
-        for i, axes in zip(where, dims, strict=True):
-            for axis, dim in axes.items():
-                torch._dynamo.mark_dynamic(leaves[i], axis, min=dim.min, max=dim.max)
+        _mark_axes(example, dims, soft=False)
         try:
             with _size_oblivious(), _quiet_constraint_errors():
                 self.compiled(*example.args, **example.kwargs)
@@ -171,7 +175,7 @@ class InductorRunner(Runner):
         self.entry, self.compiled = self._fresh_compile()
         self.soft_axes = dims
         example = resize_sample(Sample(args, kwargs), key, sizes)
-        _mark_softly(example, dims)
+        _mark_axes(example, dims, soft=True)
         with _size_oblivious():
             self.compiled(*example.args, **example.kwargs)
 
@@ -199,12 +203,19 @@ def _quiet_constraint_errors() -> Any:
         guards.removeFilter(drop)
 
 
-def _mark_softly(sample: Sample, dims: list[dict[int, Any]]) -> None:
-    """``maybe_mark_dynamic`` on each tensor's dynamic axes (Dynamo may still guard them)."""
+def _mark_axes(sample: Sample, dims: list[AxisDims], soft: bool) -> None:
+    """Mark each tensor's dynamic axes for Dynamo.
+
+    Hard marks (``mark_dynamic`` with the dimension's min and max) make a compile that guards
+    a narrower range fail; soft ones (``maybe_mark_dynamic``) let Dynamo guard and recompile.
+    """
     leaves, _, where = sample_tensors(sample)
     for i, axes in zip(where, dims, strict=True):
-        for axis in axes:
-            torch._dynamo.maybe_mark_dynamic(leaves[i], axis)
+        for axis, dim in axes.items():
+            if soft:
+                torch._dynamo.maybe_mark_dynamic(leaves[i], axis)
+            else:
+                torch._dynamo.mark_dynamic(leaves[i], axis, min=dim.min, max=dim.max)
 
 
 def _debug_get_cache_entry_list(code: Any) -> list[Any]:

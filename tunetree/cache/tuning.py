@@ -238,10 +238,7 @@ class TuningCache:
             winner = result.winner
             if winner is None or winner.runner is None:
                 continue
-            tolerances = winner.backend.tolerances() or session.tolerances
-            wrong = None
-            if winner.backend.kind != "eager":
-                wrong = session.probe_failure(winner.runner, tolerances)
+            wrong = session.probe_failure(winner.runner)
             if wrong is not None:
                 log.info("tuning cache: wider entry %s not used: %s", key[:12], wrong)
                 continue
@@ -334,28 +331,39 @@ class TuningCache:
         return result
 
 
+def _incompatibility(
+    manifest: EntryManifest, ident: keys.EntryIdentity, key: str | None = None
+) -> str | None:
+    """Why the entry cannot serve ``ident`` (whatever its graph, unless ``key`` is given), or None.
+
+    Checks the schema, the entry's key when ``key`` is given, the hard environment and the
+    strategy's candidates, in that order.
+    """
+    if manifest.schema != keys.SCHEMA:
+        return f"written by cache schema {manifest.schema}, not {keys.SCHEMA}"
+    if key is not None and manifest.key != key:
+        return f"manifest is for key {manifest.key[:12]}"
+    if manifest.hard != ident.environment.hard:
+        return "tuned in another environment (library versions or device)"
+    if [c.backend.to_json() for c in manifest.candidates] != ident.strategy["backends"]:
+        return "its candidates differ from the strategy's"
+    return None
+
+
 def _check_manifest(manifest: EntryManifest, ident: keys.EntryIdentity) -> None:
     """The manifest belongs to this key, schema, environment and strategy."""
-    if manifest.schema != keys.SCHEMA:
-        raise EntryFault(f"written by cache schema {manifest.schema}, not {keys.SCHEMA}")
-    if manifest.key != ident.key:
-        raise EntryFault(f"manifest is for key {manifest.key[:12]}")
-    if manifest.hard != ident.environment.hard:
-        raise EntryFault("tuned in another environment (library versions or device)")
-    recorded = [c.backend.to_json() for c in manifest.candidates]
-    if recorded != ident.strategy["backends"]:
-        raise EntryFault("its candidates differ from the strategy's")
+    reason = _incompatibility(manifest, ident, ident.key)
+    if reason is not None:
+        raise EntryFault(reason)
 
 
 def _covers(manifest: EntryManifest, ident: keys.EntryIdentity, session: GraphSession) -> bool:
     """The entry is of this graph's family, environment and strategy, for a range covering it."""
     if (
-        manifest.schema != keys.SCHEMA
-        or manifest.family != ident.family
+        manifest.family != ident.family
         or manifest.graph_key is None
-        or manifest.hard != ident.environment.hard
         or manifest.soft != ident.environment.soft
-        or [c.backend.to_json() for c in manifest.candidates] != ident.strategy["backends"]
+        or _incompatibility(manifest, ident) is not None
     ):
         return False
     try:
