@@ -653,6 +653,13 @@ def test_an_entry_for_a_wider_range_serves_a_narrower_range_and_a_shape_inside_i
     assert builds
 
 
+def test_only_ranged_entries_join_a_family(tmp_path: Path) -> None:
+    tune(tree(), TuningCache(tmp_path), data(4))  # one exact shape: covers only itself
+    assert list((tmp_path / "families").iterdir()) == []
+    tune(tree(), TuningCache(tmp_path), data(2, 8))
+    assert len(list((tmp_path / "families").iterdir())) == 1
+
+
 def test_gc_drops_family_records_of_removed_entries(tmp_path: Path) -> None:
     cache = TuningCache(tmp_path)
     tune(tree(), cache, data(2, 8))
