@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+
+import pytest
 import torch
 from torch import nn
 
@@ -93,3 +96,74 @@ def test_a_forward_without_self_is_keyed_as_called() -> None:
     a = torch.ones(1)
     assert binder.signature is None
     assert binder.bind((a,), {"k": 1}) == ((a,), {"k": 1})
+
+
+def reads_keywords_itself(forward):
+    """A decorator like Hugging Face's ``merge_with_config_defaults``.
+
+    It fills ``use_cache`` from a default of its own when the caller did not pass it by keyword and
+    passes it on again as a keyword, so a call that gives it by position raises TypeError.
+    """
+
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        kwargs["use_cache"] = kwargs.get("use_cache", self.default_use_cache)
+        self.seen.append((len(args), sorted(kwargs)))
+        return forward(self, *args, **kwargs)
+
+    return wrapper
+
+
+class Decorated(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.default_use_cache = True
+        self.seen: list = []
+
+    @reads_keywords_itself
+    def forward(self, x, mask=None, use_cache=None, scale=1.0):
+        out = self.lin(x) * scale
+        out = out if mask is None else out * mask
+        return out + 1.0 if use_cache else out
+
+
+def test_call_form_passes_keyword_parameters_by_keyword() -> None:
+    binder = Binder(Decorated.forward)
+    x, mask = torch.ones(1), torch.zeros(1)
+    args, kwargs = binder.bind((x,), {"use_cache": False, "mask": mask})
+    assert args == (x, mask, False) and kwargs == {}
+    assert binder.call_form(args, kwargs) == ((), {"x": x, "mask": mask, "use_cache": False})
+    # arguments the binder filled in with their defaults are not passed on
+    assert binder.call_form(*binder.bind((x,), {"scale": 2.0})) == ((), {"x": x, "scale": 2.0})
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_decorated_forwards_get_the_call_as_given_everywhere(depth: int) -> None:
+    """The eager candidate, a runner and the fallback outside the range all run the decorated
+    forward without a TypeError, and the fallback passes exactly what the user passed."""
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Decorated()
+
+        def forward(self, x, mask=None, use_cache=None):
+            return self.inner(x, mask, use_cache=use_cache)
+
+    torch.manual_seed(0)
+    model = Outer().eval() if depth else Decorated().eval()
+    data = [{"x": torch.randn(b, 4), "mask": torch.ones(b, 4), "use_cache": False} for b in (1, 3)]
+    expected = [model(**d) for d in data]
+    result = quick_tune(model, data, [Delayed(0.0), tt.backends.Eager()], depth=depth)
+    assert all(g.winner is not None for g in result.graphs), result.table()
+    decorated = result.model if depth == 0 else result.model.inner
+    with torch.no_grad():
+        for call, want in zip(data, expected, strict=True):
+            assert torch.equal(result.model(**call), want)
+        outside = {"x": torch.randn(9, 4), "mask": torch.ones(9, 4), "use_cache": False}
+        decorated.seen.clear()
+        assert torch.equal(result.model(**outside), model.forward(**outside))
+    if depth == 0:  # the fallback passed the keywords the user passed, no positional extras
+        assert decorated.seen[0] == (0, ["mask", "use_cache", "x"])
+    result.undo()

@@ -6,6 +6,11 @@ can be passed by position is (defaults filled in between), trailing arguments eq
 their default are dropped, keyword-only and ``**kwargs`` entries stay keywords (those equal
 to their default dropped). The recorder and the dispatcher both key calls in this form and
 runners are built and called with it.
+
+A decorated forward (one with ``__wrapped__``, such as Hugging Face's
+``merge_with_config_defaults``) may read keywords itself and pass them on again, so it is
+never handed a keyword parameter by position: :meth:`Binder.call_form` turns a canonical
+call back into the keyword form such a forward expects (:func:`forward_caller`).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Binder:
         """Parameter names (no ``self``, no ``*args``), for naming inputs in ``dynamic_shapes``."""
         self.defaults = {p.name: p.default for p in params}
         self.has_var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+        self.positional_only = sum(p.kind is inspect.Parameter.POSITIONAL_ONLY for p in params)
 
     @classmethod
     def of_module(cls, module: Any) -> Binder:
@@ -79,3 +85,40 @@ class Binder:
             if not _is_default(v, self.defaults.get(k, inspect.Parameter.empty))
         }
         return tuple(positional), keywords
+
+    def call_form(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """A canonical call with every keyword-capable parameter passed by keyword.
+
+        Positional-only parameters stay positional, and so does everything when the forward
+        takes ``*args``; an argument equal to its parameter's default is left out (the
+        forward's own default, or its decorator's, applies as when the user omits it).
+        """
+        if self.signature is None or self.has_var_positional:
+            return args, kwargs
+        head = args[: self.positional_only]
+        named = zip(self.positional[self.positional_only :], args[len(head) :], strict=False)
+        keywords = {p.name: value for p, value in named if not _is_default(value, p.default)}
+        keywords.update(kwargs)
+        return head, keywords
+
+
+def forward_caller(forward: Any, bound: Any) -> Any:
+    """``bound`` (the bound ``forward``), called with canonical arguments.
+
+    An undecorated forward takes the canonical form as it is. A decorated one gets the keyword
+    form (:meth:`Binder.call_form`), since its wrapper may read keyword arguments itself:
+    Hugging Face's adds ``use_cache`` as a keyword, so a canonical call passing it by position
+    would raise ``got multiple values for argument 'use_cache'``.
+    """
+    if getattr(forward, "__wrapped__", None) is None:
+        return bound
+    binder = Binder(forward)
+    if binder.signature is None or binder.has_var_positional:
+        return bound
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = binder.call_form(args, kwargs)
+        return bound(*args, **kwargs)
+
+    call.__wrapped__ = bound  # type: ignore[attr-defined]
+    return call

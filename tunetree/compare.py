@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from .graph import dtype_name, flatten
+from .hf import to_data
 
 
 @dataclass(frozen=True)
@@ -90,16 +92,18 @@ def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None
     worst = 0.0
     for i, (ref, cand) in enumerate(zip(ref_leaves, cand_leaves, strict=True)):
         if isinstance(ref, torch.Tensor) != isinstance(cand, torch.Tensor):
-            return Comparison(False, math.inf, f"output {i}: tensor vs non-tensor")
+            return Comparison(
+                False, math.inf, f"output {_name(reference, i)}: tensor vs non-tensor"
+            )
         if not isinstance(ref, torch.Tensor):
-            if ref != cand:
-                return Comparison(False, math.inf, f"output {i}: {cand!r} != eager {ref!r}")
+            if ref is not cand and ref != cand:
+                return Comparison(False, math.inf, _constant_reason(_name(reference, i), ref, cand))
             continue
         if ref.dtype != cand.dtype or ref.shape != cand.shape:
             return Comparison(
                 False,
                 math.inf,
-                f"output {i}: {dtype_name(cand.dtype)}{list(cand.shape)} "
+                f"output {_name(reference, i)}: {dtype_name(cand.dtype)}{list(cand.shape)} "
                 f"vs eager {dtype_name(ref.dtype)}{list(ref.shape)}",
             )
         ok, diff = _close(ref, cand.to(ref.device), tolerances.for_dtype(ref.dtype))
@@ -109,10 +113,32 @@ def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None
             return Comparison(
                 False,
                 worst,
-                f"output {i} differs from eager: max abs diff {diff:.3g} "
+                f"output {_name(reference, i)} differs from eager: max abs diff {diff:.3g} "
                 f"(tolerance {dtype_name(ref.dtype)} atol={tol.atol:g} rtol={tol.rtol:g})",
             )
     return Comparison(True, worst)
+
+
+def _name(tree: Any, index: int) -> str:
+    """A readable name of leaf ``index`` of an output: ``0``, ``logits``, ``cache.layers[1].keys``.
+
+    Computed only for a reason, so comparisons that pass never pay for it.
+    """
+    with_paths, _ = pytree.tree_flatten_with_path(to_data(tree))
+    if len(with_paths) <= index or not with_paths[index][0]:
+        return str(index)
+    return pytree.keystr(with_paths[index][0]).lstrip(".")
+
+
+def _constant_reason(name: str, ref: Any, cand: Any) -> str:
+    """Why two non-tensor leaves differ; an object tunetree cannot look into is named by type."""
+    plain = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+    if isinstance(ref, plain) and isinstance(cand, plain):
+        return f"output {name}: {cand!r} != eager {ref!r}"
+    return (
+        f"output {name} is a {type(ref).__qualname__} object, which tunetree cannot compare (not "
+        "a tensor, a container of tensors or a known cache object): no candidate can be checked"
+    )
 
 
 def _close(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance) -> tuple[bool, float]:

@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,6 +27,7 @@ from .measure import MeasureConfig, Timing, cycle_calls, measure
 from .probes import checks
 from .progress import Progress
 from .shapes import sizes_of
+from .state import process_state_kept
 
 log = logging.getLogger(__name__)
 
@@ -117,17 +119,11 @@ class GraphSession:
         if self.on_build is not None:
             self.on_build(backend)
         start = time.perf_counter()
-        try:
-            runner = backend.build(self.module, self.graph, self.device)
-        except Exception as exc:  # any backend error becomes a row
-            log.debug("build of %s failed:\n%s", backend.name, traceback.format_exc())
-            return CandidateRow(backend, Status.FAILED, f"build: {_short(exc)}")
-        try:
-            with torch.no_grad():
-                outputs = [runner(*s.args, **s.kwargs) for s in self.graph.samples]
-        except Exception as exc:
-            log.debug("run of %s failed:\n%s", backend.name, traceback.format_exc())
-            return CandidateRow(backend, Status.FAILED, f"run: {_short(exc)}")
+        with process_state_kept(f"building {backend.name} for {where}"):
+            built = self._build_and_run(backend)
+        if isinstance(built, CandidateRow):
+            return built
+        runner, outputs = built
         build_s = time.perf_counter() - start
         tolerances = backend.tolerances() or self.tolerances
         comparison = compare_all(self.graph.outputs, outputs, tolerances)
@@ -146,6 +142,21 @@ class GraphSession:
             batch=batch_size(self.graph.samples[0]),
             runner=runner,
         )
+
+    def _build_and_run(self, backend: Backend) -> tuple[Runner, list[Any]] | CandidateRow:
+        """Build ``backend``'s runner and run it on every sample; a failure is a row."""
+        try:
+            runner = backend.build(self.module, self.graph, self.device)
+        except Exception as exc:  # any backend error becomes a row
+            log.debug("build of %s failed:\n%s", backend.name, traceback.format_exc())
+            return CandidateRow(backend, Status.FAILED, f"build: {_short(exc)}")
+        try:
+            with torch.no_grad():
+                outputs = [runner(*s.args, **s.kwargs) for s in self.graph.samples]
+        except Exception as exc:
+            log.debug("run of %s failed:\n%s", backend.name, traceback.format_exc())
+            return CandidateRow(backend, Status.FAILED, f"run: {_short(exc)}")
+        return runner, outputs
 
     def probe_failure(self, runner: Runner) -> str | None:
         """Why ``runner`` is wrong on a probe call of this graph (:mod:`tunetree.probes`), or None.

@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .errors import InvalidInputError
+from .hf import from_data, is_cache_object, to_data
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -143,6 +144,11 @@ def _leaf_signature(value: Any) -> Any:
             (f.name, _leaf_signature(getattr(value, f.name))) for f in dataclasses.fields(value)
         )
         return (type(value).__qualname__, fields)
+    if isinstance(value, type):
+        return ("const", "type", f"{value.__module__}.{value.__qualname__}")
+    if is_cache_object(value):  # a cache is data: its tensors' shapes, not its identity
+        attributes = tuple((k, _leaf_signature(v)) for k, v in vars(value).items())
+        return ("data", type(value).__qualname__, attributes)
     # Opaque objects (a cache, a config): their contents are invisible here, and a backend
     # that exported the graph may have baked them in as constants. Keying them by identity
     # means a runner only ever serves the very object it was tuned with; any other object
@@ -364,6 +370,11 @@ def _format_sig(sig: Any) -> str:
         return "{" + ", ".join(f"{k}: {_format_sig(v)}" for k, v in sig[1]) + "}"
     if isinstance(sig, tuple) and len(sig) == 3 and sig[0] == "object":
         return f"<{sig[1].rsplit('.', 1)[-1]}>"
+    if isinstance(sig, tuple) and len(sig) == 3 and sig[0] == "data":
+        specs: list[TensorSpec] = []
+        _collect_specs(sig[2], specs)
+        shown = ", ".join(str(s) for s in specs[:2]) + (", ..." if len(specs) > 2 else "")
+        return f"{sig[1]}({len(specs)} tensors: {shown})"
     if isinstance(sig, tuple) and len(sig) == 2:
         return f"{sig[0]}(...)"
     return repr(sig)
@@ -455,7 +466,7 @@ def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
     Nested structures are tuples, lists, dicts, dataclasses and Hugging Face ``ModelOutput``.
     """
     _register_dataclasses(tree)
-    return pytree.tree_map_only(torch.Tensor, fn, tree)
+    return from_data(pytree.tree_map_only(torch.Tensor, fn, to_data(tree)))
 
 
 def to_device(tree: Any, device: torch.device | str) -> Any:
@@ -493,14 +504,17 @@ def _register_dataclasses(tree: Any) -> None:
 
 
 def flatten(tree: Any) -> tuple[list[Any], pytree.TreeSpec]:
-    """Leaves and structure of a nested output, for backends that return flat lists."""
+    """Leaves and structure of a nested output, for backends that return flat lists.
+
+    Cache objects are data (:mod:`tunetree.hf.caches`): their tensors are leaves.
+    """
     _register_dataclasses(tree)
-    return pytree.tree_flatten(tree)
+    return pytree.tree_flatten(to_data(tree))
 
 
 def unflatten(leaves: list[Any], spec: pytree.TreeSpec) -> Any:
-    """Rebuild a nested output (same container types) from its leaves."""
-    return pytree.tree_unflatten(leaves, spec)
+    """Rebuild a nested output (same container types, new cache objects) from its leaves."""
+    return from_data(pytree.tree_unflatten(leaves, spec))
 
 
 def batch_size(sample: Sample) -> int:

@@ -5,19 +5,26 @@ eager call can move state (a BatchNorm in training mode updates ``running_mean``
 ``num_batches_tracked``; a forward that draws random numbers advances the global RNG).
 :func:`preserved_state` snapshots buffers and RNG state and puts them back afterwards;
 :func:`training_modules` and :func:`check_eval_mode` refuse training-mode models up front;
-:func:`eval_mode` runs a block with every module in eval mode (``allow_training=True``).
+:func:`eval_mode` runs a block with every module in eval mode (``allow_training=True``);
+:func:`process_state_kept` puts back process-wide settings (the root logger, torch's flags,
+the environment) that a backend changed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import os
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 
 from .errors import InvalidInputError
 from .modules import module_paths
+
+log = logging.getLogger(__name__)
 
 
 def training_modules(model: Any) -> list[str]:
@@ -92,3 +99,102 @@ def preserved_state(model: Any) -> Iterator[None]:
         torch.set_rng_state(cpu_rng)
         if cuda_rng:
             torch.cuda.set_rng_state_all(cuda_rng)
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """Process-wide settings a backend could change: logging, torch flags, the environment."""
+
+    root_level: int
+    root_handlers: tuple[logging.Handler, ...]
+    root_filters: tuple[Any, ...]
+    logging_disabled: int
+    torch_flags: tuple[tuple[str, Any], ...]
+    environ: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def now(cls) -> ProcessState:
+        """The settings as they are now."""
+        root = logging.getLogger()
+        return cls(
+            root.level,
+            tuple(root.handlers),
+            tuple(root.filters),
+            logging.root.manager.disable,
+            tuple((name, get()) for name, (get, _) in _TORCH_FLAGS.items()),
+            tuple(sorted(os.environ.items())),
+        )
+
+    def changes(self, other: ProcessState) -> list[str]:
+        """Names of the settings that differ in ``other``."""
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+    def restore(self) -> list[str]:
+        """Put every setting back; returns the names of those that had changed."""
+        changed = self.changes(ProcessState.now())
+        root = logging.getLogger()
+        if "root_level" in changed:
+            root.setLevel(self.root_level)
+        if "root_handlers" in changed:
+            root.handlers = list(self.root_handlers)
+        if "root_filters" in changed:
+            root.filters = list(self.root_filters)
+        if "logging_disabled" in changed:
+            logging.disable(self.logging_disabled)
+        if "torch_flags" in changed:
+            for name, value in self.torch_flags:
+                getter, setter = _TORCH_FLAGS[name]
+                if getter() != value:
+                    setter(value)
+        if "environ" in changed:
+            saved = dict(self.environ)
+            for name in set(os.environ) - set(saved):
+                del os.environ[name]
+            os.environ.update(saved)
+        return changed
+
+
+def _set_matmul_tf32(value: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = value
+
+
+def _set_cudnn_tf32(value: bool) -> None:
+    torch.backends.cudnn.allow_tf32 = value
+
+
+def _set_deterministic(value: bool) -> None:
+    torch.use_deterministic_algorithms(value)
+
+
+_TORCH_FLAGS: dict[str, tuple[Callable[[], Any], Callable[[Any], None]]] = {
+    "float32_matmul_precision": (
+        torch.get_float32_matmul_precision,
+        torch.set_float32_matmul_precision,
+    ),
+    "matmul_allow_tf32": (lambda: torch.backends.cuda.matmul.allow_tf32, _set_matmul_tf32),
+    "cudnn_allow_tf32": (lambda: torch.backends.cudnn.allow_tf32, _set_cudnn_tf32),
+    "deterministic_algorithms": (
+        torch.are_deterministic_algorithms_enabled,
+        _set_deterministic,
+    ),
+    "default_dtype": (torch.get_default_dtype, torch.set_default_dtype),
+    "grad_enabled": (torch.is_grad_enabled, torch._C._set_grad_enabled),
+    "num_threads": (torch.get_num_threads, torch.set_num_threads),
+}
+"""torch's process-wide flags that a backend might set, each with its getter and setter."""
+
+
+@contextmanager
+def process_state_kept(what: str) -> Iterator[None]:
+    """Run the block, then put back any process-wide setting it changed (logged at debug).
+
+    OpenVINO's converter, for one, sets the root logger to ERROR and does not restore it
+    when conversion fails, which would silence every warning of the user's program.
+    """
+    saved = ProcessState.now()
+    try:
+        yield
+    finally:
+        changed = saved.restore()
+        if changed:
+            log.debug("%s changed %s: put back", what, ", ".join(changed))

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .backends.base import Runner, original_forward
+from .backends.base import Runner
 from .binding import Binder
 from .errors import InvalidInputError
 from .graph import GraphKey
@@ -53,7 +53,8 @@ class Dispatcher:
         self.runners = runners
         self.plan = plan
         """The plan this dispatcher belongs to (measured latencies, depth), when known."""
-        self.original = original_forward(module)
+        self.original = type(module).forward.__get__(module, type(module))
+        """The class's forward, bound: the fallback calls it exactly as the module was called."""
         self.binder = Binder.of_module(module)
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
@@ -93,20 +94,20 @@ class Dispatcher:
             return self.original(*args, **kwargs)
         fast = _fast_key(args) if not kwargs else None
         runner: Any = self._fast.get(fast, _MISS) if fast is not None else _MISS
+        if runner is not _MISS:  # a canonical call of positional tensors seen before
+            return self.original(*args) if runner is None else runner(*args)
+        bound_args, bound_kwargs = self.binder.bind(args, kwargs)
+        key = GraphKey.of(bound_args, bound_kwargs)
+        runner = self._routes.get(key, _MISS)
         if runner is _MISS:
-            bound_args, kwargs = self.binder.bind(args, kwargs)
-            key = GraphKey.of(bound_args, kwargs)
-            runner = self._routes.get(key, _MISS)
-            if runner is _MISS:
-                runner = self.route(key)
-            if fast is not None and bound_args is args:  # the call was canonical already
-                if len(self._fast) >= MEMO_LIMIT:
-                    self._fast.clear()
-                self._fast[fast] = runner
-            args = bound_args
-        if runner is None:
+            runner = self.route(key)
+        if fast is not None and bound_args is args:  # the call was canonical already
+            if len(self._fast) >= MEMO_LIMIT:
+                self._fast.clear()
+            self._fast[fast] = runner
+        if runner is None:  # exactly as the user called it: a decorator may read keywords
             return self.original(*args, **kwargs)
-        return runner(*args, **kwargs)
+        return runner(*bound_args, **bound_kwargs)
 
     def route(self, key: GraphKey) -> Runner | None:
         """The runner serving the exact signature ``key`` (None: the original forward).

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..binding import forward_caller
 from ..compare import Tolerances
 from ..errors import BackendError
 from ..graph import Graph, GraphKey
@@ -175,9 +176,12 @@ def _jsonable(value: Any) -> Any:
 def original_forward(module: nn.Module) -> Any:
     """The module's forward as its class defines it, bound to the module.
 
-    Never a tunetree dispatcher, so a runner that calls it cannot recurse into itself.
+    Never a tunetree dispatcher, so a runner that calls it cannot recurse into itself. It takes
+    calls in the canonical form of :mod:`tunetree.binding`; a decorated forward receives them
+    in keyword form (:func:`~tunetree.binding.forward_caller`).
     """
-    return type(module).forward.__get__(module, type(module))
+    forward = type(module).forward
+    return forward_caller(forward, forward.__get__(module, type(module)))
 
 
 def _qualified(cls: type) -> str:

@@ -22,7 +22,8 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError
-from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec
+from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
+from ..hf import to_data
 from . import structure
 from .base import original_forward
 from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
@@ -123,7 +124,7 @@ class FlatOutputs:
     @classmethod
     def of(cls, output: Any) -> FlatOutputs:
         """The record of eager's output ``output``."""
-        leaves, spec = pytree.tree_flatten(output)
+        leaves, spec = flatten(output)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         tensors = [leaves[i] for i in positions]
         template = tuple(None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
@@ -142,7 +143,7 @@ class FlatOutputs:
         leaves = list(self.template)
         for position, tensor in zip(self.positions, tensors, strict=True):
             leaves[position] = tensor
-        return pytree.tree_unflatten(leaves, self.spec)
+        return unflatten(leaves, self.spec)
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON data.
@@ -237,7 +238,7 @@ def _output_spec_by_running(
             f"zeros: {exc!r}; register the output type with pytree (serialized_type_name) "
             "so that its structure is saved"
         ) from exc
-    return pytree.tree_flatten(output)[1]
+    return flatten(output)[1]
 
 
 def _value_from_signature(signature: Any, device: torch.device) -> Any:
@@ -287,9 +288,9 @@ class FlatModule(nn.Module):
         leaves = list(self.template)
         for position, tensor in zip(self.input_positions, tensors, strict=True):
             leaves[position] = tensor
-        args, kwargs = pytree.tree_unflatten(leaves, self.in_spec)
+        args, kwargs = unflatten(leaves, self.in_spec)
         output = original_forward(self.module)(*args, **kwargs)
-        out_leaves = pytree.tree_leaves(output)
+        out_leaves, _ = flatten(output)
         return tuple(out_leaves[i] for i in self.output_positions)
 
 
@@ -320,7 +321,7 @@ class FlatGraph:
             raise BackendError("the graph has no recorded sample: cannot export it")
         sample: Sample = example_sample(graph)
         kwargs = {k: sample.kwargs[k] for k in sorted(sample.kwargs)}
-        with_paths, in_spec = pytree.tree_flatten_with_path((tuple(sample.args), kwargs))
+        with_paths, in_spec = pytree.tree_flatten_with_path(to_data((tuple(sample.args), kwargs)))
         positions = [i for i, (_, leaf) in enumerate(with_paths) if isinstance(leaf, torch.Tensor)]
         paths = tuple(tuple(_path_entry(k) for k in with_paths[i][0]) for i in positions)
         example = tuple(with_paths[i][1] for i in positions)
@@ -346,7 +347,7 @@ class FlatGraph:
 def _varying_axes(graph: Graph, outputs: FlatOutputs) -> tuple[tuple[int, ...], ...]:
     shapes = [
         [tuple(leaves[i].shape) for i in outputs.positions]
-        for leaves in (pytree.tree_leaves(out) for out in graph.outputs)
+        for leaves, _ in (flatten(out) for out in graph.outputs)
     ]
     return tuple(
         tuple(

@@ -1,0 +1,80 @@
+"""Cache objects are data: flattened, compared, cloned and keyed by their tensors (issue 20)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tunetree.compare import compare
+from tunetree.graph import GraphKey, detach_clone, flatten, unflatten
+from tunetree.hf import ObjectState, is_cache_object, to_data
+
+transformers = pytest.importorskip("transformers")
+
+
+def dynamic_cache(batch: int, length: int, layers: int = 2) -> object:
+    cache = transformers.DynamicCache()
+    for i in range(layers):
+        k = torch.randn(batch, 2, length, 8)
+        cache.update(k, k * 2, i)
+    return cache
+
+
+def test_caches_are_recognised_without_importing_transformers_by_name() -> None:
+    cache = dynamic_cache(1, 3)
+    assert is_cache_object(cache) and is_cache_object(cache.layers[0])
+    assert not is_cache_object(transformers.DynamicCache)  # the class is not a cache object
+    assert not is_cache_object(transformers.BertConfig())
+    assert not is_cache_object(torch.zeros(1))
+
+
+def test_a_cache_in_an_output_flattens_to_its_tensors_and_rebuilds_a_new_cache() -> None:
+    cache = dynamic_cache(2, 5)
+    out = transformers.modeling_outputs.BaseModelOutputWithPast(
+        last_hidden_state=torch.ones(2, 5, 8), past_key_values=cache
+    )
+    leaves, spec = flatten(out)
+    assert sum(isinstance(t, torch.Tensor) for t in leaves) == 1 + 2 * 2
+    rebuilt = unflatten(leaves, spec)
+    assert type(rebuilt.past_key_values) is type(cache) and rebuilt.past_key_values is not cache
+    assert torch.equal(rebuilt.past_key_values.layers[1].values, cache.layers[1].values)
+    assert rebuilt.past_key_values.get_seq_length() == 5
+
+
+def test_a_cloned_cache_is_independent_and_compares_equal() -> None:
+    cache = dynamic_cache(1, 4)
+    twin = detach_clone(cache)
+    assert twin is not cache and twin.layers[0].keys is not cache.layers[0].keys
+    assert compare(cache, twin).ok
+    twin.update(torch.zeros(1, 2, 1, 8), torch.zeros(1, 2, 1, 8), 0)  # mutating the copy...
+    assert cache.get_seq_length() == 4  # ...leaves the original as it was
+    assert not compare(cache, twin).ok
+
+
+def test_a_different_tensor_in_a_cache_is_a_difference_that_names_the_output() -> None:
+    cache = dynamic_cache(1, 4)
+    twin = detach_clone(cache)
+    twin.layers[1].values += 1.0
+    result = compare(cache, twin)
+    assert not result.ok and result.max_abs_diff == pytest.approx(1.0)
+    assert "output layers[1].values differs from eager" in result.reason, result.reason
+
+
+def test_encoder_decoder_caches_nest() -> None:
+    both = transformers.EncoderDecoderCache(dynamic_cache(1, 2), dynamic_cache(1, 6))
+    state = to_data(both)
+    assert isinstance(state, ObjectState) and set(state.data) >= {
+        "self_attention_cache",
+        "cross_attention_cache",
+    }
+    assert compare(both, detach_clone(both)).ok
+
+
+def test_graph_keys_of_caches_hold_shapes_not_identities() -> None:
+    a, b, c = dynamic_cache(1, 4), dynamic_cache(1, 4), dynamic_cache(1, 5)
+    key = GraphKey.of((torch.zeros(1, 1),), {"past_key_values": a})
+    assert key == GraphKey.of((torch.zeros(1, 1),), {"past_key_values": b})
+    assert key != GraphKey.of((torch.zeros(1, 1),), {"past_key_values": c})
+    assert not key.has_opaque
+    assert GraphKey.from_json(key.to_json()) == key
+    assert "DynamicCache(4 tensors" in str(key)

@@ -1,0 +1,11 @@
+"""Hugging Face conventions that tunetree handles as data: cache objects in inputs and outputs.
+
+Nothing here imports ``transformers``: objects are recognised by their classes, so a model
+that does not use transformers pays nothing.
+"""
+
+from __future__ import annotations
+
+from .caches import ObjectState, from_data, is_cache_object, to_data
+
+__all__ = ["ObjectState", "from_data", "is_cache_object", "to_data"]

@@ -1,0 +1,156 @@
+"""Cache objects (``DynamicCache``, ``EncoderDecoderCache``, their layers) as plain data.
+
+A Hugging Face model returns its key/value cache as an object, not as tensors in a
+container, and a decode step receives one. torch's pytree treats such an object as one
+opaque leaf, so comparing two outputs would compare objects by identity, and cloning a
+recorded call would share the cache that every run then mutates.
+
+:func:`to_data` replaces each cache object in a nested structure by an :class:`ObjectState`
+node holding its class, its constant attributes (ints, flags, devices) and its data
+attributes (tensors, nested caches and containers of them); :func:`from_data` builds new
+objects of the same classes back. ``ObjectState`` is a pytree node of tunetree's own, so the
+caches' tensors become ordinary leaves for flattening, comparing, cloning and exporting,
+and no user type is registered with torch.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+_CACHE_BASES = frozenset({"Cache", "CacheLayerMixin", "EncoderDecoderCache"})
+"""Names of transformers' cache base classes; an object whose class derives from one is data."""
+
+
+def is_cache_object(value: Any) -> bool:
+    """Whether ``value`` is a Hugging Face cache (or cache layer) object.
+
+    Recognised by a class of ``transformers`` in its MRO named like the cache bases, or a
+    transformers class whose name ends in ``Cache`` (model-specific caches), so transformers
+    is never imported here.
+    """
+    cls = type(value)
+    if isinstance(value, type) or not cls.__module__.startswith("transformers"):
+        return False
+    if cls.__name__.endswith("Cache"):
+        return True
+    return any(
+        base.__name__ in _CACHE_BASES and base.__module__.startswith("transformers")
+        for base in cls.__mro__
+    )
+
+
+class ObjectState:
+    """A cache object as data: its class, constant attributes and data attributes.
+
+    A pytree node: the data attributes are its children, the class and the constants its
+    context (two states compare equal in structure only when both agree).
+    """
+
+    __slots__ = ("cls", "constants", "data")
+
+    def __init__(self, cls: type, constants: tuple[tuple[str, Any], ...], data: dict[str, Any]):
+        self.cls = cls
+        self.constants = constants
+        self.data = data
+
+    @classmethod
+    def of(cls, obj: Any) -> ObjectState:
+        """The state of ``obj`` (nested cache objects become states too)."""
+        constants = []
+        data = {}
+        for name, value in vars(obj).items():
+            if _holds_data(value):
+                data[name] = to_data(value)
+            else:
+                constants.append((name, value))
+        return cls(type(obj), tuple(constants), data)
+
+    def build(self) -> Any:
+        """A new object of the recorded class with these attributes (constants copied)."""
+        obj: Any = object.__new__(self.cls)
+        for name, value in self.constants:
+            obj.__dict__[name] = copy.deepcopy(value)
+        for name, value in self.data.items():
+            obj.__dict__[name] = from_data(value)
+        return obj
+
+    def __repr__(self) -> str:
+        return f"{self.cls.__name__}({', '.join(self.data)})"
+
+
+def _holds_data(value: Any) -> bool:
+    """Whether ``value`` is, or contains, a tensor or a cache object."""
+    if isinstance(value, torch.Tensor) or is_cache_object(value):
+        return True
+    if isinstance(value, tuple | list):
+        return any(_holds_data(v) for v in value)
+    if isinstance(value, Mapping):
+        return any(_holds_data(v) for v in value.values())
+    return False
+
+
+def _flatten_state(state: ObjectState) -> tuple[list[Any], Any]:
+    names = tuple(state.data)
+    return [state.data[n] for n in names], (state.cls, names, state.constants)
+
+
+def _unflatten_state(values: Any, context: Any) -> ObjectState:
+    cls, names, constants = context
+    return ObjectState(cls, constants, dict(zip(names, values, strict=True)))
+
+
+def _flatten_state_with_keys(state: ObjectState) -> tuple[list[tuple[Any, Any]], Any]:
+    values, context = _flatten_state(state)
+    return [(pytree.GetAttrKey(n), v) for n, v in zip(context[1], values, strict=True)], context
+
+
+pytree.register_pytree_node(
+    ObjectState,
+    _flatten_state,
+    _unflatten_state,
+    serialized_type_name="tunetree.hf.caches.ObjectState",
+    flatten_with_keys_fn=_flatten_state_with_keys,
+)
+
+
+def _contains_cache(tree: Any) -> bool:
+    """A quick look whether ``tree`` holds a cache object anywhere (most trees do not)."""
+    if is_cache_object(tree):
+        return True
+    if isinstance(tree, torch.Tensor) or tree is None:
+        return False
+    return any(is_cache_object(leaf) for leaf in pytree.tree_leaves(tree))
+
+
+def to_data(tree: Any) -> Any:
+    """``tree`` with every cache object replaced by its :class:`ObjectState` (a new tree).
+
+    A tree without cache objects is returned as it is.
+    """
+    if not _contains_cache(tree):
+        return tree
+    return pytree.tree_map(
+        lambda leaf: ObjectState.of(leaf) if is_cache_object(leaf) else leaf,
+        tree,
+        is_leaf=is_cache_object,
+    )
+
+
+def _is_state(value: Any) -> bool:
+    return isinstance(value, ObjectState)
+
+
+def from_data(tree: Any) -> Any:
+    """``tree`` with every :class:`ObjectState` built back into a new cache object."""
+    if _is_state(tree):
+        return tree.build()
+    if isinstance(tree, torch.Tensor) or tree is None:
+        return tree
+    return pytree.tree_map(
+        lambda leaf: leaf.build() if _is_state(leaf) else leaf, tree, is_leaf=_is_state
+    )
