@@ -28,7 +28,7 @@ from tunetree.graph import as_samples
 from tunetree.measure import cycle_calls
 from tunetree.modules import run_model
 
-from . import common, zoo
+from . import common, models
 
 
 def _caller(model: Any):
@@ -38,7 +38,7 @@ def _caller(model: Any):
 def run(
     name: str, size: str, device: str, max_depth: int, config: tt.MeasureConfig
 ) -> dict[str, Any]:
-    entry = zoo.build(name, size, device)
+    entry = models.build(name, size, device)
     samples = as_samples(entry.data)
     start = time.perf_counter()
     auto = tt.auto_tune(

@@ -23,7 +23,7 @@ import torch
 
 import tunetree as tt
 
-from . import common, zoo
+from . import common, models
 
 
 def opt_in_backends(device: str) -> list[tt.backends.Backend]:
@@ -40,7 +40,7 @@ def opt_in_backends(device: str) -> list[tt.backends.Backend]:
 def run_model(
     name: str, size: str, device: str, config: tt.MeasureConfig, opt_in: bool = False
 ) -> dict[str, Any]:
-    entry = zoo.build(name, size, device)
+    entry = models.build(name, size, device)
     strategy = tt.default_strategy(device)
     if opt_in:  # labelled "changes results, opt-in" in every row
         strategy = tt.HighestThroughputStrategy(strategy.backends + opt_in_backends(device))
@@ -86,7 +86,7 @@ def run_model(
 
 
 def main() -> None:
-    p = common.parser(__doc__ or "", zoo.DESIGN_FOUR)
+    p = common.parser(__doc__ or "", models.DESIGN_FOUR)
     p.add_argument(
         "--opt-in",
         action="store_true",

@@ -33,7 +33,7 @@ from tunetree.progress import Progress
 from tunetree.tune import plan_from, tune_cut
 from tunetree.wrap import wrap
 
-from . import common, zoo
+from . import common, models
 
 DEFAULT_MODELS = ["bert"]
 
@@ -48,7 +48,7 @@ def backends(quick: bool, device: str) -> list[tt.backends.Backend]:
 
 def run(name: str, args: Any, config: tt.MeasureConfig) -> dict[str, Any]:
     device, depth = args.device, args.depth
-    entry = zoo.build(name, common.size_for(args), device)
+    entry = models.build(name, common.size_for(args), device)
     info = tt.inspect(entry.model, entry.data, device=device)
     results = tune_cut(
         entry.model,
@@ -63,9 +63,9 @@ def run(name: str, args: Any, config: tt.MeasureConfig) -> dict[str, Any]:
     single = single_runtime_plan(results, depth)
     if single is not None:
         plans["single-runtime"] = single
-    models = {UNTUNED: entry.model}
-    models.update({k: wrap(entry.model, p.runners(), in_place=False) for k, p in plans.items()})
-    timings = side_by_side(models, info, None, config)
+    tuned = {UNTUNED: entry.model}
+    tuned.update({k: wrap(entry.model, p.runners(), in_place=False) for k, p in plans.items()})
+    timings = side_by_side(tuned, info, None, config)
     untuned = timings[UNTUNED].median_s
     rows = []
     for key, timing in timings.items():

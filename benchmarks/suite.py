@@ -36,7 +36,7 @@ from tunetree.graph import as_samples
 from tunetree.measure import cycle_calls
 from tunetree.modules import run_model
 
-from . import common, zoo
+from . import common, models
 
 QUICK_AUTO_BUDGET_S = 10.0
 """auto_tune's time budget per model in ``--quick`` runs."""
@@ -77,7 +77,7 @@ def model_flops(model: Any, data: list[Any]) -> float | None:
 
 
 def build_approaches(
-    entry: zoo.ZooModel, device: str, config: tt.MeasureConfig, options: Any
+    entry: models.ZooModel, device: str, config: tt.MeasureConfig, options: Any
 ) -> tuple[dict[str, Callable[..., Any]], dict[str, float], dict[str, str]]:
     """Every approach's callable, its build time, and a note (failures)."""
     import copy
@@ -148,7 +148,7 @@ def build_approaches(
 def run(
     name: str, size: str, device: str, config: tt.MeasureConfig, peak: float, options: Any
 ) -> dict[str, Any]:
-    entry = zoo.build(name, size, device)
+    entry = models.build(name, size, device)
     calls, build_s, notes = build_approaches(entry, device, config, options)
     samples = as_samples(entry.data)
     timings = tt.measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, device, config)

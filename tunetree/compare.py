@@ -113,7 +113,8 @@ def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None
             return Comparison(
                 False,
                 worst,
-                f"output {_name(reference, i)} differs from eager: max abs diff {diff:.3g} "
+                f"output {_name(reference, i)} differs from eager: max abs diff {diff:.3g}"
+                f"{_where(ref, cand.to(ref.device))} "
                 f"(tolerance {dtype_name(ref.dtype)} atol={tol.atol:g} rtol={tol.rtol:g})",
             )
     return Comparison(True, worst)
@@ -127,7 +128,24 @@ def _name(tree: Any, index: int) -> str:
     with_paths, _ = pytree.tree_flatten_with_path(to_data(tree))
     if len(with_paths) <= index or not with_paths[index][0]:
         return str(index)
-    return pytree.keystr(with_paths[index][0]).lstrip(".")
+    parts = []
+    for key in with_paths[index][0]:
+        if isinstance(key, pytree.MappingKey) and isinstance(key.key, str):
+            parts.append(f".{key.key}")
+        elif isinstance(key, pytree.GetAttrKey):
+            parts.append(f".{key.name}")
+        else:
+            parts.append(str(key))
+    return "".join(parts).lstrip(".")
+
+
+def _where(ref: torch.Tensor, cand: torch.Tensor) -> str:
+    """`` at [i, j, ...]``: the index of the largest difference (padding shows up here)."""
+    if ref.dim() == 0 or not (ref.is_floating_point() or ref.is_complex()):
+        return ""
+    diff = torch.nan_to_num((ref.double() - cand.double()).abs(), nan=math.inf)
+    index = torch.unravel_index(diff.argmax(), ref.shape)
+    return " at [" + ", ".join(str(int(i)) for i in index) + "]"
 
 
 def _constant_reason(name: str, ref: Any, cand: Any) -> str:

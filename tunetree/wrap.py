@@ -56,6 +56,8 @@ class Dispatcher:
         self.original = type(module).forward.__get__(module, type(module))
         """The class's forward, bound: the fallback calls it exactly as the module was called."""
         self.binder = Binder.of_module(module)
+        self.fallback_calls = 0
+        """Calls this dispatcher served with the original forward (no runner for them)."""
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
         self._warned_training = False
@@ -91,11 +93,15 @@ class Dispatcher:
                     "serve eval mode only)",
                     self.path or "<model>",
                 )
+            self.fallback_calls += 1
             return self.original(*args, **kwargs)
         fast = _fast_key(args) if not kwargs else None
         runner: Any = self._fast.get(fast, _MISS) if fast is not None else _MISS
         if runner is not _MISS:  # a canonical call of positional tensors seen before
-            return self.original(*args) if runner is None else runner(*args)
+            if runner is None:
+                self.fallback_calls += 1
+                return self.original(*args)
+            return runner(*args)
         bound_args, bound_kwargs = self.binder.bind(args, kwargs)
         key = GraphKey.of(bound_args, bound_kwargs)
         runner = self._routes.get(key, _MISS)
@@ -106,6 +112,7 @@ class Dispatcher:
                 self._fast.clear()
             self._fast[fast] = runner
         if runner is None:  # exactly as the user called it: a decorator may read keywords
+            self.fallback_calls += 1
             return self.original(*args, **kwargs)
         return runner(*bound_args, **bound_kwargs)
 

@@ -8,12 +8,14 @@ afterwards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import logging
 import re
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -37,6 +39,51 @@ def exporting(module: nn.Module) -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for m, training in modes:
             m.training = training
+
+
+def _sdpa_as_eager(sdpa: Any, expand_gqa: bool) -> Any:
+    """``sdpa`` written so that exporters keep two of eager's semantics.
+
+    A query row whose boolean mask is all False gives zeros in eager, where exporters build a
+    softmax over equal scores (the mean of the values): such rows are zeroed explicitly. With
+    ``expand_gqa``, ``enable_gqa=True`` becomes attention over repeated key/value heads.
+    """
+
+    @functools.wraps(sdpa)
+    def attention(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if expand_gqa and kwargs.get("enable_gqa") and key.shape[-3] != query.shape[-3]:
+            kwargs.pop("enable_gqa")
+            groups = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
+        out = sdpa(query, key, value, *args, **kwargs)
+        mask = kwargs.get("attn_mask", args[0] if args else None)
+        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+            out = torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
+        return out
+
+    return attention
+
+
+@contextlib.contextmanager
+def attention_as_eager(expand_gqa: bool = False) -> Iterator[None]:
+    """Export ``scaled_dot_product_attention`` so the graph computes what eager computes.
+
+    Eager returns zeros for a query row that a boolean mask hides entirely (the padding rows
+    of a left-padded batch); exported graphs return the mean of the values there, so their
+    outputs would differ from eager on every padded batch. ``expand_gqa`` writes grouped-query
+    attention (``enable_gqa=True``: Llama, Gemma, Qwen) as attention over key/value heads
+    repeated ``heads // kv_heads`` times, which is its definition; OpenVINO's converter ignores
+    ``enable_gqa`` and builds a graph that fails at run time. The function is put back
+    afterwards.
+    """
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+    functional.scaled_dot_product_attention = _sdpa_as_eager(original, expand_gqa)
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
 
 
 @contextlib.contextmanager
@@ -97,5 +144,9 @@ def describe_error(error: BaseException) -> str:
         root = root.__cause__
         seen.add(id(root))
     lines = [line.strip() for line in _ANSI.sub("", str(root)).splitlines() if line.strip()]
+    # OpenVINO's converter ends its long report with the operations it could not convert.
+    summary = [line for line in lines if line.startswith("-- Conversion is failed for:")]
+    if summary:
+        lines = [summary[-1].lstrip("- ").replace("Conversion is failed for", "cannot convert")]
     text = f"{type(root).__name__}: {lines[0]}" if lines else type(root).__name__
     return text[:300]

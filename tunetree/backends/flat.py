@@ -78,6 +78,15 @@ class FlatInputs:
             picked.append(obj)
         return picked
 
+    def subset(self, kept: Sequence[int]) -> FlatInputs:
+        """Only the inputs at ``kept`` (a converter dropped the inputs the graph never reads)."""
+        return FlatInputs(
+            tuple(self.paths[i] for i in kept),
+            tuple(self.names[i] for i in kept),
+            tuple(self.dtypes[i] for i in kept),
+            tuple(self.shapes[i] for i in kept),
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The record as JSON data (:meth:`from_json` reads it back)."""
         return {
@@ -464,3 +473,14 @@ def saved_constants(
             raise BackendError("saved runner record has a constant that is not a plain value")
         constants[int(index)] = value
     return constants
+
+
+def used_inputs(exported: Any) -> list[int]:
+    """Indices of the flat inputs an exported program reads.
+
+    An input used only for its dtype or device (a rotary embedding's ``x``) has no users in the
+    graph, and converters drop it from the model they build.
+    """
+    user = set(exported.graph_signature.user_inputs)
+    placeholders = [n for n in exported.graph.nodes if n.op == "placeholder" and n.name in user]
+    return [i for i, node in enumerate(placeholders) if node.users]

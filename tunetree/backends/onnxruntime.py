@@ -24,7 +24,7 @@ from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner
 from .dtypes import as_numpy, as_torch, numpy_dtype
-from .export_context import describe_error, exporting, quiet
+from .export_context import attention_as_eager, describe_error, exporting, quiet
 from .files import artifact_file, copy_files
 from .flat import FlatGraph, FlatInputs, FlatOutputs
 from .packages import not_installed_reason
@@ -345,7 +345,7 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
     path = str(directory / _MODEL_FILE)
     output_names = [f"output_{i}" for i in range(len(flat.outputs.positions))]
     input_names = list(flat.inputs.names)
-    with exporting(module), quiet():
+    with exporting(module), attention_as_eager(), quiet():
         try:
             torch.onnx.export(
                 flat.module,

@@ -32,11 +32,17 @@ from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner
 from .dtypes import as_numpy, as_torch, numpy_dtype
-from .export_context import describe_error, exporting, parameters_on_cpu, quiet
+from .export_context import (
+    attention_as_eager,
+    describe_error,
+    exporting,
+    parameters_on_cpu,
+    quiet,
+)
 from .files import artifact_file
-from .flat import FlatGraph, FlatInputs, FlatOutputs
+from .flat import FlatGraph, FlatInputs, FlatOutputs, used_inputs
 from .packages import not_installed_reason
-from .ranges import axis_dims, export_dynamic_shapes
+from .ranges import AxisDims, axis_dims, export_dynamic_shapes
 from .safe_config import check_choice, check_count, check_fields, check_pattern, check_scalar
 from .value_dependence import ValueDependentError, data_dependent_reason, traced_values_checked
 
@@ -254,9 +260,14 @@ class OpenVINO(Backend):
         flat = FlatGraph.of(module, graph)
         flat.check_numpy_dtypes()
         model, exported = _convert(flat, module)
-        _set_input_shapes(model, flat.inputs, flat.key)
+        kept = list(range(len(flat.inputs.paths)))
+        if exported is not None and len(model.inputs) < len(kept):
+            kept = used_inputs(exported)  # OpenVINO dropped the inputs the graph never reads
+        inputs = flat.inputs.subset(kept)
+        dims = axis_dims(flat.key)
+        _set_input_shapes(model, inputs, [dims[i] for i in kept])
         # The converted model may share weight memory with the exported program's tensors.
-        return OpenVINORunner(self, model, flat.inputs, flat.outputs, device, keepalive=exported)
+        return OpenVINORunner(self, model, inputs, flat.outputs, device, keepalive=exported)
 
     def load(
         self,
@@ -324,7 +335,7 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
     import openvino
 
     example = tuple(t.cpu() for t in flat.example)
-    with exporting(module), parameters_on_cpu(module), quiet():
+    with exporting(module), parameters_on_cpu(module), attention_as_eager(expand_gqa=True), quiet():
         try:
             exported = torch.export.export(
                 flat.module, example, dynamic_shapes=export_dynamic_shapes(flat.key)
@@ -348,7 +359,7 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
                 ) from trace_error
 
 
-def _set_input_shapes(model: Any, inputs: FlatInputs, key: GraphKey) -> None:
+def _set_input_shapes(model: Any, inputs: FlatInputs, dims: list[AxisDims]) -> None:
     """Give every input of the converted model the graph's shape.
 
     Fixed sizes, and ``Dimension(min, max)`` on exactly the dynamic axes of a ranged graph
@@ -357,7 +368,6 @@ def _set_input_shapes(model: Any, inputs: FlatInputs, key: GraphKey) -> None:
     """
     import openvino
 
-    dims = axis_dims(key)
     try:
         model.reshape(
             {

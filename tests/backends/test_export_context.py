@@ -1,0 +1,60 @@
+"""Exported attention computes what eager computes (issue 20): rows a boolean mask hides
+entirely are zeros (left-padded batches), and grouped-query attention converts for OpenVINO."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tunetree as tt
+from tests.fakes import quick_tune
+
+
+class Attention(nn.Module):
+    def __init__(self, kv_heads: int = 4) -> None:
+        super().__init__()
+        self.q = nn.Linear(32, 32)
+        self.kv = nn.Linear(32, 2 * 8 * kv_heads)
+        self.kv_heads = kv_heads
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, 4, 8).transpose(1, 2)
+        k, v = self.kv(x).view(b, n, 2, self.kv_heads, 8).permute(2, 0, 3, 1, 4)
+        causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        full = causal[None, None] & mask[:, None, None, :].bool()  # left padding hides rows
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=full, enable_gqa=self.kv_heads != 4
+        )
+        return out.transpose(1, 2).reshape(b, n, 32)
+
+
+def left_padded(batch: int, length: int) -> dict[str, torch.Tensor]:
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1:, : length // 2] = 0
+    return {"x": torch.randn(batch, length, 32), "mask": mask}
+
+
+@pytest.mark.parametrize(
+    ("backend", "kv_heads"),
+    [("onnxruntime", 4), ("onnxruntime", 2), ("openvino", 4), ("openvino", 2)],
+)
+def test_exported_attention_matches_eager_on_padded_rows_and_grouped_heads(
+    backend: str, kv_heads: int
+) -> None:
+    pytest.importorskip(backend)
+    torch.manual_seed(0)
+    model = Attention(kv_heads).eval()
+    data = [left_padded(2, 6), left_padded(3, 10)]
+    assert (model(**data[1])[1, :5] == 0).all()  # eager's zeros on the hidden rows
+    chosen = tt.backends.OnnxRuntime() if backend == "onnxruntime" else tt.backends.OpenVINO()
+    result = quick_tune(model, data, [chosen], cache=False)
+    (graph,) = result.graphs
+    assert graph.winner is not None, result.table()
+    with torch.no_grad():
+        unseen = left_padded(3, 8)
+        assert torch.allclose(result.model(**unseen), model(**unseen), atol=1e-5)
+    assert F.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
+    assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention

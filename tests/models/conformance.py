@@ -1,0 +1,182 @@
+"""The invariants of issue 20, checked for one family of the Hugging Face zoo (hf_zoo.py).
+
+:func:`check` auto-tunes one family on its tuning calls and then calls the tuned model as a user
+would: unseen calls inside the tuned ranges, a call outside them and a call with another keyword
+argument. It returns a :class:`ZooRow` that lists every invariant the family broke; the tests
+assert the list is empty and ``benchmarks/zoo.py`` prints the rows as a table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+import tunetree as tt
+from tunetree.compare import compare
+from tunetree.modules import module_paths
+from tunetree.state import ProcessState
+from tunetree.wrap import dispatcher_of
+
+from .hf_zoo import Call, Family, tuning_calls, unseen_inside, unseen_outside
+from .zoo import state_digest
+
+BUDGET_GRACE = 1.10
+"""Tuning may overrun its time budget by 10% (the issue's bound) plus :data:`BUDGET_SLACK_S`."""
+BUDGET_SLACK_S = 5.0
+
+
+@dataclasses.dataclass
+class ZooRow:
+    """What happened to one family: the outcome, the measurements and the broken invariants."""
+
+    name: str
+    kind: str
+    depth: int | None = None
+    winners: str = ""
+    speedup: float = 1.0
+    max_diff: float | None = None
+    """Largest difference to eager over the unseen calls inside the ranges."""
+    fallbacks_inside: int = 0
+    fallback_warnings: int = 0
+    """Warnings the outside call logged (the original forward ran)."""
+    tuning_s: float = 0.0
+    untuned_reason: str = ""
+    failures: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    """(backend, reason) of every candidate that failed or was rejected."""
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def tuned(self) -> bool:
+        return self.depth is not None
+
+
+class _Warnings(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _fallbacks(model: Any) -> int:
+    return sum(
+        d.fallback_calls for _, m in module_paths(model) if (d := dispatcher_of(m)) is not None
+    )
+
+
+def _run(model: Any, call: Call) -> Any:
+    with torch.no_grad():
+        return model(**call)
+
+
+def _untuned_reason(result: tt.AutoTuneResult) -> str:
+    notes = [f"depth {r.depth}: {r.status_text}" for r in result.rows]
+    return "; ".join(notes) or "no depth was tried"
+
+
+def _failures(result: tt.AutoTuneResult) -> list[tuple[str, str]]:
+    found = []
+    for graphs in result.graphs.values():
+        for graph in graphs:
+            for row in graph.rows:
+                if row.status in (tt.Status.FAILED, tt.Status.REJECTED):
+                    found.append((row.backend.name, f"{graph.path or '<model>'}: {row.reason}"))
+    return sorted(set(found))
+
+
+def _winners(result: tt.AutoTuneResult) -> str:
+    graphs = result.graphs.get(result.depth, []) if result.depth is not None else []
+    counts = Counter(g.winner.backend.name for g in graphs if g.winner is not None)
+    return ", ".join(f"{name} x{n}" if n > 1 else name for name, n in counts.most_common())
+
+
+def _other_keyword(call: Call) -> Call:
+    """The call with one more keyword argument users pass."""
+    return {**call, "output_hidden_states": not call.get("output_hidden_states", False)}
+
+
+def check(
+    family: Family,
+    *,
+    time_budget: float = 150.0,
+    strategy: tt.Strategy | None = None,
+    measure_config: tt.MeasureConfig | None = None,
+) -> ZooRow:
+    """Auto-tune ``family`` (depths 0-1) and check every invariant of issue 20 on it."""
+    row = ZooRow(family.name, family.kind)
+    model = family.build()
+    inside, outside = unseen_inside(family), unseen_outside(family)
+    other = _other_keyword(inside[0])
+    expected = [_run(model, c) for c in inside + outside]
+    try:
+        expected_other = _run(model, other)
+    except Exception:  # eager refuses the keyword: nothing to check
+        expected_other = None
+    digest, process = state_digest(model), ProcessState.now()
+
+    start = time.perf_counter()
+    result = tt.auto_tune(
+        model,
+        tuning_calls(family),
+        max_depth=1,
+        strategy=strategy,
+        measure_config=measure_config,
+        time_budget=time_budget,
+        cache=False,
+        verbose=False,
+    )
+    row.tuning_s = time.perf_counter() - start
+    row.depth, row.speedup = result.depth, result.speedup
+    row.winners, row.failures = _winners(result), _failures(result)
+    if result.depth is None:
+        row.untuned_reason = _untuned_reason(result)
+    if row.tuning_s > time_budget * BUDGET_GRACE + BUDGET_SLACK_S:
+        row.problems.append(f"tuning took {row.tuning_s:.0f} s, budget {time_budget:.0f} s")
+    if changed := process.changes(ProcessState.now()):
+        row.problems.append(f"tuning changed process settings: {', '.join(changed)}")
+    if state_digest(model) != digest:
+        row.problems.append("tuning changed the model's parameters, buffers or flags")
+
+    tuned = result.model
+    warnings = _Warnings()
+    logging.getLogger("tunetree.wrap").addHandler(warnings)
+    try:
+        _check_calls(row, tuned, inside, expected[: len(inside)], "unseen call inside the ranges")
+        row.fallbacks_inside = _fallbacks(tuned)
+        if row.fallbacks_inside:
+            row.problems.append(f"{row.fallbacks_inside} calls inside the ranges fell back")
+        warnings.messages.clear()
+        _check_calls(row, tuned, outside, expected[len(inside) :], "call outside the ranges")
+        row.fallback_warnings = len(warnings.messages)
+        if result.depth is not None and _fallbacks(tuned) == row.fallbacks_inside:
+            row.problems.append("the call outside the ranges did not run the original forward")
+        if _fallbacks(tuned) > row.fallbacks_inside and not warnings.messages:
+            row.problems.append("the call outside the ranges fell back without a warning")
+        if expected_other is not None:
+            _check_calls(row, tuned, [other], [expected_other], "call with another keyword")
+    finally:
+        logging.getLogger("tunetree.wrap").removeHandler(warnings)
+        result.undo()
+    return row
+
+
+def _check_calls(
+    row: ZooRow, tuned: Any, calls: list[Call], expected: list[Any], what: str
+) -> None:
+    for call, want in zip(calls, expected, strict=True):
+        try:
+            got = _run(tuned, call)
+        except Exception as exc:
+            row.problems.append(f"{what} raised {type(exc).__name__}: {exc}"[:300])
+            continue
+        comparison = compare(want, got)
+        if not comparison.ok:
+            row.problems.append(f"{what} differs from eager: {comparison.reason}"[:300])
+        elif what.startswith("unseen"):
+            row.max_diff = max(row.max_diff or 0.0, comparison.max_abs_diff)

@@ -1,0 +1,54 @@
+"""Issue 20: every Hugging Face family of the zoo tunes, never raises where eager works, matches
+eager on unseen shapes and leaves no global state changed.
+
+The fast subset (one or two families per kind) runs by default with Eager and ONNX Runtime;
+the whole zoo runs under ``-m slow`` with OpenVINO too. ``benchmarks/zoo.py`` runs it with the
+default strategy and prints the table.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import tunetree as tt
+
+from .conformance import ZooRow, check
+from .hf_zoo import FAMILIES, KINDS
+
+pytest.importorskip("onnxruntime")
+
+FAST = sorted(name for name, family in FAMILIES.items() if family.fast)
+
+
+def assert_conforms(row: ZooRow) -> None:
+    assert not row.problems, "\n".join(row.problems)
+    assert row.tuned, f"{row.name} left untuned: {row.untuned_reason}; failures: {row.failures}"
+    assert row.max_diff is not None  # the unseen calls ran and matched eager
+
+
+def test_the_zoo_has_every_kind_and_thirty_families() -> None:
+    assert len(FAMILIES) >= 30
+    assert {f.kind for f in FAMILIES.values()} == set(KINDS)
+    assert {FAMILIES[n].kind for n in FAST} == set(KINDS)
+
+
+@pytest.mark.parametrize("name", FAST)
+def test_fast_family_conforms(name: str) -> None:
+    strategy = tt.HighestThroughputStrategy([tt.backends.Eager(), tt.backends.OnnxRuntime()])
+    row = check(
+        FAMILIES[name], time_budget=90, strategy=strategy, measure_config=tt.MeasureConfig.quick()
+    )
+    assert_conforms(row)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_family_conforms(name: str) -> None:
+    pytest.importorskip("openvino")
+    strategy = tt.HighestThroughputStrategy(
+        [tt.backends.Eager(), tt.backends.OnnxRuntime(), tt.backends.OpenVINO()]
+    )
+    row = check(
+        FAMILIES[name], time_budget=60, strategy=strategy, measure_config=tt.MeasureConfig.quick()
+    )
+    assert_conforms(row)
