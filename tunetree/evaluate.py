@@ -152,7 +152,7 @@ class GraphSession:
             return CandidateRow(backend, Status.FAILED, f"build: {_short(exc)}")
         try:
             with torch.no_grad():
-                outputs = [runner(*s.args, **s.kwargs) for s in self.graph.samples]
+                outputs = [s.run(runner) for s in self.graph.samples]
         except Exception as exc:
             log.debug("run of %s failed:\n%s", backend.name, traceback.format_exc())
             return CandidateRow(backend, Status.FAILED, f"run: {_short(exc)}")
@@ -170,7 +170,7 @@ class GraphSession:
         for label, sample, expected in checks(self.module, self.graph):
             try:
                 with torch.no_grad():
-                    got = runner(*sample.args, **sample.kwargs)
+                    got = sample.run(runner)
             except Exception as exc:
                 return f"fails on {label}: {_short(exc, 200)}"
             comparison = compare_all([expected], [got], tolerances)

@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .errors import InvalidInputError
-from .hf import from_data, is_cache_object, to_data
+from .hf import contains_cache, from_data, is_cache_object, to_data
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -387,10 +387,30 @@ class Sample:
     args: Args
     kwargs: Kwargs = field(default_factory=dict)
 
+    _stateful: bool | None = field(default=None, init=False, repr=False, compare=False)
+
     @property
     def key(self) -> GraphKey:
         """The graph key of this call."""
         return GraphKey.of(self.args, self.kwargs)
+
+    @property
+    def stateful(self) -> bool:
+        """True when the call holds state its callee mutates (a cache object)."""
+        if self._stateful is None:
+            self._stateful = contains_cache((self.args, self.kwargs))
+        return self._stateful
+
+    def run(self, fn: Callable[..., Any]) -> Any:
+        """``fn`` called with this sample's arguments.
+
+        A stateful call gets a copy of its state each time, so no run sees another's mutation
+        (a decode step appends to the cache it is given).
+        """
+        if not self.stateful:
+            return fn(*self.args, **self.kwargs)
+        args, kwargs = detach_clone((self.args, self.kwargs))
+        return fn(*args, **kwargs)
 
     def to(self, device: torch.device | str) -> Sample:
         """A copy with every tensor moved to ``device``."""

@@ -166,7 +166,7 @@ class _Cycle:
     def __call__(self) -> object:
         sample = self.samples[self.i % self.cycle]
         self.i += 1
-        return self.fn(*sample.args, **sample.kwargs)
+        return sample.run(self.fn)
 
 
 def cycle_calls(fn: Callable[..., object], samples: list) -> Callable[[], object]:

@@ -54,7 +54,7 @@ def _eager(forward: Any, sample: Any, label: str) -> Any:
     """Eager's output on a probe, or None when eager itself cannot run it (not a valid input)."""
     try:
         with torch.no_grad():
-            return forward(*sample.args, **sample.kwargs)
+            return sample.run(forward)
     except Exception as exc:
         log.debug("eager cannot run %s (%s): skipped", label, exc)
         return None

@@ -250,5 +250,5 @@ def _scaled_graph(module: torch.nn.Module, graph: Graph, factor: int) -> Graph:
     samples = [scale(s) for s in graph.samples[:1]]
     forward = original_forward(module)
     with torch.no_grad():
-        outputs = [forward(*s.args, **s.kwargs) for s in samples]
+        outputs = [s.run(forward) for s in samples]
     return Graph(samples[0].key, samples, outputs)

@@ -11,6 +11,7 @@ records are JSON, so a saved runner is rebuilt without samples.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import math
@@ -23,7 +24,7 @@ from torch import nn
 
 from ..errors import BackendError
 from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
-from ..hf import to_data
+from ..hf import to_data, updated_in_place
 from . import structure
 from .base import original_forward
 from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
@@ -145,14 +146,24 @@ class FlatOutputs:
             tuple(tuple(t.shape) for t in tensors),
         )
 
-    def rebuild(self, tensors: Sequence[torch.Tensor]) -> Any:
-        """Eager's output structure around the graph's output tensors."""
+    @functools.cached_property
+    def holds_cache(self) -> bool:
+        """Whether the output holds a cache object (rebuilt into the caller's, see rebuild)."""
+        return "ObjectState" in str(self.spec)
+
+    def rebuild(self, tensors: Sequence[torch.Tensor], call: Any = None) -> Any:
+        """Eager's output structure around the graph's output tensors.
+
+        A cache in the output is written into the matching cache of ``call`` (the call's
+        ``(args, kwargs)``), as eager updates the cache it is given in place.
+        """
         if self.spec.is_leaf():
             return tensors[0] if self.positions else self.template[0]
         leaves = list(self.template)
         for position, tensor in zip(self.positions, tensors, strict=True):
             leaves[position] = tensor
-        return unflatten(leaves, self.spec)
+        output = unflatten(leaves, self.spec)
+        return updated_in_place(call, output) if self.holds_cache and call is not None else output
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON data.

@@ -108,14 +108,15 @@ class OnnxRuntimeRunner(Runner):
         """Pick the input tensors, run the session and rebuild eager's output structure."""
         tensors = self.inputs.pick(args, kwargs)
         if self.bind:
-            return self.outputs.rebuild(self._run_bound(tensors))
+            return self.outputs.rebuild(self._run_bound(tensors), (args, kwargs))
         feeds = {name: as_numpy(tensors[i]) for name, i in self.feeds}
         arrays = self.session.run(self.output_names, feeds)
         return self.outputs.rebuild(
             [
                 as_torch(array, dtype, self.device)
                 for array, dtype in zip(arrays, self.outputs.dtypes, strict=True)
-            ]
+            ],
+            (args, kwargs),
         )
 
     def _run_bound(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:

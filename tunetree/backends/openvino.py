@@ -151,7 +151,7 @@ class OpenVINORunner(Runner):
             as_torch(value, dtype, self.device)
             for value, dtype in zip(values, self.outputs.dtypes, strict=True)
         ]
-        return self.outputs.rebuild(tensors)
+        return self.outputs.rebuild(tensors, (args, kwargs))
 
     def save(self, directory: Path) -> dict[str, Any]:
         """Write the model (weights as they are, not compressed) and record the I/O records."""

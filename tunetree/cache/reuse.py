@@ -86,7 +86,7 @@ def load_candidate(
 
 def _validate(session: GraphSession, backend: Backend, runner: Runner) -> Comparison:
     with torch.no_grad():
-        outputs = [runner(*s.args, **s.kwargs) for s in session.graph.samples]
+        outputs = [s.run(runner) for s in session.graph.samples]
     return compare_all(session.graph.outputs, outputs, backend.tolerances() or session.tolerances)
 
 

@@ -6,6 +6,22 @@ that does not use transformers pays nothing.
 
 from __future__ import annotations
 
-from .caches import ObjectState, from_data, is_cache_object, to_data
+from .caches import (
+    ObjectState,
+    cache_objects,
+    contains_cache,
+    from_data,
+    is_cache_object,
+    to_data,
+    updated_in_place,
+)
 
-__all__ = ["ObjectState", "from_data", "is_cache_object", "to_data"]
+__all__ = [
+    "ObjectState",
+    "cache_objects",
+    "contains_cache",
+    "from_data",
+    "is_cache_object",
+    "to_data",
+    "updated_in_place",
+]

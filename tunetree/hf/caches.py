@@ -118,7 +118,7 @@ pytree.register_pytree_node(
 )
 
 
-def _contains_cache(tree: Any) -> bool:
+def contains_cache(tree: Any) -> bool:
     """A quick look whether ``tree`` holds a cache object anywhere (most trees do not)."""
     if is_cache_object(tree):
         return True
@@ -132,7 +132,7 @@ def to_data(tree: Any) -> Any:
 
     A tree without cache objects is returned as it is.
     """
-    if not _contains_cache(tree):
+    if not contains_cache(tree):
         return tree
     return pytree.tree_map(
         lambda leaf: ObjectState.of(leaf) if is_cache_object(leaf) else leaf,
@@ -154,3 +154,37 @@ def from_data(tree: Any) -> Any:
     return pytree.tree_map(
         lambda leaf: leaf.build() if _is_state(leaf) else leaf, tree, is_leaf=_is_state
     )
+
+
+def cache_objects(tree: Any) -> list[Any]:
+    """The cache objects in ``tree`` (outermost only), in order."""
+    return [
+        leaf for leaf in pytree.tree_leaves(tree, is_leaf=is_cache_object) if is_cache_object(leaf)
+    ]
+
+
+def updated_in_place(inputs: Any, output: Any) -> Any:
+    """``output`` with each rebuilt cache written into the input cache it stands for.
+
+    Hugging Face models update the cache they are given and return that same object. A runner
+    that rebuilds its outputs from tensors returns a new cache instead; callers that keep the
+    object they passed (``generate`` does) would then not see the new state. Each cache in
+    ``output`` whose class matches exactly one input cache becomes that input object, holding
+    the new state.
+    """
+    given: dict[type, list[Any]] = {}
+    for cache in cache_objects(inputs):
+        given.setdefault(type(cache), []).append(cache)
+    if not given:
+        return output
+
+    def into_input(leaf: Any) -> Any:
+        same = given.get(type(leaf), []) if is_cache_object(leaf) else []
+        if len(same) != 1 or same[0] is leaf:
+            return leaf
+        target = same[0]
+        target.__dict__.clear()
+        target.__dict__.update(leaf.__dict__)
+        return target
+
+    return pytree.tree_map(into_input, output, is_leaf=is_cache_object)
