@@ -147,7 +147,7 @@ def _leaf_signature(value: Any) -> Any:
     if isinstance(value, type):
         return ("const", "type", f"{value.__module__}.{value.__qualname__}")
     if is_cache_object(value):  # a cache is data: its tensors' shapes, not its identity
-        attributes = tuple((k, _leaf_signature(v)) for k, v in vars(value).items())
+        attributes = tuple((k, _leaf_signature(v)) for k, v in sorted(vars(value).items()))
         return ("data", type(value).__qualname__, attributes)
     # Opaque objects (a cache, a config): their contents are invisible here, and a backend
     # that exported the graph may have baked them in as constants. Keying them by identity

@@ -20,6 +20,7 @@ import torch
 
 from .errors import InvalidInputError
 from .graph import Dim, Graph, GraphKey, Sample, TensorSpec, as_samples, resize_axis
+from .hf import ObjectState, from_data, to_data
 
 AxisRef = tuple[int, int]
 """(index of a tensor leaf in :meth:`GraphKey.tensor_specs` order, axis)."""
@@ -40,10 +41,11 @@ def tensor_locations(sample: Sample) -> list[tuple[Any, ...]]:
     For example ``("args", 0)``, ``("kwargs", "input_ids")``, deeper paths for nested inputs.
     """
     found: list[tuple[Any, ...]] = []
-    for i, arg in enumerate(sample.args):
+    args, kwargs = to_data((sample.args, sample.kwargs))
+    for i, arg in enumerate(args):
         _walk(arg, ("args", i), found)
-    for name in sorted(sample.kwargs):
-        _walk(sample.kwargs[name], ("kwargs", name), found)
+    for name in sorted(kwargs):
+        _walk(kwargs[name], ("kwargs", name), found)
     return found
 
 
@@ -59,6 +61,9 @@ def _walk(value: Any, where: tuple[Any, ...], found: list[tuple[Any, ...]]) -> N
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         for f in dataclasses.fields(value):
             _walk(getattr(value, f.name), (*where, f.name), found)
+    elif isinstance(value, ObjectState):  # a cache: its data attributes, in their order
+        for name, item in value.data.items():
+            _walk(item, (*where, name), found)
 
 
 def map_leaves(sample: Sample, fn: Callable[[int, torch.Tensor], torch.Tensor]) -> Sample:
@@ -80,11 +85,15 @@ def map_leaves(sample: Sample, fn: Callable[[int, torch.Tensor], torch.Tensor]) 
                 for f in dataclasses.fields(value)
             }
             return dataclasses.replace(value, **changes)
+        if isinstance(value, ObjectState):
+            data = {k: rebuild(v, (*where, k)) for k, v in value.data.items()}
+            return ObjectState(value.cls, value.constants, data)
         return value
 
-    args = tuple(rebuild(a, ("args", i)) for i, a in enumerate(sample.args))
-    kwargs = {k: rebuild(v, ("kwargs", k)) for k, v in sample.kwargs.items()}
-    return Sample(args, kwargs)
+    state_args, state_kwargs = to_data((sample.args, sample.kwargs))
+    args = tuple(rebuild(a, ("args", i)) for i, a in enumerate(state_args))
+    kwargs = {k: rebuild(v, ("kwargs", k)) for k, v in state_kwargs.items()}
+    return Sample(from_data(args), from_data(kwargs))
 
 
 # --------------------------------------------------------------------------- inference

@@ -8,7 +8,9 @@ runs the original forward (logged once per signature), never crashes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -56,6 +58,9 @@ class Dispatcher:
         self.original = type(module).forward.__get__(module, type(module))
         """The class's forward, bound: the fallback calls it exactly as the module was called."""
         self.binder = Binder.of_module(module)
+        # Callers that inspect forward (Hugging Face's generate) see the real parameters.
+        with contextlib.suppress(TypeError, ValueError):
+            self.__signature__ = inspect.signature(self.original)
         self.fallback_calls = 0
         """Calls this dispatcher served with the original forward (no runner for them)."""
         self._warned: set[GraphKey] = set()

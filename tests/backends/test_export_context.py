@@ -25,9 +25,7 @@ class Attention(nn.Module):
         k, v = self.kv(x).view(b, n, 2, self.kv_heads, 8).permute(2, 0, 3, 1, 4)
         causal = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
         full = causal[None, None] & mask[:, None, None, :].bool()  # left padding hides rows
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=full, enable_gqa=self.kv_heads != 4
-        )
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=full, enable_gqa=self.kv_heads != 4)
         return out.transpose(1, 2).reshape(b, n, 32)
 
 

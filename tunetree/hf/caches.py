@@ -63,7 +63,7 @@ class ObjectState:
         """The state of ``obj`` (nested cache objects become states too)."""
         constants = []
         data = {}
-        for name, value in vars(obj).items():
+        for name, value in sorted(vars(obj).items()):  # by name: one order for every copy
             if _holds_data(value):
                 data[name] = to_data(value)
             else:
