@@ -17,7 +17,7 @@ from torch import nn
 
 from .backends.base import original_forward
 from .graph import Graph, flatten
-from .shapes import largest, probe_sizes, resize, value_probes
+from .shapes import keep_links, largest, linked_dims, probe_sizes, resize, value_probes
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,8 @@ def _build(module: nn.Module, graph: Graph) -> list[Check]:
     found: list[Check] = []
     if graph.key.is_dynamic:
         base = largest(graph.samples)
-        for sizes in probe_sizes(graph.key):
+        linked = linked_dims(graph.samples, graph.key)
+        for sizes in keep_links(probe_sizes(graph.key), graph.key, linked):
             label = "probe " + ", ".join(f"{n}={v}" for n, v in sorted(sizes.items()))
             sample = resize(base, graph.key, sizes)
             output = _eager(forward, sample, label)

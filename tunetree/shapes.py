@@ -351,6 +351,41 @@ def probe_sizes(key: GraphKey) -> list[dict[str, int]]:
     return unique
 
 
+def linked_dims(samples: Sequence[Sample], key: GraphKey) -> dict[str, tuple[str, int]]:
+    """Dimensions whose size is another's plus a fixed offset in every recorded call.
+
+    ``{b: (a, k)}`` says ``b == a + k`` held in every call: a decode step's attention mask is
+    one longer than its key/value cache. Probes keep such relations, since a call that breaks
+    one is not an input the model serves.
+    """
+    seen = [sizes_of(s, key) for s in samples]
+    names = sorted(key.dims())
+    linked: dict[str, tuple[str, int]] = {}
+    for i, a in enumerate(names):
+        if a in linked or len({sizes[a] for sizes in seen}) < 2:
+            continue
+        for b in names[i + 1 :]:
+            offsets = {sizes[b] - sizes[a] for sizes in seen}
+            if b not in linked and len(offsets) == 1:
+                linked[b] = (a, offsets.pop())
+    return linked
+
+
+def keep_links(
+    choices: Sequence[dict[str, int]], key: GraphKey, linked: Mapping[str, tuple[str, int]]
+) -> list[dict[str, int]]:
+    """``choices`` with each linked dimension following its base; those then out of range go."""
+    dims = key.dims()
+    kept: list[dict[str, int]] = []
+    for choice in choices:
+        fixed = dict(choice)
+        for name, (base, offset) in linked.items():
+            fixed[name] = fixed[base] + offset
+        if all(dims[n].accepts(v) for n, v in fixed.items()) and fixed not in kept:
+            kept.append(fixed)
+    return kept
+
+
 def _odd_between(low: int, high: int) -> int:
     """A prime strictly between ``low`` and ``high`` near their middle, else an odd size."""
     middle = (low + high) // 2

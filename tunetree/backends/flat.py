@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import BackendError
 from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
-from ..hf import to_data, updated_in_place
+from ..hf import loaded_cache_class, to_data, updated_in_place
 from . import structure
 from .base import original_forward
 from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
@@ -275,6 +275,15 @@ def _value_from_signature(signature: Any, device: torch.device) -> Any:
         return tuple(items) if kind == "tuple" else items
     if kind == "dict":
         return {k: _value_from_signature(v, device) for k, v in signature[1]}
+    if kind == "const" and signature[1] == "device":
+        return torch.device(signature[2])
+    if kind == "data":  # a cache object, of a class the user's model has loaded
+        cls = loaded_cache_class(signature[1])
+        if cls is not None:
+            obj: Any = object.__new__(cls)
+            for name, attribute in signature[2]:
+                obj.__dict__[name] = _value_from_signature(attribute, device)
+            return obj
     raise BackendError(
         f"cannot rebuild an input {signature!r} to learn the output structure; register the "
         "output type with pytree (serialized_type_name) so that its structure is saved"

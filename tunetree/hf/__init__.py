@@ -12,6 +12,7 @@ from .caches import (
     contains_cache,
     from_data,
     is_cache_object,
+    loaded_cache_class,
     to_data,
     updated_in_place,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "contains_cache",
     "from_data",
     "is_cache_object",
+    "loaded_cache_class",
     "to_data",
     "updated_in_place",
 ]

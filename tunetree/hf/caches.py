@@ -16,6 +16,7 @@ and no user type is registered with torch.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -188,3 +189,18 @@ def updated_in_place(inputs: Any, output: Any) -> Any:
         return target
 
     return pytree.tree_map(into_input, output, is_leaf=is_cache_object)
+
+
+def loaded_cache_class(name: str) -> type | None:
+    """The cache class called ``name`` among transformers modules already imported, or None.
+
+    For rebuilding a cache from a saved signature: nothing is imported by name (a checkpoint is
+    untrusted), so only a class the user's own model has loaded can be found.
+    """
+    for module_name, module in list(sys.modules.items()):
+        if not module_name.startswith("transformers") or module is None:
+            continue
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and is_cache_object(object.__new__(cls)):
+            return cls
+    return None
