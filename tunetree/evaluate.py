@@ -113,18 +113,23 @@ class GraphSession:
         reason = backend.unavailable_reason(self.device)
         if reason:
             return CandidateRow(backend, Status.UNAVAILABLE, reason)
-        if self.deadline is not None and backend.kind != "eager" and self.deadline.passed():
+        if (
+            self.deadline is not None
+            and backend.kind != "eager"
+            and not self.deadline.room_for(backend.kind)
+        ):
             return CandidateRow(backend, Status.SKIPPED, TIME_BUDGET_ERROR)
         self.progress(where, self.graph, backend.name, "building")
         if self.on_build is not None:
             self.on_build(backend)
         start = time.perf_counter()
-        with process_state_kept(f"building {backend.name} for {where}"):
+        timed = self.deadline.build(backend.kind) if self.deadline is not None else nullcontext()
+        with timed, process_state_kept(f"building {backend.name} for {where}"):
             built = self._build_and_run(backend)
+        build_s = time.perf_counter() - start
         if isinstance(built, CandidateRow):
             return built
         runner, outputs = built
-        build_s = time.perf_counter() - start
         tolerances = backend.tolerances() or self.tolerances
         comparison = compare_all(self.graph.outputs, outputs, tolerances)
         if not comparison.ok:

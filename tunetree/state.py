@@ -126,8 +126,20 @@ class ProcessState:
         )
 
     def changes(self, other: ProcessState) -> list[str]:
-        """Names of the settings that differ in ``other``."""
-        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+        """Names of the settings that differ in ``other`` (the environment's by variable)."""
+        changed = []
+        for f in fields(self):
+            if getattr(self, f.name) == getattr(other, f.name):
+                continue
+            if f.name == "environ":
+                ours, theirs = dict(self.environ), dict(other.environ)
+                names = sorted(
+                    n for n in ours.keys() | theirs.keys() if ours.get(n) != theirs.get(n)
+                )
+                changed.append(f"environ ({', '.join(names)})")
+            else:
+                changed.append(f.name)
+        return changed
 
     def restore(self) -> list[str]:
         """Put every setting back; returns the names of those that had changed."""
@@ -146,7 +158,7 @@ class ProcessState:
                 getter, setter = _TORCH_FLAGS[name]
                 if getter() != value:
                     setter(value)
-        if "environ" in changed:
+        if any(c.startswith("environ") for c in changed):
             saved = dict(self.environ)
             for name in set(os.environ) - set(saved):
                 del os.environ[name]
