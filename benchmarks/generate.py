@@ -127,16 +127,25 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
             static(model, **unseen)
             setup_s["hf static"] = time.perf_counter() - start
             approaches["hf static"] = (model, static)
-        start = time.perf_counter()
-        result = tt.auto_tune(
-            model, tuning, call=gen, max_depth=args.max_depth, time_budget=args.budget,
-            cache=False, verbose=args.verbose, device=device,
-        )  # fmt: skip
-        setup_s["tunetree"] = time.perf_counter() - start
-        print(result)
-        approaches["tunetree"] = (result.model, gen)
+        results = []
+        for cache in args.tunetree_caches.split(","):
+            label = "tunetree" if cache == "dynamic" else f"tunetree {cache}"
+            # HF's own compile stays off: tunetree chooses what serves the decode step.
+            call = gen if cache == "dynamic" else _generate(
+                tokens, cache_implementation=cache, disable_compile=True
+            )  # fmt: skip
+            start = time.perf_counter()
+            result = tt.auto_tune(
+                model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
+                cache=False, verbose=args.verbose, device=device,
+            )  # fmt: skip
+            setup_s[label] = time.perf_counter() - start
+            print(result)
+            approaches[label] = (result.model, call)
+            results.append(result)
         rows += _measure(name, batch, middle, tokens, unseen, approaches, setup_s, device)
-        result.undo()
+        for result in results:
+            result.undo()
     return rows
 
 
@@ -151,16 +160,15 @@ def _measure(
     device: str,
 ) -> list[dict[str, Any]]:
     reference = approaches["eager"][1](approaches["eager"][0], **prompt)
-    first = _generate(1)
     candidates: dict[str, Callable[[], object]] = {}
     for label, (model, gen) in approaches.items():
         candidates[f"{label}|N"] = lambda m=model, g=gen: g(m, **prompt)
-        one = first if label != "hf static" else _generate(1, cache_implementation="static")
+        one = _first_token_call(label)
         candidates[f"{label}|1"] = lambda m=model, g=one: g(m, **prompt)
-    tuned = approaches["tunetree"][0]
-    before = _fallbacks(tuned)
+    tuned = {label: m for label, (m, _) in approaches.items() if label.startswith("tunetree")}
+    before = {label: _fallbacks(m) for label, m in tuned.items()}
     timings = tt.measure(candidates, device, tt.MeasureConfig(max_s_per_candidate=4.0))
-    fallbacks = _fallbacks(tuned) - before
+    fallbacks = {label: _fallbacks(m) - before[label] for label, m in tuned.items()}
     eager_ms = _per_token(timings, "eager", tokens)
     rows = []
     for label, (model, gen) in approaches.items():
@@ -177,11 +185,20 @@ def _measure(
                 "vs eager": round(eager_ms / per_token, 2),
                 "time to first token ms": round(timings[f"{label}|1"].median_s * 1e3, 2),
                 "tokens equal eager": same,
-                "decode fallbacks": fallbacks if label == "tunetree" else "-",
+                "decode fallbacks": fallbacks.get(label, "-"),
                 "setup s": round(setup_s.get(label, 0.0), 1),
             }
         )
     return rows
+
+
+def _first_token_call(label: str) -> Callable[..., Any]:
+    """``generate`` of one new token, the way ``label`` generates."""
+    if label == "hf static":
+        return _generate(1, cache_implementation="static")
+    if label.startswith("tunetree "):
+        return _generate(1, cache_implementation=label.split()[1], disable_compile=True)
+    return _generate(1)
 
 
 def _per_token(timings: dict[str, tt.Timing], label: str, tokens: int) -> float:
@@ -199,6 +216,11 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=300.0, help="tunetree's time budget, s")
     p.add_argument("--max-depth", type=int, default=1)
     p.add_argument("--skip-static", action="store_true", help="leave out HF's static cache")
+    p.add_argument(
+        "--tunetree-caches",
+        default="dynamic,static",
+        help="the caches tunetree tunes generate with: dynamic (HF's default), static",
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--out", type=Path, default=None)

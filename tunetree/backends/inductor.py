@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..errors import InvalidInputError
+from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey, Sample, detach_clone
 from .base import Backend, Runner, original_forward
 from .packages import install_hint, missing_packages
@@ -69,6 +69,15 @@ def check_inductor_options(kind: str, options: Any) -> None:
         ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
         if not ok or (want is int and not 0 <= value <= 4096):
             raise refuse(kind, f"options.{name}", f"is {str(value)[:40]!r}, not a {want.__name__}")
+
+
+STATEFUL_REFUSAL = (
+    "not tried on a call that takes a cache object (a decode step): torch.compile recompiles "
+    "as the cache grows, and its compiled code for such ranged graphs has aborted the whole "
+    "process (c10 'Cannot call numel() on tensor with symbolic sizes', torch 2.13 on GPT-2 "
+    "generate); the exporting backends, and device graphs on a static cache, serve it"
+)
+"""Why Inductor refuses graphs whose inputs hold a cache object (issue 21)."""
 
 
 def fresh_entry(forward: Any) -> Any:
@@ -282,7 +291,13 @@ class Inductor(Backend):
         return None
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
-        """Return a runner that compiles the original forward on its first call."""
+        """Return a runner that compiles the original forward on its first call.
+
+        A graph whose inputs hold a cache object (a decode step) is refused before anything
+        is compiled: see :data:`STATEFUL_REFUSAL`.
+        """
+        if any(sample.stateful for sample in graph.samples):
+            raise BackendError(STATEFUL_REFUSAL)
         return InductorRunner(self, module, graph.key)
 
     def load(
