@@ -22,7 +22,7 @@ from ._table import format_seconds
 from .backends.base import Backend, Runner
 from .budget import TIME_BUDGET_ERROR, Deadline
 from .compare import Tolerances, compare_all
-from .graph import Graph, Sample, batch_size
+from .graph import Graph, Sample, batch_size, detach_clone
 from .measure import MeasureConfig, Timing, cycle_calls, measure
 from .probes import checks
 from .progress import Progress
@@ -157,7 +157,8 @@ class GraphSession:
             return CandidateRow(backend, Status.FAILED, f"build: {_short(exc)}")
         try:
             with torch.no_grad():
-                outputs = [s.run(runner) for s in self.graph.samples]
+                # Snapshots: a runner may hand back state its next call updates (a cache).
+                outputs = [detach_clone(s.run(runner)) for s in self.graph.samples]
         except Exception as exc:
             log.debug("run of %s failed:\n%s", backend.name, traceback.format_exc())
             return CandidateRow(backend, Status.FAILED, f"run: {_short(exc)}")

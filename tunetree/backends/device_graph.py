@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..graph import _DTYPE_SHORT, Graph, GraphKey, Sample, TensorSpec, detach_clone, flatten
+from ..graph import _DTYPE_SHORT, Graph, GraphKey, Sample, TensorSpec, flatten, map_tensors
 from ..graph import unflatten as unflatten_tree
 from .base import Backend, Runner, original_forward
 from .inductor import compile_unavailable_reason, fresh_entry
@@ -123,6 +123,12 @@ def _copy_into(static: torch.Tensor, value: Any, where: int | str) -> None:
     """Copy one call's input into its static buffer, refusing another dtype or shape."""
     if not isinstance(value, torch.Tensor):
         raise BackendError(f"input {where!r}: expected a tensor, got {type(value).__name__}")
+    if value is static or (
+        value.data_ptr() == static.data_ptr()
+        and value.shape == static.shape
+        and value.dtype == static.dtype
+    ):
+        return  # the static buffer itself, handed back by the previous replay (a cache)
     if value.shape != static.shape or value.dtype != static.dtype:
         raise BackendError(
             f"input {where!r} is {value.dtype}{list(value.shape)} but the device graph was "
@@ -137,9 +143,12 @@ class DeviceGraphRunner(Runner):
 
     Each call copies its tensors into the static input buffers, replays, and returns the
     static outputs, cloned unless the backend says ``clone_outputs=False`` (then every
-    replay overwrites the tensors the previous call returned). Non-tensor arguments are
-    baked in at capture. Parameters are read from their memory at replay, so in-place
-    updates of the weights are seen; replacing a parameter object is not.
+    replay overwrites the tensors the previous call returned). An output that is an input
+    updated in place (a static cache's key/value tensors, which eager returns inside the
+    very cache object it was given) is handed back uncloned: it is the cache's state, as in
+    eager, and a caller that passes it back in (``generate`` does) is served without a copy.
+    Non-tensor arguments are baked in at capture. Parameters are read from their memory at
+    replay, so in-place updates of the weights are seen; replacing a parameter object is not.
     """
 
     def __init__(
@@ -178,6 +187,14 @@ class DeviceGraphRunner(Runner):
             else None
         )
 
+        # A call that updates its inputs (a decode step appends to its cache) starts every
+        # warm-up and the capture from the sample's values again.
+        first = [(static, leaves[i].detach()) for i, static in self.tensor_slots]
+
+        def reset() -> None:
+            for static, value in first:
+                static.copy_(value)
+
         with api.device_guard(device), torch.no_grad():
             # Warm up on a side stream: lazy initialisation (cuBLAS handles, Inductor's first
             # compile, autotuning) must not happen inside the capture.
@@ -185,8 +202,16 @@ class DeviceGraphRunner(Runner):
             side.wait_stream(api.current_stream())
             with api.use_stream(side):
                 for _ in range(warmup):
+                    reset()
                     forward(*args, **kwargs)
+                    if flatten((args, dict(sorted(kwargs.items()))))[1] != self.spec:
+                        raise BackendError(
+                            "the call changes the structure of its own arguments (a cache "
+                            "initialised on first use, as in a prefill step): a device graph "
+                            "replays fixed inputs only"
+                        )
             api.current_stream().wait_stream(side)
+            reset()
             self.graph = api.graph()
             try:
                 with api.capture(self.graph):
@@ -197,6 +222,10 @@ class DeviceGraphRunner(Runner):
                     "The forward must not synchronise with the CPU (.item(), .tolist(), "
                     "printing tensors, data-dependent shapes); use another backend for it"
                 ) from exc
+        # Outputs that are inputs updated in place (a static cache's key/value tensors, which
+        # eager returns in the very cache object it was given) are handed back as they are, as
+        # eager does; a caller that passes them back in is then served without a copy.
+        self.in_place = {id(static) for _, static in self.tensor_slots}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Copy the inputs into the captured static inputs and replay the graph."""
@@ -217,7 +246,9 @@ class DeviceGraphRunner(Runner):
         out = self.static_out
         if not self.clone_outputs:
             return out
-        return out.clone() if isinstance(out, torch.Tensor) else detach_clone(out)
+        if isinstance(out, torch.Tensor):
+            return out if id(out) in self.in_place else out.clone()
+        return map_tensors(lambda t: t if id(t) in self.in_place else t.detach().clone(), out)
 
     def save(self, directory: Path) -> dict[str, Any]:
         """Write nothing: a captured graph holds device addresses, so load captures again."""

@@ -15,6 +15,7 @@ from ..artifacts import SavedRunner, load_runner, remove_tree, remove_with
 from ..backends.base import Backend, Runner
 from ..compare import Comparison, compare_all
 from ..evaluate import CandidateRow, GraphSession, Status
+from ..graph import detach_clone
 from ..strategy import Strategy
 from .entry import CandidateRecord, EntryManifest
 from .store import CacheStore
@@ -86,7 +87,7 @@ def load_candidate(
 
 def _validate(session: GraphSession, backend: Backend, runner: Runner) -> Comparison:
     with torch.no_grad():
-        outputs = [s.run(runner) for s in session.graph.samples]
+        outputs = [detach_clone(s.run(runner)) for s in session.graph.samples]
     return compare_all(session.graph.outputs, outputs, backend.tolerances() or session.tolerances)
 
 
