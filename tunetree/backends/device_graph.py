@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
 from ..graph import _DTYPE_SHORT, Graph, GraphKey, Sample, TensorSpec, flatten, map_tensors
 from ..graph import unflatten as unflatten_tree
+from ..hf import cache_objects, is_cache_object, to_data
 from .base import Backend, Runner, original_forward
 from .inductor import compile_unavailable_reason, fresh_entry
 
@@ -119,6 +121,25 @@ def _graph_api(device: torch.device) -> _GraphApi:
 _CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
 
+def _pick(root: Any, path: Sequence[Any]) -> Any:
+    """The value at a pytree key path inside a call's raw ``(args, kwargs)``."""
+    value = root
+    try:
+        for key in path:
+            if isinstance(value, torch.Tensor):  # a container was expected here
+                raise TypeError(f"a tensor where the captured call had a container at {key}")
+            if isinstance(key, pytree.GetAttrKey):
+                value = getattr(value, key.name)
+            else:
+                value = value[key.idx if isinstance(key, pytree.SequenceKey) else key.key]
+    except (AttributeError, IndexError, KeyError, TypeError) as exc:
+        raise BackendError(
+            "a device graph replays one input structure only; this call's arguments are "
+            f"structured differently from the captured call ({exc!r}; tune with this input)"
+        ) from exc
+    return value
+
+
 def _copy_into(static: torch.Tensor, value: Any, where: int | str) -> None:
     """Copy one call's input into its static buffer, refusing another dtype or shape."""
     if not isinstance(value, torch.Tensor):
@@ -175,6 +196,12 @@ class DeviceGraphRunner(Runner):
         self.tensor_slots = [
             (i, leaf) for i, leaf in enumerate(self.static_leaves) if isinstance(leaf, torch.Tensor)
         ]
+        # Where each tensor input sits (through cache objects' attributes too): a nested call
+        # is served by picking its tensors, without flattening it again.
+        with_paths, _ = pytree.tree_flatten_with_path(
+            to_data((sample.args, dict(sorted(sample.kwargs.items()))))
+        )
+        self.paths = [path for path, leaf in with_paths if isinstance(leaf, torch.Tensor)]
         args, kwargs = unflatten_tree(self.static_leaves, self.spec)
         # Fast path for the common call, model(x, ...) or model(**batch) with tensors and
         # constants at the top level: no flattening per call. None when arguments are nested.
@@ -226,6 +253,13 @@ class DeviceGraphRunner(Runner):
         # eager returns in the very cache object it was given) are handed back as they are, as
         # eager does; a caller that passes them back in is then served without a copy.
         self.in_place = {id(static) for _, static in self.tensor_slots}
+        self.kept_objects = {
+            id(obj)
+            for obj in cache_objects(self.static_out)
+            if all(id(t) in self.in_place for t in flatten(obj)[0] if isinstance(t, torch.Tensor))
+        }
+        """Cache objects of the output whose every tensor is updated input state: returned as
+        they are (no rebuild per call)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Copy the inputs into the captured static inputs and replay the graph."""
@@ -234,21 +268,26 @@ class DeviceGraphRunner(Runner):
             for where, static in slots:
                 _copy_into(static, args[where] if isinstance(where, int) else kwargs[where], where)
         else:
-            leaves, spec = flatten((args, dict(sorted(kwargs.items()))))
-            if spec != self.spec:
-                raise BackendError(
-                    "a device graph replays one input structure only; this call's arguments "
-                    "are structured differently from the captured call (tune with this input)"
-                )
-            for i, static in self.tensor_slots:
-                _copy_into(static, leaves[i], i)
+            root = (args, kwargs)
+            for (i, static), path in zip(self.tensor_slots, self.paths, strict=True):
+                _copy_into(static, _pick(root, path), i)
         self.graph.replay()
         out = self.static_out
         if not self.clone_outputs:
             return out
         if isinstance(out, torch.Tensor):
             return out if id(out) in self.in_place else out.clone()
-        return map_tensors(lambda t: t if id(t) in self.in_place else t.detach().clone(), out)
+        return pytree.tree_map(self._fresh, out, is_leaf=is_cache_object)
+
+    def _fresh(self, leaf: Any) -> Any:
+        """One output leaf for the caller: a clone, or the updated input state itself."""
+        if isinstance(leaf, torch.Tensor):
+            return leaf if id(leaf) in self.in_place else leaf.detach().clone()
+        if id(leaf) in self.kept_objects:
+            return leaf
+        if is_cache_object(leaf):
+            return map_tensors(lambda t: t if id(t) in self.in_place else t.detach().clone(), leaf)
+        return leaf
 
     def save(self, directory: Path) -> dict[str, Any]:
         """Write nothing: a captured graph holds device addresses, so load captures again."""

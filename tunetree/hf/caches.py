@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import sys
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -65,17 +64,18 @@ class ObjectState:
         constants = []
         data = {}
         for name, value in sorted(vars(obj).items()):  # by name: one order for every copy
-            if _holds_data(value):
-                data[name] = to_data(value)
+            converted, holds = _as_data(value)
+            if holds:
+                data[name] = converted
             else:
                 constants.append((name, value))
         return cls(type(obj), tuple(constants), data)
 
     def build(self) -> Any:
-        """A new object of the recorded class with these attributes (constants copied)."""
+        """A new object of the recorded class with these attributes (mutable constants copied)."""
         obj: Any = object.__new__(self.cls)
         for name, value in self.constants:
-            obj.__dict__[name] = copy.deepcopy(value)
+            obj.__dict__[name] = value if isinstance(value, _IMMUTABLE) else copy.deepcopy(value)
         for name, value in self.data.items():
             obj.__dict__[name] = from_data(value)
         return obj
@@ -84,15 +84,31 @@ class ObjectState:
         return f"{self.cls.__name__}({', '.join(self.data)})"
 
 
-def _holds_data(value: Any) -> bool:
-    """Whether ``value`` is, or contains, a tensor or a cache object."""
-    if isinstance(value, torch.Tensor) or is_cache_object(value):
-        return True
+_IMMUTABLE = (type(None), bool, int, float, str, type, torch.device, torch.dtype)
+"""Constants a rebuilt cache may share with the original (others are deep-copied)."""
+
+
+def _as_data(value: Any) -> tuple[Any, bool]:
+    """``value`` with its cache objects as states, and whether it holds a tensor or a cache.
+
+    One pass over plain containers (what cache attributes hold).
+    """
+    if isinstance(value, torch.Tensor):
+        return value, True
+    if is_cache_object(value):
+        return ObjectState.of(value), True
     if isinstance(value, tuple | list):
-        return any(_holds_data(v) for v in value)
-    if isinstance(value, Mapping):
-        return any(_holds_data(v) for v in value.values())
-    return False
+        items = [_as_data(v) for v in value]
+        if not any(holds for _, holds in items):
+            return value, False
+        converted = [v for v, _ in items]
+        return (converted if isinstance(value, list) else type(value)(converted)), True
+    if isinstance(value, dict):
+        pairs = {k: _as_data(v) for k, v in value.items()}
+        if not any(holds for _, holds in pairs.values()):
+            return value, False
+        return {k: v for k, (v, _) in pairs.items()}, True
+    return value, False
 
 
 def _flatten_state(state: ObjectState) -> tuple[list[Any], Any]:
