@@ -148,3 +148,36 @@ def test_a_checkpoint_of_a_tuned_generate_keeps_generating_eagers_tokens(tmp_pat
     for p, want in zip(UNSEEN, expected, strict=True):
         assert torch.equal(generate(loaded, **p), want)
     assert dispatcher_of(loaded).fallback_calls == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decode_steps_on_a_static_cache_replay_a_cuda_graph_with_eagers_tokens() -> None:
+    """The prefill (its cache is initialised on first use) is refused by device graphs with a
+    reason; every decode step replays a captured graph and the tokens equal eager's."""
+    model = gpt2().cuda()
+    static = {**GENERATE, "cache_implementation": "static", "disable_compile": True}
+
+    def call(m: Any, **inputs: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return m.generate(**inputs, **static)
+
+    prompts = [{k: v.cuda() for k, v in prompt(2, n, i).items()} for i, n in enumerate([8, 12])]
+    expected = [call(model, **p) for p in prompts]
+    result = tt.tune(
+        model,
+        prompts,
+        call=call,
+        strategy=tt.HighestThroughputStrategy([tt.backends.Eager(), tt.backends.DeviceGraph()]),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    decode = [g for g in result.graphs if g.graph.key.tensor_specs()[0].shape[-1] == 1]
+    assert decode and all(g.winner.backend.kind == "device-graph" for g in decode)
+    prefill = [g for g in result.graphs if g not in decode]
+    for graph in prefill:
+        (row,) = [r for r in graph.rows if r.backend.kind == "device-graph"]
+        assert "initialised on first use" in row.reason
+    for p, want in zip(prompts, expected, strict=True):
+        assert torch.equal(call(result.model, **p), want)
