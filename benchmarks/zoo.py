@@ -77,6 +77,9 @@ def main() -> None:
         for problem in row.problems:
             print(f"  PROBLEM {problem}")
         sys.stdout.flush()
+        if args.out is not None:  # after every family, so a run cut short keeps its rows
+            rows_json = [dataclasses.asdict(r) for r in rows]
+            common.write_json(args.out, "zoo.json", {"header": header, "rows": rows_json})
     table = format_table(
         [
             "family",

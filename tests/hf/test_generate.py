@@ -5,6 +5,9 @@ a decode runner that corrupts the cache is rejected, and a checkpoint keeps gene
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -181,3 +184,36 @@ def test_decode_steps_on_a_static_cache_replay_a_cuda_graph_with_eagers_tokens()
         assert "initialised on first use" in row.reason
     for p, want in zip(prompts, expected, strict=True):
         assert torch.equal(call(result.model, **p), want)
+
+
+CHILD = """
+import torch, transformers, tunetree as tt
+torch.manual_seed(0)
+config = transformers.GPT2Config(n_layer=4, n_embd=256, n_head=4, vocab_size=8000, n_positions=256)
+model = transformers.GPT2LMHeadModel(config).eval()
+def call(m, **x):
+    return m.generate(**x, max_new_tokens=16, do_sample=False, pad_token_id=0)
+prompts = [{"input_ids": torch.randint(1, 8000, (b, n))} for b, n in [(1, 8), (2, 12), (3, 16)]]
+result = tt.auto_tune(model, prompts, call=call, max_depth=0, cache=False, verbose=False,
+                      time_budget=240)
+rows = [r for g in result.graphs[0] for r in g.rows if r.backend.kind == "inductor"]
+assert rows and all("not tried on a call that takes a cache" in r.reason for r in rows), rows
+print("ALIVE", result.depth)
+"""
+
+
+@pytest.mark.slow
+def test_tuning_gpt2_generate_with_the_default_strategy_finishes_and_the_process_lives(
+    tmp_path: Path,
+) -> None:
+    """Issue 21: Inductor's compiled code for a ranged decode graph aborted the interpreter
+    (exit 134). The tune runs in a child process so that an abort fails this test only."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ALIVE" in proc.stdout
