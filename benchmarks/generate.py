@@ -8,7 +8,7 @@ queries), a T5-small-sized encoder-decoder. tunetree tunes through ``call=`` on 
 varying batch and length, then every approach generates for *unseen* prompts inside those
 ranges. Per approach and batch size: time to first token (``max_new_tokens=1``), ms per new
 token (``(T(N) - T(1)) / (N - 1)`` of whole ``generate`` calls, timed interleaved by
-``tunetree.measure``), whether the tokens equal eager's, decode calls that fell back to the
+``tunetree.measure``), whether the tokens equal eager's, calls (prefill and decode) that ran the
 original forward (tunetree), and tuning or compile time. Run it alone on the machine.
 """
 
@@ -185,7 +185,7 @@ def _measure(
                 "vs eager": round(eager_ms / per_token, 2),
                 "time to first token ms": round(timings[f"{label}|1"].median_s * 1e3, 2),
                 "tokens equal eager": same,
-                "decode fallbacks": fallbacks.get(label, "-"),
+                "original-forward calls": fallbacks.get(label, "-"),
                 "setup s": round(setup_s.get(label, 0.0), 1),
             }
         )

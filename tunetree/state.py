@@ -122,7 +122,7 @@ class ProcessState:
             tuple(root.filters),
             logging.root.manager.disable,
             tuple((name, get()) for name, (get, _) in _TORCH_FLAGS.items()),
-            tuple(sorted(os.environ.items())),
+            tuple(sorted((k, v) for k, v in os.environ.items() if not _private(k))),
         )
 
     def changes(self, other: ProcessState) -> list[str]:
@@ -161,9 +161,19 @@ class ProcessState:
         if any(c.startswith("environ") for c in changed):
             saved = dict(self.environ)
             for name in set(os.environ) - set(saved):
-                del os.environ[name]
+                if not _private(name):
+                    del os.environ[name]
             os.environ.update(saved)
         return changed
+
+
+_PRIVATE_ENV_PREFIXES = ("_TORCHINDUCTOR_",)
+"""Environment variables torch sets for itself once per process (Inductor, when first imported,
+for its compile workers): the same with or without tunetree, never removed."""
+
+
+def _private(name: str) -> bool:
+    return name.startswith(_PRIVATE_ENV_PREFIXES)
 
 
 def _set_matmul_tf32(value: bool) -> None:
