@@ -33,8 +33,12 @@ def is_cache_object(value: Any) -> bool:
     transformers class whose name ends in ``Cache`` (model-specific caches), so transformers
     is never imported here.
     """
-    cls = type(value)
-    if isinstance(value, type) or not cls.__module__.startswith("transformers"):
+    return not isinstance(value, type) and is_cache_class(type(value))
+
+
+def is_cache_class(cls: type) -> bool:
+    """Whether instances of ``cls`` are cache objects (see :func:`is_cache_object`)."""
+    if not cls.__module__.startswith("transformers"):
         return False
     if cls.__name__.endswith("Cache"):
         return True
@@ -217,6 +221,6 @@ def loaded_cache_class(name: str) -> type | None:
         if not module_name.startswith("transformers") or module is None:
             continue
         cls = getattr(module, name, None)
-        if isinstance(cls, type) and is_cache_object(object.__new__(cls)):
+        if isinstance(cls, type) and is_cache_class(cls):
             return cls
     return None
