@@ -23,11 +23,13 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -57,7 +59,12 @@ def main() -> None:
     p.add_argument("--budget", type=float, default=150.0, help="time budget per family, s")
     p.add_argument("--backends", default="", help="comma-separated backends (default strategy)")
     p.add_argument("--out", type=Path, default=None, help="directory for zoo.json and zoo.md")
+    p.add_argument("--render", type=Path, default=None, help="print a saved zoo.json and stop")
     args = p.parse_args()
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        print(render(saved["header"], saved["rows"]))
+        return
     from tests.models.conformance import check
     from tests.models.hf_zoo import FAMILIES
 
@@ -80,50 +87,47 @@ def main() -> None:
         if args.out is not None:  # after every family, so a run cut short keeps its rows
             rows_json = [dataclasses.asdict(r) for r in rows]
             common.write_json(args.out, "zoo.json", {"header": header, "rows": rows_json})
+    text = render(header, [dataclasses.asdict(r) for r in rows])
+    print(text)
+    if args.out is not None:
+        (args.out / "zoo.md").write_text(text + "\n")
+
+
+def render(header: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """The run as Markdown: the family table, failures by backend and cause, untuned reasons.
+
+    ``rows`` are :class:`ZooRow` s as dicts (as ``zoo.json`` holds them), so a saved run renders
+    again: ``python -m benchmarks.zoo --render DIR/zoo.json``.
+    """
     table = format_table(
-        [
-            "family",
-            "kind",
-            "tuned",
-            "winner",
-            "speed-up",
-            "max diff unseen",
-            "fallbacks in/out",
-            "tuning",
-            "problems",
-        ],
+        ["family", "kind", "tuned", "winner", "speed-up", "max diff unseen", "fallbacks in/out",
+         "tuning", "problems"],
         [
             [
-                r.name,
-                r.kind,
-                f"depth {r.depth}" if r.tuned else "no",
-                r.winners or "-",
-                f"{r.speedup:.2f}x",
-                f"{r.max_diff:.1e}" if r.max_diff is not None else "-",
-                f"{r.fallbacks_inside}/{r.fallback_warnings}",
-                f"{r.tuning_s:.0f} s",
-                "; ".join(r.problems) or "none",
+                r["name"],
+                r["kind"],
+                f"depth {r['depth']}" if r["depth"] is not None else "no",
+                r["winners"] or "-",
+                f"{r['speedup']:.2f}x",
+                f"{r['max_diff']:.1e}" if r["max_diff"] is not None else "-",
+                f"{r['fallbacks_inside']}/{r['fallback_warnings']}",
+                f"{r['tuning_s']:.0f} s",
+                "; ".join(r["problems"]) or "none",
             ]
             for r in rows
         ],
         title="Hugging Face zoo",
-    )
+    )  # fmt: skip
     causes: Counter[tuple[str, str]] = Counter(
-        (backend, _cause(reason)) for r in rows for backend, reason in r.failures
+        (backend, _cause(reason)) for r in rows for backend, reason in r["failures"]
     )
     failures = format_table(
         ["backend", "candidates", "cause"],
         [[b, n, c] for (b, c), n in sorted(causes.items(), key=lambda kv: (kv[0][0], -kv[1]))],
         title="Failed or rejected candidates by backend and cause",
     )
-    untuned = [f"- {r.name}: {r.untuned_reason}" for r in rows if not r.tuned]
-    print(table, failures, *untuned, sep="\n\n")
-    if args.out is not None:
-        common.write_json(
-            args.out, "zoo.json", {"header": header, "rows": [dataclasses.asdict(r) for r in rows]}
-        )
-        text = f"# {header['command']}\n\n```\n{table}\n\n{failures}\n```\n" + "\n".join(untuned)
-        (args.out / "zoo.md").write_text(text + "\n")
+    untuned = [f"- {r['name']}: {r['untuned_reason']}" for r in rows if r["depth"] is None]
+    return f"# {header['command']}\n\n```\n{table}\n\n{failures}\n```\n" + "\n".join(untuned)
 
 
 if __name__ == "__main__":
