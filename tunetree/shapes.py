@@ -354,15 +354,16 @@ def probe_sizes(key: GraphKey) -> list[dict[str, int]]:
 def linked_dims(samples: Sequence[Sample], key: GraphKey) -> dict[str, tuple[str, int]]:
     """Dimensions whose size is another's plus a fixed offset in every recorded call.
 
-    ``{b: (a, k)}`` says ``b == a + k`` held in every call: a decode step's attention mask is
-    one longer than its key/value cache. Probes keep such relations, since a call that breaks
+    ``{b: (a, k)}`` says ``b == a + k`` held in every call, with ``a`` at three sizes or more: a
+    decode step's attention mask is one longer than its key/value cache. Probes keep such relations, since a call that breaks
     one is not an input the model serves.
     """
     seen = [sizes_of(s, key) for s in samples]
     names = sorted(key.dims())
     linked: dict[str, tuple[str, int]] = {}
     for i, a in enumerate(names):
-        if a in linked or len({sizes[a] for sizes in seen}) < 2:
+        # Three sizes at least: two calls show any two varying sizes at one offset by chance.
+        if a in linked or len({sizes[a] for sizes in seen}) < 3:
             continue
         for b in names[i + 1 :]:
             offsets = {sizes[b] - sizes[a] for sizes in seen}
