@@ -355,8 +355,8 @@ def linked_dims(samples: Sequence[Sample], key: GraphKey) -> dict[str, tuple[str
     """Dimensions whose size is another's plus a fixed offset in every recorded call.
 
     ``{b: (a, k)}`` says ``b == a + k`` held in every call, with ``a`` at three sizes or more: a
-    decode step's attention mask is one longer than its key/value cache. Probes keep such relations, since a call that breaks
-    one is not an input the model serves.
+    decode step's attention mask is one longer than its key/value cache. Probes keep such
+    relations, since a call that breaks one is not an input the model serves.
     """
     seen = [sizes_of(s, key) for s in samples]
     names = sorted(key.dims())
