@@ -10,6 +10,8 @@ from tunetree.graph import Dim, GraphKey, Sample, TensorSpec
 from tunetree.shapes import (
     declared_axes,
     group_graphs,
+    keep_links,
+    linked_dims,
     probe_sizes,
     ranged_key,
     rebatch,
@@ -180,6 +182,23 @@ def test_probe_sizes_cover_ends_and_an_odd_size() -> None:
     assert 1 < middle["batch"] < 16 and 17 < middle["seq"] < 200
     assert middle["batch"] % 2 == 1 and middle["seq"] % 2 == 1
     assert probe_sizes(bert_call(2, 2).key) == []
+
+
+def decode_step(cache: int) -> Sample:
+    """A decode step's inputs: one new token, a cache of ``cache`` and a mask one longer."""
+    return Sample((torch.zeros(1, 1), torch.zeros(1, 4, cache, 8), torch.ones(1, cache + 1)))
+
+
+def test_probes_keep_a_mask_one_longer_than_the_cache() -> None:
+    samples = [decode_step(n) for n in (8, 9, 10, 20)]
+    key = ranged_key([s.key for s in samples])
+    linked = linked_dims(samples, key)
+    ((follower, (base, offset)),) = linked.items()
+    assert offset in (1, -1) and {follower, base} == set(key.dims())
+    for sizes in keep_links(probe_sizes(key), key, linked):
+        assert sizes[follower] == sizes[base] + offset
+    # two calls are no evidence: any two sizes that vary are one offset apart there
+    assert linked_dims(samples[:2], ranged_key([s.key for s in samples[:2]])) == {}
 
 
 def test_rebatch_slices_and_repeats_the_batch_axis() -> None:
