@@ -56,3 +56,21 @@ def test_exported_attention_matches_eager_on_padded_rows_and_grouped_heads(
         assert torch.allclose(result.model(**unseen), model(**unseen), atol=1e-5)
     assert F.scaled_dot_product_attention.__name__ == "scaled_dot_product_attention"
     assert F.scaled_dot_product_attention is torch._C._nn.scaled_dot_product_attention
+
+
+def test_openvino_attention_keeps_eager_results_at_head_size_128() -> None:
+    """OpenVINO 2026.4 computes wrong values when the attention's result is read before its
+    layout transpose (BERT, head size 128, sequence 128); the null key avoids that read."""
+    pytest.importorskip("openvino")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=256, num_hidden_layers=1, num_attention_heads=2, intermediate_size=512
+    )
+    model = transformers.BertModel(config).eval()
+    mask = torch.ones(2, 128, dtype=torch.long)
+    mask[1, 64:] = 0
+    data = [{"input_ids": torch.randint(0, 1000, (2, 128)), "attention_mask": mask}]
+    result = quick_tune(model, data, [tt.backends.OpenVINO()], cache=False)
+    (graph,) = result.graphs
+    assert graph.winner is not None, result.table()

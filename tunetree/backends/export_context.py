@@ -41,12 +41,31 @@ def exporting(module: nn.Module) -> Iterator[None]:
             m.training = training
 
 
-def _sdpa_as_eager(sdpa: Any, expand_gqa: bool) -> Any:
+def _hidden_rows_as_null_key(
+    key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, visible: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Key, value and mask with one more position that only hidden rows see, and whose value is 0.
+
+    A row that sees nothing else attends to that position alone and gets zeros; every other
+    row gives it weight ``exp(-inf) = 0``, so its result is unchanged.
+    """
+    null = key.new_zeros(*key.shape[:-2], 1, key.shape[-1])
+    null_value = value.new_zeros(*value.shape[:-2], 1, value.shape[-1])
+    return (
+        torch.cat([key, null], dim=-2),
+        torch.cat([value, null_value], dim=-2),
+        torch.cat([mask, ~visible], dim=-1),
+    )
+
+
+def _sdpa_as_eager(sdpa: Any, expand_gqa: bool, null_key: bool) -> Any:
     """``sdpa`` written so that exporters keep two of eager's semantics.
 
     A query row whose boolean mask is all False gives zeros in eager, where exporters build a
-    softmax over equal scores (the mean of the values): such rows are zeroed explicitly. With
-    ``expand_gqa``, ``enable_gqa=True`` becomes attention over repeated key/value heads.
+    softmax over equal scores (the mean of the values). Such rows are zeroed explicitly after
+    the attention, or with ``null_key`` by a zero-valued key that only they can see (see
+    :func:`attention_as_eager` for why). With ``expand_gqa``, ``enable_gqa=True`` becomes
+    attention over repeated key/value heads.
     """
 
     @functools.wraps(sdpa)
@@ -56,30 +75,41 @@ def _sdpa_as_eager(sdpa: Any, expand_gqa: bool) -> Any:
             groups = query.shape[-3] // key.shape[-3]
             key = key.repeat_interleave(groups, dim=-3)
             value = value.repeat_interleave(groups, dim=-3)
-        out = sdpa(query, key, value, *args, **kwargs)
         mask = kwargs.get("attn_mask", args[0] if args else None)
-        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
-            out = torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
-        return out
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            return sdpa(query, key, value, *args, **kwargs)
+        visible = mask.any(dim=-1, keepdim=True)
+        if null_key and mask.shape[-1] == key.shape[-2]:
+            key, value, mask = _hidden_rows_as_null_key(key, value, mask, visible)
+            if "attn_mask" in kwargs:
+                kwargs["attn_mask"] = mask
+            else:
+                args = (mask, *args[1:])
+            return sdpa(query, key, value, *args, **kwargs)
+        return torch.where(visible, sdpa(query, key, value, *args, **kwargs), 0.0)
 
     return attention
 
 
 @contextlib.contextmanager
-def attention_as_eager(expand_gqa: bool = False) -> Iterator[None]:
+def attention_as_eager(expand_gqa: bool = False, null_key: bool = False) -> Iterator[None]:
     """Export ``scaled_dot_product_attention`` so the graph computes what eager computes.
 
     Eager returns zeros for a query row that a boolean mask hides entirely (the padding rows
     of a left-padded batch); exported graphs return the mean of the values there, so their
-    outputs would differ from eager on every padded batch. ``expand_gqa`` writes grouped-query
-    attention (``enable_gqa=True``: Llama, Gemma, Qwen) as attention over key/value heads
-    repeated ``heads // kv_heads`` times, which is its definition; OpenVINO's converter ignores
+    outputs would differ from eager on every padded batch. By default the attention's result
+    is zeroed on those rows. ``null_key`` reaches the same zeros without touching the result:
+    OpenVINO 2026.4 computes wrong values (up to 0.9 on BERT with head size 128, sequence
+    128) when anything reads the attention's result before its layout transpose, even
+    ``where`` with an all-True condition. ``expand_gqa`` writes grouped-query attention
+    (``enable_gqa=True``: Llama, Gemma, Qwen) as attention over key/value heads repeated
+    ``heads // kv_heads`` times, which is its definition; OpenVINO's converter ignores
     ``enable_gqa`` and builds a graph that fails at run time. The function is put back
     afterwards.
     """
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
-    functional.scaled_dot_product_attention = _sdpa_as_eager(original, expand_gqa)
+    functional.scaled_dot_product_attention = _sdpa_as_eager(original, expand_gqa, null_key)
     try:
         yield
     finally:

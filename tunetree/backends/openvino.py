@@ -335,7 +335,12 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
     import openvino
 
     example = tuple(t.cpu() for t in flat.example)
-    with exporting(module), parameters_on_cpu(module), attention_as_eager(expand_gqa=True), quiet():
+    with (
+        exporting(module),
+        parameters_on_cpu(module),
+        attention_as_eager(expand_gqa=True, null_key=True),
+        quiet(),
+    ):
         try:
             exported = torch.export.export(
                 flat.module, example, dynamic_shapes=export_dynamic_shapes(flat.key)
