@@ -167,3 +167,30 @@ def test_decorated_forwards_get_the_call_as_given_everywhere(depth: int) -> None
     if depth == 0:  # the fallback passed the keywords the user passed, no positional extras
         assert decorated.seen[0] == (0, ["mask", "use_cache", "x"])
     result.undo()
+
+
+def test_argument_plans_repeat_the_binding_of_calls_with_the_same_signature() -> None:
+    from tunetree.binding import ArgumentPlan, call_signature
+
+    binder = Binder(TwoInputs.forward)
+    x, y, x2, y2 = (torch.randn(2, 4) for _ in range(4))
+    for call, later in [
+        (((x,), {"y": y}), ((x2,), {"y": y2})),
+        (((), {"y": y, "x": x}), ((), {"y": y2, "x": x2})),
+        (((x, y, 2.0), {"mask": None}), ((x2, y2, 2.0), {"mask": None})),
+        (((x, y), {}), ((x2, y2), {})),
+    ]:
+        plan = ArgumentPlan.learn(call, binder.bind(*call))
+        assert plan is not None
+        assert call_signature(*call) == call_signature(*later)
+        want_args, want_kwargs = binder.bind(*later)
+        got_args, got_kwargs = plan.apply(*later)
+        assert [a is b for a, b in zip(got_args, want_args, strict=True)] == [True] * len(want_args)
+        assert got_kwargs.keys() == want_kwargs.keys()
+    # a constant's value is part of the signature, and a tensor passed twice has no plan
+    assert call_signature((x, y, 2.0), {}) != call_signature((x, y, 3.0), {})
+    assert call_signature((x, y), {}) != call_signature((x, y.double()), {})
+    assert ArgumentPlan.learn(((x, x), {}), binder.bind((x, x), {})) is None
+    assert call_signature((x, [y]), {}) == call_signature((x2, [y2]), {})
+    assert call_signature((x, [y]), {}) != call_signature((x, (y,)), {})
+    assert call_signature((x, object()), {}) is None  # opaque objects take the binder every call

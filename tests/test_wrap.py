@@ -109,3 +109,54 @@ def test_routing_memo_is_bounded(monkeypatch) -> None:
         for b in range(1, 10):
             result.model(torch.ones(b, 16))
     assert len(dispatcher._routes) <= 3
+
+
+class KeywordModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, scale: float = 1.0):
+        out = self.lin(x)
+        return (out if y is None else out + y) * scale
+
+
+def test_repeated_calls_skip_binding_and_keying(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dispatcher's per-call work (issue 22): after the first call of a signature, keyword
+    calls are neither bound again nor keyed again, and they reach the same runner."""
+    from tunetree import binding, graph
+
+    model = KeywordModel().eval()
+    data = [{"x": torch.randn(4, 16), "y": torch.randn(4, 16)}]
+    result = tune(model, data, [Delayed(0.0)], depth=0)
+    tuned = result.model
+    counts = {"bind": 0, "key": 0}
+    bind, key_of = binding.Binder.bind, graph.GraphKey.of.__func__
+
+    def counting_bind(self, args, kwargs):  # type: ignore[no-untyped-def]
+        counts["bind"] += 1
+        return bind(self, args, kwargs)
+
+    def counting_key(cls, args, kwargs):  # type: ignore[no-untyped-def]
+        counts["key"] += 1
+        return key_of(cls, args, kwargs)
+
+    monkeypatch.setattr(binding.Binder, "bind", counting_bind)
+    monkeypatch.setattr(graph.GraphKey, "of", classmethod(counting_key))
+    dispatcher = dispatcher_of(tuned)
+    assert dispatcher is not None
+    with torch.no_grad():
+        for _ in range(5):
+            x, y = torch.randn(4, 16), torch.randn(4, 16)
+            assert torch.equal(tuned(x=x, y=y), model(x=x, y=y))
+        assert counts == {"bind": 1, "key": 1}
+        # another constant is another signature, bound and keyed once (then the original)
+        x = torch.randn(4, 16)
+        assert torch.equal(tuned(x, y=y, scale=2.0), model(x, y=y, scale=2.0))
+        assert torch.equal(tuned(x, y=y, scale=2.0), model(x, y=y, scale=2.0))
+        assert counts == {"bind": 2, "key": 2}
+        # one tensor in two places is bound every time (the next call may pass two)
+        assert torch.equal(tuned(x, y=x), model(x, y=x))
+        assert torch.equal(tuned(x, y=x), model(x, y=x))
+    assert counts["bind"] == 4
+    assert dispatcher.fallback_calls == 2

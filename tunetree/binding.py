@@ -15,10 +15,17 @@ call back into the keyword form such a forward expects (:func:`forward_caller`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
+import torch
+
+from .hf.caches import is_cache_class
+
 _CONSTANTS = (type(None), bool, int, float, str)
+_PLAIN = (*_CONSTANTS, torch.dtype, torch.device)
+"""Values a call signature holds by value (everything else by its contents, or not at all)."""
 
 
 def _is_default(value: Any, default: Any) -> bool:
@@ -122,3 +129,114 @@ def forward_caller(forward: Any, bound: Any) -> Any:
 
     call.__wrapped__ = bound  # type: ignore[attr-defined]
     return call
+
+
+Source = tuple[str, Any]
+"""Where one canonical argument comes from: ``("a", index)`` or ``("k", name)`` in the call,
+or ``("c", value)``, a constant (a filled-in default, or a constant the call passed)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentPlan:
+    """How :meth:`Binder.bind` rearranged one call, to repeat it without binding again.
+
+    Learned from a call and its canonical form; it holds for every later call with the same
+    :func:`call_signature` (same positional count, keyword names and constants, tensors in the
+    same places), since binding depends on nothing else. Tensors and other objects (a cache)
+    are found by identity, so a call passing one object in two places has no plan (the next
+    call may pass two).
+    """
+
+    positional: tuple[Source, ...]
+    keywords: tuple[tuple[str, Source], ...]
+    unchanged: bool
+    """True when the canonical form is the call itself: :meth:`apply` returns it as given."""
+
+    @classmethod
+    def learn(
+        cls, call: tuple[tuple[Any, ...], dict[str, Any]], bound: tuple[tuple, dict]
+    ) -> ArgumentPlan | None:
+        """The plan taking ``call`` to ``bound``; None when a tensor appears twice in ``call``."""
+        args, kwargs = call
+        sources: dict[int, Source] = {}
+        for source, value in [
+            *((("a", i), v) for i, v in enumerate(args)),
+            *((("k", k), v) for k, v in kwargs.items()),
+        ]:
+            if not isinstance(value, _PLAIN):
+                if id(value) in sources:
+                    return None
+                sources[id(value)] = source
+
+        def source_of(value: Any) -> Source:
+            if not isinstance(value, _PLAIN) and id(value) in sources:
+                return sources[id(value)]
+            return ("c", value)
+
+        bound_args, bound_kwargs = bound
+        return cls(
+            tuple(source_of(v) for v in bound_args),
+            tuple((k, source_of(v)) for k, v in bound_kwargs.items()),
+            bound_args is args and bound_kwargs is kwargs,
+        )
+
+    def apply(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        """The canonical form of a call with the signature this plan was learned from."""
+        if self.unchanged:
+            return args, kwargs
+        return (
+            tuple(_pick(source, args, kwargs) for source in self.positional),
+            {name: _pick(source, args, kwargs) for name, source in self.keywords},
+        )
+
+
+def _pick(source: Source, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    kind, where = source
+    if kind == "a":
+        return args[where]
+    if kind == "k":
+        return kwargs[where]
+    return where
+
+
+def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """A cheap hashable signature of a call, or None when it holds something else.
+
+    Per argument (keywords by name, in the order given): a tensor's dtype and shape, a plain
+    constant's type and value, a list or tuple of such, or a cache object's attributes
+    (:func:`~tunetree.hf.caches.is_cache_object`) as such. Two calls with the same signature
+    bind alike (:class:`ArgumentPlan`) and have the same :class:`~tunetree.graph.GraphKey`
+    (which says the same things, in a form that is slower to build).
+    """
+    parts: list[Any] = []
+    for value in args:
+        part = _part(value)
+        if part is None:
+            return None
+        parts.append(part)
+    for name, value in kwargs.items():
+        part = _part(value)
+        if part is None:
+            return None
+        parts.append((name, part))
+    return tuple(parts)
+
+
+def _part(value: Any) -> Any:
+    kind = type(value)
+    if kind is torch.Tensor:
+        return (value.dtype, value.shape)
+    if kind in _PLAIN:
+        return (kind, value)
+    if isinstance(value, type):  # a class attribute of a cache (the layer class it makes)
+        return (type, value)
+    if kind is list or kind is tuple:
+        items = [_part(v) for v in value]
+        return None if any(i is None for i in items) else (kind, tuple(items))
+    if is_cache_class(kind):
+        attributes = sorted(vars(value).items())
+        items = [_part(v) for _, v in attributes]
+        if any(i is None for i in items):
+            return None
+        return (kind, tuple(zip((k for k, _ in attributes), items, strict=True)))
+    return None

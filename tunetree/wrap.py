@@ -15,11 +15,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch import nn
 
 from .backends.base import Runner
-from .binding import Binder
+from .binding import ArgumentPlan, Binder, call_signature
 from .errors import InvalidInputError
 from .graph import GraphKey
 from .modules import find_module, module_paths, root_modules, set_root
@@ -40,8 +39,10 @@ class Dispatcher:
     A call is bound to the forward's signature first (:mod:`tunetree.binding`), so
     equivalent calls share a graph. An exact signature tuned as such goes straight to its
     runner; otherwise the first ranged graph of the same pattern whose ranges hold the
-    call's sizes serves it. Decisions are remembered per exact signature, so a steady
-    stream of calls costs one key and one dict lookup each.
+    call's sizes serves it. Decisions are remembered per exact signature; for calls of
+    tensors and plain constants (the common case) so is the binding
+    (:class:`~tunetree.binding.ArgumentPlan`), so a steady stream of calls costs a cheap
+    signature (:func:`~tunetree.binding.call_signature`) and one dict lookup each.
     """
 
     def __init__(
@@ -77,7 +78,7 @@ class Dispatcher:
         self._runners = dict(runners)
         self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
         self._routes: dict[GraphKey, Runner | None] = dict(self._exact)
-        self._fast: dict[tuple[Any, ...], Runner | None] = {}
+        self._fast: dict[tuple[Any, ...], tuple[Runner | None, ArgumentPlan]] = {}
         self._ranged: dict[GraphKey, list[tuple[GraphKey, Runner]]] = {}
         for key, runner in self._runners.items():
             if key.is_dynamic:
@@ -100,22 +101,26 @@ class Dispatcher:
                 )
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
-        fast = _fast_key(args) if not kwargs else None
-        runner: Any = self._fast.get(fast, _MISS) if fast is not None else _MISS
-        if runner is not _MISS:  # a canonical call of positional tensors seen before
-            if runner is None:
+        fast = call_signature(args, kwargs)
+        memo = self._fast.get(fast) if fast is not None else None
+        if memo is not None:  # a call of tensors and constants with a signature seen before
+            served, plan = memo
+            if served is None:
                 self.fallback_calls += 1
-                return self.original(*args)
-            return runner(*args)
+                return self.original(*args, **kwargs)
+            bound_args, bound_kwargs = plan.apply(args, kwargs)
+            return served(*bound_args, **bound_kwargs)
         bound_args, bound_kwargs = self.binder.bind(args, kwargs)
         key = GraphKey.of(bound_args, bound_kwargs)
-        runner = self._routes.get(key, _MISS)
+        runner: Any = self._routes.get(key, _MISS)
         if runner is _MISS:
             runner = self.route(key)
-        if fast is not None and bound_args is args:  # the call was canonical already
-            if len(self._fast) >= MEMO_LIMIT:
-                self._fast.clear()
-            self._fast[fast] = runner
+        if fast is not None:
+            learned = ArgumentPlan.learn((args, kwargs), (bound_args, bound_kwargs))
+            if learned is not None:
+                if len(self._fast) >= MEMO_LIMIT:
+                    self._fast.clear()
+                self._fast[fast] = (runner, learned)
         if runner is None:  # exactly as the user called it: a decorator may read keywords
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
@@ -180,19 +185,6 @@ class Dispatcher:
     def __repr__(self) -> str:
         backends = sorted({r.backend.name for r in self.runners.values()})
         return f"Dispatcher({self.path or '<model>'}: {', '.join(backends)})"
-
-
-def _fast_key(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """For a call of positional tensors only (the common case), its dtypes and shapes.
-
-    Cheaper to build than a :class:`GraphKey` and enough to remember the routing decision.
-    """
-    key = []
-    for arg in args:
-        if type(arg) is not torch.Tensor:
-            return None
-        key.append((arg.dtype, arg.shape))
-    return tuple(key)
 
 
 def dispatcher_of(module: nn.Module) -> Dispatcher | None:

@@ -64,9 +64,19 @@ def test_config_and_registration() -> None:
         DeviceGraph(compile=True, compile_mode="reduce-overhead")
 
 
+def test_decode_only_refuses_graphs_without_a_cache_before_capturing() -> None:
+    module = nn.Linear(4, 4).eval()
+    x = torch.randn(2, 4)
+    graph = Graph(key=Sample((x,)).key, samples=[Sample((x,))], outputs=[module(x)])
+    with pytest.raises(BackendError, match="decode steps"):
+        DeviceGraph(compile=True, decode_only=True).build(module, graph, torch.device("cpu"))
+
+
 def test_default_backends_order() -> None:
     cuda = default_backends(CUDA)
     assert cuda[:3] == [Inductor(), Inductor(mode="reduce-overhead"), DeviceGraph()]
+    # decode steps (refused by Inductor) get Inductor's code captured on the static cache
+    assert cuda[3] == DeviceGraph(compile=True, compile_mode=None, decode_only=True)
     assert cuda[-1] == Eager()
     xpu = default_backends(torch.device("xpu"))
     assert xpu[:2] == [Inductor(), DeviceGraph()] and xpu[-1] == Eager()

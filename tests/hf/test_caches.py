@@ -78,3 +78,28 @@ def test_graph_keys_of_caches_hold_shapes_not_identities() -> None:
     assert not key.has_opaque
     assert GraphKey.from_json(key.to_json()) == key
     assert "DynamicCache(4 tensors" in str(key)
+
+
+def test_call_signatures_of_caches_follow_their_tensors_like_graph_keys() -> None:
+    """The dispatcher's cheap signature (issue 22) tells caches apart exactly when GraphKey does,
+    so a decode step on a cache of a known shape skips binding and keying."""
+    from tunetree.binding import ArgumentPlan, Binder, call_signature
+
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    same = [dynamic_cache(1, 4), dynamic_cache(1, 4)]
+    longer, wider = dynamic_cache(1, 5), dynamic_cache(2, 4)
+    signatures = [call_signature((ids,), {"past_key_values": c}) for c in [*same, longer, wider]]
+    keys = [GraphKey.of((ids,), {"past_key_values": c}) for c in [*same, longer, wider]]
+    assert signatures[0] is not None and signatures[0] == signatures[1] and keys[0] == keys[1]
+    assert len(set(signatures)) == len(set(keys)) == 3
+
+    def forward(self, input_ids, past_key_values=None, use_cache=None):  # type: ignore[no-untyped-def]
+        return input_ids
+
+    binder = Binder(forward)
+    call = ((ids,), {"past_key_values": same[0], "use_cache": True})
+    plan = ArgumentPlan.learn(call, binder.bind(*call))
+    assert plan is not None
+    later = ((ids,), {"past_key_values": same[1], "use_cache": True})
+    args, _ = plan.apply(*later)
+    assert args[1] is same[1]  # the cache comes from the call, never from the learned one

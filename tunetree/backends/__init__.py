@@ -29,7 +29,17 @@ def default_backends(device: torch.device) -> list[Backend]:
     Backends that cannot run there are kept; the strategy drops them with one log line.
     """
     if device.type == "cuda":
-        return [Inductor(), Inductor(mode="reduce-overhead"), DeviceGraph(), OnnxRuntime(), Eager()]
+        # Inductor refuses decode steps (a cache object in the inputs): their compiled
+        # candidate is Inductor's code captured in a device graph on the static cache.
+        compiled_decode = DeviceGraph(compile=True, compile_mode=None, decode_only=True)
+        return [
+            Inductor(),
+            Inductor(mode="reduce-overhead"),
+            DeviceGraph(),
+            compiled_decode,
+            OnnxRuntime(),
+            Eager(),
+        ]
     if device.type == "xpu":
         return [Inductor(), DeviceGraph(), OpenVINO(), Eager()]
     return [Inductor(), OpenVINO(), OnnxRuntime(), Eager()]

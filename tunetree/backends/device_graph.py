@@ -399,7 +399,9 @@ class DeviceGraph(Backend):
     bound a call runs eager). ``compile=True`` captures the Inductor-compiled forward
     (``torch.compile(mode=compile_mode)``, a mode that does not capture graphs itself)
     instead of eager. ``clone_outputs=False`` returns the static output tensors
-    themselves: faster, but the next call overwrites them.
+    themselves: faster, but the next call overwrites them. ``decode_only=True`` builds only
+    for graphs whose inputs hold a cache object (decode steps on a static cache, one shape
+    each), where a compiled capture is worth its compile; other graphs get a row saying so.
     """
 
     kind: ClassVar[str] = "device-graph"
@@ -407,6 +409,7 @@ class DeviceGraph(Backend):
     compile_mode: str | None = "max-autotune-no-cudagraphs"
     clone_outputs: bool = True
     max_shapes: int = 16
+    decode_only: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_shapes, int) or self.max_shapes < 1:
@@ -439,6 +442,10 @@ class DeviceGraph(Backend):
         """Capture the recorded sample; for a ranged graph, one capture per recorded shape."""
         if not graph.samples:
             raise BackendError("a device graph needs one recorded sample to capture")
+        if self.decode_only and not any(sample.stateful for sample in graph.samples):
+            raise BackendError(
+                "decode_only: built only for calls that take a cache object (decode steps)"
+            )
         if graph.key.is_dynamic:
             return ShapeSetRunner(self, module, graph.key, device, graph.samples)
         return DeviceGraphRunner(self, module, graph.samples[0], device)
