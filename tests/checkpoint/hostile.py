@@ -72,10 +72,16 @@ def rewrite(
 
 
 def patch_zip_member(
-    path: Path, name: str, *, flags: int | None = None, method: int | None = None
+    path: Path,
+    name: str,
+    *,
+    flags: int | None = None,
+    method: int | None = None,
+    version: int | None = None,
 ) -> None:
-    """Set the flag bits or method of one member in both its local and central headers,
-    as a hand-edited archive would (features the writer never produces)."""
+    """Set the flag bits, method or "version needed to extract" (tenths: 232 is 23.2) of one
+    member in both its local and central headers, as a hand-edited archive would (features
+    the writer never produces)."""
     data = bytearray(path.read_bytes())
     encoded = name.encode()
     for signature, flag_at, name_at in ((b"PK\x03\x04", 6, 30), (b"PK\x01\x02", 8, 46)):
@@ -88,6 +94,8 @@ def patch_zip_member(
                 data[at + flag_at : at + flag_at + 2] = struct.pack("<H", flags)
             if method is not None:
                 data[at + flag_at + 2 : at + flag_at + 4] = struct.pack("<H", method)
+            if version is not None:
+                data[at + flag_at - 2 : at + flag_at] = struct.pack("<H", version)
     path.write_bytes(bytes(data))
 
 
