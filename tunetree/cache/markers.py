@@ -111,11 +111,11 @@ class EntryMarkers:
         return names[:limit]
 
     def prune_families(self, entries: Path) -> int:
-        """Remove family records whose entry is gone, every entry of a family that is not a
-        regular record (a folder, FIFO, link, device or a file of another name), and empty
-        families; returns how many records went.
+        """Remove stale and irregular family records, and empty families; returns how many.
 
-        Nothing is opened: a FIFO opened for reading would block.
+        Stale: its entry is gone. Irregular: not a regular record (a folder, FIFO, link,
+        device, or a file of another name). Nothing is opened: a FIFO opened for reading
+        would block.
         """
         removed = 0
         try:
@@ -148,8 +148,10 @@ def _is_regular(path: Path) -> bool:
 
 
 def _remove_entry(path: Path) -> int:
-    """Remove ``path`` without opening or following it (a folder with what it holds); 1 when
-    it went, 0 when it could not be removed (logged)."""
+    """Remove ``path`` (a folder with what it holds) without opening or following it.
+
+    Returns 1 when it went, 0 when it could not be removed (logged).
+    """
     try:
         if is_real_dir(path):
             shutil.rmtree(path)
