@@ -153,7 +153,7 @@ def test_saved_input_paths_are_checked_against_the_graph_at_load(
     an OpenVINO RuntimeError."""
     path = rewrite(tmp_path / "a.tt", manifest=set_input_paths(*INPUT_PATHS[name]))
     as_recorded(path, monkeypatch)
-    with pytest.raises(tt.BackendError, match="input path|twice"):
+    with pytest.raises(tt.BackendError, match=r"input path|twice"):
         _load(path)
 
 
