@@ -23,7 +23,7 @@ from torch import nn
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner
-from .dtypes import as_numpy, as_torch, numpy_dtype
+from .dtypes import as_numpy, as_torch, carries, numpy_dtype
 from .export_context import attention_as_eager, describe_error, exporting, quiet
 from .files import artifact_file, copy_files
 from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io
@@ -373,11 +373,13 @@ def _served_by(runner: OnnxRuntimeRunner, key: GraphKey) -> GraphKey:
     inputs, outputs = runner.inputs, runner.outputs
     session_inputs = runner.session.get_inputs()
     session_outputs = runner.session.get_outputs()
-    ports = [(p, inputs.dtypes[i]) for p, (_, i) in zip(session_inputs, runner.feeds, strict=True)]
-    ports += list(zip(session_outputs, outputs.dtypes, strict=True))
-    for port, dtype in ports:
+    ports = [
+        (p, inputs.dtypes[i], True) for p, (_, i) in zip(session_inputs, runner.feeds, strict=True)
+    ]
+    ports += [(p, dtype, False) for p, dtype in zip(session_outputs, outputs.dtypes, strict=True)]
+    for port, dtype, exact in ports:
         declared = _ONNX_TYPES.get(port.type)
-        if declared is not None and declared != str(numpy_dtype(dtype)):
+        if declared is not None and not carries(declared, dtype, exact=exact):
             raise BackendError(
                 f"ONNX model's {port.name!r} is {port.type}, the saved record says {dtype}: "
                 "the saved runner does not fit its graph"

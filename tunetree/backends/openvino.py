@@ -31,7 +31,7 @@ from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner
-from .dtypes import as_numpy, as_torch, numpy_dtype
+from .dtypes import as_numpy, as_torch, carries, numpy_dtype
 from .export_context import (
     attention_as_eager,
     describe_error,
@@ -318,15 +318,15 @@ def _served_by(model: Any, inputs: FlatInputs, outputs: FlatOutputs, key: GraphK
             f"the saved records {len(inputs.paths)} and {len(outputs.positions)}"
         )
     ports = [
-        *zip(model.inputs, inputs.dtypes, strict=True),
-        *zip(model.outputs, outputs.dtypes, strict=True),
+        *((port, dtype, True) for port, dtype in zip(model.inputs, inputs.dtypes, strict=True)),
+        *((port, dtype, False) for port, dtype in zip(model.outputs, outputs.dtypes, strict=True)),
     ]
-    for port, dtype in ports:
+    for port, dtype, exact in ports:
         try:
             declared = port.get_element_type().to_dtype()
         except Exception:  # a dynamic element type: OpenVINO takes what it is given
             continue
-        if declared != numpy_dtype(dtype):
+        if not carries(declared, dtype, exact=exact):
             raise BackendError(
                 f"OpenVINO model's {port.get_any_name()!r} is {declared}, the saved record "
                 f"says {dtype}: the saved runner does not fit its graph"
