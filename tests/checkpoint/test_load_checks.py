@@ -96,8 +96,8 @@ def test_the_suite_is_refused_by_load(tmp_path: Path, monkeypatch: pytest.Monkey
     """Every file of the suite is hostile: load refuses each (typed), else the test above
     would prove nothing for it."""
     loaded = []
-    for name, build in SUITE.items():
-        path = build(tmp_path / f"{len(loaded)}.tt")
+    for number, (name, build) in enumerate(SUITE.items()):
+        path = build(tmp_path / f"{number}.tt")
         as_recorded(path, monkeypatch)
         with contextlib.suppress(tt.TunetreeError):
             _load(path)
