@@ -40,6 +40,22 @@ SHA256 = re.compile(r"[0-9a-f]{64}")
 
 _CHUNK = 1 << 20
 
+FLOOR_ELEMENTS = 1 << 26
+"""Tensor elements a load may always allocate on a file's word (256 MiB of float32)."""
+ELEMENTS_PER_BYTE = 4
+"""Beyond :data:`FLOOR_ELEMENTS`, elements per byte of what the load reads (16 bytes of
+float32 per byte of the file, or of the model's weights)."""
+
+
+def allowed_elements(read_bytes: int) -> int:
+    """Most tensor elements a load reading ``read_bytes`` bytes may allocate on their word.
+
+    Graph shapes (placeholder inputs) and saved output shapes come from the file: a real
+    file's are a few times the size of its weights at most, and a hostile one's are refused
+    before anything is allocated, with memory bounded by a small multiple of the file.
+    """
+    return max(FLOOR_ELEMENTS, ELEMENTS_PER_BYTE * max(read_bytes, 0))
+
 
 @dataclass(frozen=True)
 class BackendRecord:
@@ -176,15 +192,27 @@ def load_runner(
     directory: Path,
     device: torch.device,
     backend: Backend | None = None,
+    *,
+    max_elements: int,
 ) -> Runner:
     """Rebuild a saved runner from its files in ``directory`` for ``module``'s graph ``key``.
 
-    ``backend`` (default: built from the record) is the object the runner will report. Errors of the
-    backend's loader propagate unchanged; callers name the context.
+    ``backend`` (default: built from the record) is the object the runner will report. The
+    record is checked first (:meth:`~tunetree.backends.base.Backend.check_saved_runner`,
+    ``max_elements`` from :func:`allowed_elements`). Errors of the backend's loader propagate
+    unchanged; callers name the context. The runner's ``served`` says where it serves less
+    than ``key``.
     """
     if backend is None:
         backend = record.backend.backend()
+    backend.check_saved_runner(key, record.description, max_elements)
     return backend.load(module, key, directory, dict(record.description), device)
+
+
+def parameter_bytes(module: nn.Module) -> int:
+    """Bytes of ``module``'s parameters and buffers (what a load of it reads at least)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def files_under(root: Path) -> list[str]:

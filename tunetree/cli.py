@@ -53,6 +53,11 @@ def _print_info(info: CheckpointInfo) -> None:
     print("\n".join(_flat_lines(info.record)))
     if info.compatible:
         print("comparison with this environment: identical, the checkpoint loads here")
+    elif not info.differences:
+        print(
+            f"comparison with this environment: identical, but tt.load refuses the plan "
+            f"here: {e(info.refusal)}"
+        )
     else:
         print(
             f"comparison with this environment: {len(info.differences)} differing entries "
@@ -83,11 +88,11 @@ def _print_info(info: CheckpointInfo) -> None:
 def info_command(args: argparse.Namespace) -> int:
     """``tunetree info PATH``: describe a checkpoint without loading any weights."""
     from .checkpoint import read_info
-    from .errors import CheckpointError
+    from .errors import TunetreeError
 
     try:
         info = read_info(args.path, ignore=tuple(args.ignore or ()))
-    except CheckpointError as exc:
+    except TunetreeError as exc:  # a damaged or hostile file: the error tt.load raises
         if args.json:
             print(json.dumps({"path": args.path, "error": str(exc)}, indent=2))
         else:

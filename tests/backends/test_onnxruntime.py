@@ -164,3 +164,22 @@ def test_full_size_models_match_eager(model: str) -> None:
     graph = graph_of(module, samples)
     result = compare_all(graph.outputs, run_all(OnnxRuntime().build(module, graph, CPU), graph))
     assert result.ok, result.reason
+
+
+def test_load_checks_the_record_and_the_model_against_the_graph(tmp_path: Path) -> None:
+    """Issue 19: a saved record whose input paths the graph lacks, or a graph whose fixed size
+    the ONNX model does not take, is refused at load, not at the first call."""
+    from tunetree.graph import GraphKey, TensorSpec
+
+    module, samples = mlp(width=8, depth=1, batch=2)
+    graph = graph_of(module, samples)
+    saved = OnnxRuntime().build(module, graph, CPU).save(tmp_path)
+    bad = {**saved, "inputs": {**saved["inputs"], "paths": [[["i", 0], ["i", 3]]]}}
+    with pytest.raises(BackendError, match="input path"):
+        OnnxRuntime().load(module, graph.key, tmp_path, bad, CPU)
+    wider = GraphKey((TensorSpec("f32", (3, 8)),), ())
+    with pytest.raises(BackendError, match="does not fit its graph"):
+        OnnxRuntime().load(module, wider, tmp_path, saved, CPU)
+    loaded = OnnxRuntime().load(module, graph.key, tmp_path, saved, CPU)
+    assert loaded.served is None
+    assert compare_all(graph.outputs, run_all(loaded, graph)).ok

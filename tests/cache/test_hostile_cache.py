@@ -152,3 +152,24 @@ def test_linked_family_records_are_never_followed(cache: Path, tmp_path: Path) -
     assert (outside / ("a" * 40)).read_text() == "keep"
     assert not (store.families / ("b" * 40)).exists()
     assert not (real / ("d" * 40)).is_symlink()  # a record of no entry: pruned
+
+
+@pytest.mark.timeout(120)
+def test_gc_removes_family_records_that_are_not_regular_records(cache: Path) -> None:
+    """Issue 19: a folder and a FIFO placed as family records, named like the cache's own
+    entry (so "the entry is gone" does not catch them): gc removes both, never opening the
+    FIFO (opening it for reading would block), and says how many it removed."""
+    key = _key(cache)
+    store = CacheStore(cache)
+    family = store.families / ("e" * 40)
+    family.mkdir(parents=True, exist_ok=True)
+    (family / key).mkdir()
+    (family / key / "inside").write_text("x")
+    other = store.families / ("f" * 40)
+    other.mkdir()
+    os.mkfifo(other / key)
+    done = _cli(cache, "gc", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["family_records"] == 2
+    assert not (family / key).exists() and not (other / key).exists()
+    assert store.markers.family_members("e" * 40) == []

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.checkpoint.fixtures.make_fixtures import HERE
-from tunetree.checkpoint import loading
+from tunetree.checkpoint import info, loading
 
 SOURCE = HERE / "v1_openvino.tt"
 """A real checkpoint: three OpenVINO entries with artifacts."""
@@ -72,10 +72,16 @@ def rewrite(
 
 
 def patch_zip_member(
-    path: Path, name: str, *, flags: int | None = None, method: int | None = None
+    path: Path,
+    name: str,
+    *,
+    flags: int | None = None,
+    method: int | None = None,
+    version: int | None = None,
 ) -> None:
-    """Set the flag bits or method of one member in both its local and central headers,
-    as a hand-edited archive would (features the writer never produces)."""
+    """Set the flag bits, method or "version needed to extract" (tenths: 232 is 23.2) of one
+    member in both its local and central headers, as a hand-edited archive would (features
+    the writer never produces)."""
     data = bytearray(path.read_bytes())
     encoded = name.encode()
     for signature, flag_at, name_at in ((b"PK\x03\x04", 6, 30), (b"PK\x01\x02", 8, 46)):
@@ -88,6 +94,8 @@ def patch_zip_member(
                 data[at + flag_at : at + flag_at + 2] = struct.pack("<H", flags)
             if method is not None:
                 data[at + flag_at + 2 : at + flag_at + 4] = struct.pack("<H", method)
+            if version is not None:
+                data[at + flag_at - 2 : at + flag_at] = struct.pack("<H", version)
     path.write_bytes(bytes(data))
 
 
@@ -101,8 +109,164 @@ def as_recorded(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     except (ValueError, RecursionError):
         recorded = {}
     monkeypatch.setattr(loading, "environment_record", lambda kinds: recorded)
+    monkeypatch.setattr(info, "environment_record", lambda kinds: recorded)
 
 
 def copy_source(target: Path) -> Path:
     shutil.copyfile(SOURCE, target)
     return target
+
+
+# --- the suite: every hostile file the tests build, by name ------------------------------------
+
+
+def set_input_paths(*paths: list[Any]) -> Callable[[dict[str, Any]], None]:
+    """An edit giving the first entry's runner these input paths (names, dtypes and shapes
+    repeated to match, so only the paths are wrong)."""
+
+    def edit(m: dict[str, Any]) -> None:
+        record = m["entries"][0]["runner"]["inputs"]
+        record["paths"] = [list(p) for p in paths]
+        record["names"] = [f"arg{i}" for i in range(len(paths))]
+        record["dtypes"] = [record["dtypes"][0]] * len(paths)
+        record["shapes"] = [record["shapes"][0]] * len(paths)
+
+    return edit
+
+
+INPUT_PATHS = {
+    "index out of range": [[["i", 0], ["i", 5]]],
+    "attribute of the args tuple": [[["i", 0], ["a", "count"]]],
+    "keyword of the args tuple": [[["k", "x"], ["i", 0]]],
+    "attribute of a tensor": [[["i", 0], ["i", 0], ["a", "T"]]],
+    "keyword that does not exist": [[["i", 1], ["k", "mask"]]],
+    "duplicate": [[["i", 0], ["i", 0]], [["i", 0], ["i", 0]]],
+}
+"""Saved input paths that do not fit the fixture's graph ``(f32[2,8])`` (issue 19)."""
+
+
+def _entry(edit: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    return lambda m: edit(m["entries"][0])
+
+
+def _set_backend(kind: str, config: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    def edit(m: dict[str, Any]) -> None:
+        for entry in m["entries"]:
+            entry["backend"] = {"kind": kind, "config": config, "name": kind}
+
+    return edit
+
+
+def _records_backend(kind: str) -> Callable[[dict[str, Any]], None]:
+    from tunetree.checkpoint.environment import backend_libraries, library_version
+
+    def edit(r: dict[str, Any]) -> None:
+        r["backends"] = sorted({*r["backends"], kind})
+        for lib in backend_libraries(kind):
+            r["versions"][lib] = library_version(lib)
+
+    return edit
+
+
+def _no_structure(m: dict[str, Any]) -> None:
+    outputs = m["entries"][0]["runner"]["outputs"]
+    outputs.pop("structure", None)
+    outputs["spec"] = None
+
+
+def _huge_learnt_graph(m: dict[str, Any]) -> None:
+    m["entries"][0]["graph"]["args"][0]["shape"] = [16384, 16384]
+    _no_structure(m)
+
+
+def _zip(**patch: int) -> Callable[[Path], Path]:
+    def build(target: Path) -> Path:
+        path = rewrite(target)
+        patch_zip_member(path, "runners/0/model.xml", **patch)
+        return path
+
+    return build
+
+
+def _edited(**edits: Any) -> Callable[[Path], Path]:
+    return lambda target: rewrite(target, **edits)
+
+
+SUITE: dict[str, Callable[[Path], Path]] = {
+    "record lacks openvino": _edited(record=lambda r: r["versions"].pop("openvino")),
+    "record lists eager only": _edited(record=lambda r: r.update(backends=["eager"])),
+    "record with fractional cores": _edited(record=lambda r: r["cpu"].update(logical_cores=2.5)),
+    "record without accelerators": _edited(record=lambda r: r.pop("accelerators")),
+    "zip version 23.2": _zip(version=232),
+    "zip strong encryption flag": _zip(flags=0x40),
+    "zip method 99": _zip(method=99),
+    "bzip2 member": _edited(methods={"runners/0/model.bin": zipfile.ZIP_BZIP2}),
+    "member also a directory": _edited(members={"runners/0/model.xml/x": b"boo"}),
+    "deep manifest": _edited(manifest_bytes=b'{"x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"),
+    "huge graph": _edited(
+        manifest=_entry(lambda e: e["graph"]["args"][0].update(shape=[65536, 65536]))
+    ),
+    "huge learnt graph": _edited(manifest=_huge_learnt_graph),
+    "huge output shapes": _edited(
+        manifest=_entry(lambda e: e["runner"]["outputs"].update(shapes=[[1 << 30, 1 << 30]]))
+    ),
+    "large output shapes": _edited(
+        manifest=_entry(lambda e: e["runner"]["outputs"].update(shapes=[[16384, 16384]]))
+    ),
+    "input dtype changed": _edited(
+        manifest=_entry(lambda e: e["runner"]["inputs"].update(dtypes=["float64"]))
+    ),
+    "input rank changed": _edited(
+        manifest=_entry(lambda e: e["runner"]["inputs"].update(shapes=[[2, 8, 1]]))
+    ),
+    "output positions out of range": _edited(
+        manifest=_entry(lambda e: e["runner"]["outputs"].update(positions=[5]))
+    ),
+    "artifact outside the archive": _edited(
+        manifest=_entry(lambda e: e["runner"].update(model="/etc/hostile.xml"))
+    ),
+    "private input attribute": _edited(
+        manifest=_entry(
+            lambda e: e["runner"]["inputs"].update(paths=[[["a", "__class__"], ["i", 0]]])
+        )
+    ),
+    "bad device": _edited(manifest=lambda m: m.update(device="cuda:abc")),
+    "other device type": _edited(manifest=lambda m: m.update(device="meta")),
+    "unknown backend": _edited(manifest=_set_backend("nonesuch", {})),
+    "untrusted inductor option": _edited(
+        manifest=_set_backend(
+            "inductor",
+            {"mode": None, "dynamic": False, "fullgraph": False, "options": [["cpp.cxx", "sh"]]},
+        ),
+        record=_records_backend("inductor"),
+    ),
+    "openvino device naming a path": _edited(
+        manifest=_set_backend("openvino", {"device": "HETERO:/etc/passwd"})
+    ),
+    **{
+        f"input path: {name}": _edited(manifest=set_input_paths(*paths))
+        for name, paths in INPUT_PATHS.items()
+    },
+}
+"""Every hostile file of the suite: a name and how to build it from :data:`SOURCE`."""
+
+
+LOAD_ONLY: dict[str, Callable[[Path], Path]] = {
+    "output dtype changed": _edited(
+        manifest=_entry(lambda e: e["runner"]["outputs"].update(dtypes=["int64"]))
+    ),
+    "fixed size the artifact does not take": _edited(
+        manifest=_entry(lambda e: e["graph"]["args"][0].update(shape=[3, 8]))
+    ),
+    "output structure naming a module": _edited(
+        manifest=_entry(
+            lambda e: e["runner"]["outputs"].update(
+                spec='[1, {"type": "tt_hostile_absent.X", "context": "null", '
+                '"children_spec": [{"type": null, "context": null, "children_spec": []}]}]'
+            )
+        )
+    ),
+}
+"""Hostile files only a load can refuse: the refusal needs the artifacts' contents (a model
+file's element types and static shapes) or the model (an output structure learnt by running
+it), which ``tunetree info`` does not read (it says "members: not verified")."""

@@ -319,6 +319,23 @@ def test_unsupported_zip_features_are_typed(
         _load(path, monkeypatch)
 
 
+@pytest.mark.parametrize("member", ["runners/0/model.xml", "manifest.json"])
+def test_a_zip_version_above_what_zipfile_reads_is_typed(
+    member: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 19: "version needed to extract" 23.2 (found by the fuzzer) made zipfile raise an
+    untyped NotImplementedError from tt.load and a traceback from tunetree info."""
+    path = rewrite(tmp_path / "a.tt")
+    patch_zip_member(path, member, version=232)
+    with pytest.raises(tt.CheckpointError, match="zip"):
+        _load(path, monkeypatch)
+    capsys.readouterr()
+    assert cli_main(["info", str(path)]) == 2
+    assert "version" in capsys.readouterr().err
+    assert cli_main(["info", "--json", str(path)]) == 2
+    assert "error" in json.loads(capsys.readouterr().out)
+
+
 def test_deep_json_is_typed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     deep = b'{"x": ' + b"[" * 200_000 + b"]" * 200_000 + b"}"
     path = rewrite(tmp_path / "a.tt", manifest_bytes=deep)

@@ -31,6 +31,11 @@ from .safe_config import check_plain
 class Runner(ABC):
     """A built candidate: called like the module's forward for one graph."""
 
+    served: GraphKey | None = None
+    """Set by a loader whose artifact serves less than the graph it was loaded for: the
+    narrower graph it does serve, under which the runner is then wrapped (calls outside it
+    take the original forward)."""
+
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 
@@ -123,6 +128,16 @@ class Backend(ABC):
         ``module`` runs its original forward; samples and the module are on ``device``. Raise
         anything on failure: the caller records it.
         """
+
+    def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
+        """Refuse a saved runner record (from a file: untrusted) that does not fit ``key``.
+
+        Runs before anything is read or built, with neither the module nor the artifacts
+        (``tunetree info`` runs it too); ``max_elements`` bounds what the record may make a
+        load allocate. Raises :class:`~tunetree.errors.BackendError`; the default has
+        nothing to check (backends that rebuild from the module alone).
+        """
+        return None
 
     def load(
         self,

@@ -28,6 +28,7 @@ from ..graph import unflatten as unflatten_tree
 from ..hf import cache_objects, is_cache_object, to_data
 from .base import Backend, Runner, original_forward
 from .inductor import compile_unavailable_reason, fresh_entry
+from .ranges import check_placeholders
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that capture CUDA graphs themselves; nesting them in ours fails."""
@@ -449,6 +450,13 @@ class DeviceGraph(Backend):
         if graph.key.is_dynamic:
             return ShapeSetRunner(self, module, graph.key, device, graph.samples)
         return DeviceGraphRunner(self, module, graph.samples[0], device)
+
+    def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
+        """Placeholders shaped like ``key`` within ``max_elements`` (a load captures from them).
+
+        The captures are made from ``key`` itself, so their shapes are the graph's.
+        """
+        check_placeholders(key, max_elements)
 
     def load(
         self,

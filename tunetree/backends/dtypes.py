@@ -53,6 +53,16 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
         ) from exc
 
 
+def carries(declared: Any, dtype: torch.dtype, *, exact: bool) -> bool:
+    """Whether an artifact's declared element type (a numpy dtype or its name) fits ``dtype``.
+
+    An input's must be the very type; an output's one of the same kind (integer, float,
+    bool), since :func:`as_torch` converts widths.
+    """
+    want, got = numpy_dtype(dtype), np.dtype(declared)
+    return got == want if exact else got.kind == want.kind
+
+
 def as_numpy(tensor: torch.Tensor) -> np.ndarray[Any, Any]:
     """A C-contiguous numpy view of ``tensor``.
 

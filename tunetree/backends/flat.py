@@ -28,7 +28,7 @@ from ..hf import loaded_cache_class, to_data, updated_in_place
 from . import structure
 from .base import original_forward
 from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
-from .ranges import example_sample
+from .ranges import check_placeholders, example_sample
 
 MAX_SAVED_TENSORS = 100_000
 """Most inputs, outputs or output leaves a saved runner record may list."""
@@ -74,10 +74,49 @@ class FlatInputs:
         picked = []
         for path in self.paths:
             obj = root
-            for kind, key in path:
-                obj = getattr(obj, key) if kind == "a" else obj[key]
+            try:
+                for kind, key in path:
+                    obj = getattr(obj, key) if kind == "a" else obj[key]
+            except (AttributeError, IndexError, KeyError, TypeError) as exc:
+                raise BackendError(
+                    f"the runner's input path {list(path)!r:.120} does not fit this call "
+                    f"({type(exc).__name__}: {exc}); the saved runner record is damaged"
+                ) from exc
+            if not isinstance(obj, torch.Tensor):
+                raise BackendError(
+                    f"the runner's input path {list(path)!r:.120} leads to a "
+                    f"{type(obj).__name__}, not a tensor; the saved runner record is damaged"
+                )
             picked.append(obj)
         return picked
+
+    def check_against(self, key: GraphKey) -> None:
+        """Refuse a record that does not fit the graph ``key`` it serves.
+
+        Every path must lead to one of the key's tensors (no attribute of a tensor, no index,
+        keyword or attribute the key lacks), no two paths or names may be equal, and each
+        recorded dtype and rank must be that tensor's. BackendError otherwise.
+        """
+        if len(set(self.paths)) != len(self.paths):
+            raise BackendError("saved runner record lists one input path twice")
+        if len(set(self.names)) != len(self.names):
+            raise BackendError("saved runner record lists one input name twice")
+        for path, dtype, shape in zip(self.paths, self.dtypes, self.shapes, strict=True):
+            spec = tensor_at(key, path)
+            if dtype_from_short_name(spec.dtype) != dtype:
+                raise BackendError(
+                    f"saved runner record says input {list(path)!r:.80} is "
+                    f"{dtype_to_name(dtype)}, but the graph has {spec.dtype} there"
+                )
+            if len(shape) != len(spec.shape):  # sizes may differ: an entry borrowed for a
+                raise BackendError(  # narrower range keeps its wider example
+                    f"saved runner record says input {list(path)!r:.80} has shape "
+                    f"{list(shape)!r:.80}, of another rank than the graph's {spec}"
+                )
+
+    def specs(self, key: GraphKey) -> list[TensorSpec]:
+        """The key's tensor spec at each input path (see :meth:`check_against`)."""
+        return [tensor_at(key, path) for path in self.paths]
 
     def subset(self, kept: Sequence[int]) -> FlatInputs:
         """Only the inputs at ``kept`` (a converter dropped the inputs the graph never reads)."""
@@ -98,10 +137,11 @@ class FlatInputs:
         }
 
     @classmethod
-    def from_json(cls, data: Any) -> FlatInputs:
+    def from_json(cls, data: Any, max_elements: int = MAX_SAVED_ELEMENTS) -> FlatInputs:
         """The record :meth:`to_json` wrote, checked as untrusted input.
 
-        See :func:`saved_list`; BackendError when it is malformed.
+        See :func:`saved_list`; BackendError when it is malformed or its shapes hold more than
+        ``max_elements`` elements together. :meth:`check_against` checks it against its graph.
         """
         if not isinstance(data, dict):
             raise BackendError("saved runner record has no inputs object")
@@ -110,7 +150,7 @@ class FlatInputs:
         if not all(isinstance(n, str) and len(n) <= 256 for n in names):
             raise BackendError("saved runner record has input names that are not short strings")
         dtypes = saved_dtypes(data)
-        shapes = saved_shapes(data)
+        shapes = saved_shapes(data, max_elements)
         if not len(paths) == len(names) == len(dtypes) == len(shapes):
             raise BackendError("saved runner record has inputs of unequal counts")
         return cls(paths, tuple(names), dtypes, shapes)
@@ -193,7 +233,12 @@ class FlatOutputs:
 
     @classmethod
     def from_json(
-        cls, data: Any, module: nn.Module, key: GraphKey, device: torch.device
+        cls,
+        data: Any,
+        module: nn.Module,
+        key: GraphKey,
+        device: torch.device,
+        max_elements: int = MAX_SAVED_ELEMENTS,
     ) -> FlatOutputs:
         """The record :meth:`to_json` wrote, checked as untrusted input.
 
@@ -201,19 +246,7 @@ class FlatOutputs:
         deserialiser that imports); named containers, or a structure that was not saved, are
         learnt again by running ``module`` once on zeros shaped like ``key``.
         """
-        if not isinstance(data, dict):
-            raise BackendError("saved runner record has no outputs object")
-        num_leaves = data.get("num_leaves")
-        if isinstance(num_leaves, bool) or not isinstance(num_leaves, int):
-            raise BackendError("saved runner record's outputs lack num_leaves")
-        if not 0 <= num_leaves <= MAX_SAVED_TENSORS:
-            raise BackendError(f"saved runner record has {num_leaves} output leaves")
-        positions = saved_positions(data, num_leaves)
-        constants = saved_constants(data, num_leaves, positions)
-        dtypes = saved_dtypes(data)
-        shapes = saved_shapes(data)
-        if not len(positions) == len(dtypes) == len(shapes):
-            raise BackendError("saved runner record has outputs of unequal counts")
+        num_leaves, positions, constants, dtypes, shapes = _saved_outputs(data, max_elements)
         spec = _saved_spec(data, module, key, device)
         if spec.num_leaves != num_leaves:
             raise BackendError(
@@ -222,6 +255,97 @@ class FlatOutputs:
             )
         template = tuple(constants.get(i) for i in range(num_leaves))
         return cls(spec, template, positions, dtypes, shapes)
+
+
+SavedOutputs = tuple[
+    int, tuple[int, ...], dict[int, Any], tuple[torch.dtype, ...], tuple[tuple[int, ...], ...]
+]
+"""Leaf count, tensor positions, constants, dtypes and shapes of a saved output record."""
+
+
+def _saved_outputs(data: Any, max_elements: int) -> SavedOutputs:
+    """The output record's fields but its structure, checked as untrusted input."""
+    if not isinstance(data, dict):
+        raise BackendError("saved runner record has no outputs object")
+    num_leaves = data.get("num_leaves")
+    if isinstance(num_leaves, bool) or not isinstance(num_leaves, int):
+        raise BackendError("saved runner record's outputs lack num_leaves")
+    if not 0 <= num_leaves <= MAX_SAVED_TENSORS:
+        raise BackendError(f"saved runner record has {num_leaves} output leaves")
+    positions = saved_positions(data, num_leaves)
+    constants = saved_constants(data, num_leaves, positions)
+    dtypes = saved_dtypes(data)
+    shapes = saved_shapes(data, max_elements)
+    if not len(positions) == len(dtypes) == len(shapes):
+        raise BackendError("saved runner record has outputs of unequal counts")
+    return num_leaves, positions, constants, dtypes, shapes
+
+
+def check_saved_io(key: GraphKey, saved: Any, max_elements: int) -> None:
+    """Refuse a flat runner's saved input and output records before anything is built.
+
+    Inputs checked against ``key`` (:meth:`FlatInputs.check_against`), outputs as untrusted
+    records with a closed-vocabulary structure, tensors of both together of at most
+    ``max_elements`` elements. Needs neither the module nor the artifacts (``tunetree info``
+    runs it too). BackendError when a record does not fit.
+    """
+    if not isinstance(saved, dict):
+        raise BackendError("saved runner record is not an object")
+    inputs = FlatInputs.from_json(saved.get("inputs"), max_elements)
+    inputs.check_against(key)
+    left = max_elements - sum(math.prod(s) for s in inputs.shapes)
+    outputs: dict[str, Any] = saved.get("outputs")  # type: ignore[assignment]
+    _saved_outputs(outputs, left)  # refuses anything but an object
+    if outputs.get("structure") is not None:
+        structure.check(outputs["structure"])
+    elif outputs.get("spec") is not None:
+        structure.from_pytree_json(outputs["spec"])
+    else:  # the structure is learnt by running the module on placeholders
+        check_placeholders(key, left)
+
+
+def tensor_at(key: GraphKey, path: Sequence[PathEntry]) -> TensorSpec:
+    """The tensor spec a saved input path leads to in ``key``; BackendError when none.
+
+    The path starts at ``(args, kwargs)``: ``("i", 0)`` then positional arguments,
+    ``("i", 1)`` then keywords; tuples and lists by index, dicts by key, cache objects and
+    dataclasses by attribute. It must end at a tensor and go no further.
+    """
+    sig: Any = ("tuple", (("tuple", key.args), ("dict", key.kwargs)))
+    for kind, step in path:
+        sig = _step(sig, kind, step)
+        if sig is None:
+            raise BackendError(
+                f"saved runner record has an input path {list(path)!r:.120} that the graph "
+                f"{key} does not have ({kind!r}, {step!r:.40} leads nowhere)"
+            )
+    if not isinstance(sig, TensorSpec):
+        raise BackendError(
+            f"saved runner record has an input path {list(path)!r:.120} that does not end at "
+            f"a tensor of the graph {key}"
+        )
+    return sig
+
+
+def _step(sig: Any, kind: str, step: Any) -> Any:
+    """One path entry into a graph signature (see ``graph._leaf_signature``), or None."""
+    if isinstance(sig, TensorSpec) or not isinstance(sig, tuple) or not sig:
+        return None
+    head = sig[0]
+    if kind == "i" and head in ("tuple", "list") and len(sig) == 2:
+        items = sig[1]
+        return items[step] if isinstance(step, int) and 0 <= step < len(items) else None
+    if kind == "k" and head == "dict" and len(sig) == 2:
+        return next((v for k, v in sig[1] if k == str(step)), None)
+    if kind == "a" and head == "data" and len(sig) == 3:
+        return next((v for k, v in sig[2] if k == step), None)
+    plain_heads = ("tuple", "list", "dict", "const", "object", "data")
+    dataclass_like = len(sig) == 2 and isinstance(head, str) and head not in plain_heads
+    if kind == "a" and dataclass_like and isinstance(sig[1], tuple):
+        for field in sig[1]:
+            if isinstance(field, tuple) and len(field) == 2 and field[0] == step:
+                return field[1]
+    return None
 
 
 def _saved_spec(
@@ -442,8 +566,15 @@ def saved_dtypes(data: dict[str, Any]) -> tuple[torch.dtype, ...]:
     return tuple(dtype_from_name(n) for n in names)
 
 
-def saved_shapes(data: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
-    """The ``shapes`` list: sizes in bounds, together at most :data:`MAX_SAVED_ELEMENTS`."""
+def saved_shapes(
+    data: dict[str, Any], max_elements: int = MAX_SAVED_ELEMENTS
+) -> tuple[tuple[int, ...], ...]:
+    """The ``shapes`` list: sizes in bounds, together at most ``max_elements``.
+
+    ``max_elements`` never above :data:`MAX_SAVED_ELEMENTS`; loaders pass a bound from
+    the size of what they read (:func:`tunetree.artifacts.allowed_elements`).
+    """
+    max_elements = min(max_elements, MAX_SAVED_ELEMENTS)
     shapes = []
     total = 0
     for shape in saved_list(data, "shapes"):
@@ -453,10 +584,12 @@ def saved_shapes(data: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
         ):
             raise BackendError("saved runner record has a shape that is not a list of sizes")
         total += math.prod(shape)
-        if total > MAX_SAVED_ELEMENTS:
+        if total > max_elements:
             raise BackendError(
-                f"saved runner record's tensors hold over {MAX_SAVED_ELEMENTS} elements "
-                "(tunetree.backends.flat.MAX_SAVED_ELEMENTS): refused before allocating"
+                f"saved runner record's tensors hold over {max(max_elements, 0)} elements, "
+                "more than a file of this size can account for (tunetree.artifacts."
+                "allowed_elements, at most tunetree.backends.flat.MAX_SAVED_ELEMENTS): "
+                "refused before allocating"
             )
         shapes.append(tuple(shape))
     return tuple(shapes)

@@ -23,12 +23,12 @@ from torch import nn
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner
-from .dtypes import as_numpy, as_torch, numpy_dtype
+from .dtypes import as_numpy, as_torch, carries, numpy_dtype
 from .export_context import attention_as_eager, describe_error, exporting, quiet
 from .files import artifact_file, copy_files
-from .flat import FlatGraph, FlatInputs, FlatOutputs
+from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io
 from .packages import not_installed_reason
-from .ranges import axis_dims, export_dynamic_shapes
+from .ranges import AxisBounds, axis_dims, export_dynamic_shapes, narrowed_to_artifact
 from .safe_config import check_choice, check_count, check_fields, refuse
 from .value_dependence import ValueDependentError, data_dependent_reason, traced_values_checked
 
@@ -110,7 +110,13 @@ class OnnxRuntimeRunner(Runner):
         if self.bind:
             return self.outputs.rebuild(self._run_bound(tensors), (args, kwargs))
         feeds = {name: as_numpy(tensors[i]) for name, i in self.feeds}
-        arrays = self.session.run(self.output_names, feeds)
+        try:
+            arrays = self.session.run(self.output_names, feeds)
+        except Exception as exc:  # onnxruntime's own error types derive from Exception only
+            raise BackendError(
+                f"ONNX Runtime refused this call ({str(exc).strip()[:300]}); the runner "
+                "serves only calls inside its graph"
+            ) from exc
         return self.outputs.rebuild(
             [
                 as_torch(array, dtype, self.device)
@@ -322,16 +328,80 @@ class OnnxRuntime(Backend):
             raise BackendError(f"saved ONNX Runtime runner lists no {_MODEL_FILE}")
         check_external_data(paths[files.index(_MODEL_FILE)], set(files))
         inputs = FlatInputs.from_json(saved.get("inputs"))
+        inputs.check_against(key)
         outputs = FlatOutputs.from_json(saved.get("outputs"), module, key, device)
         # The runner owns a copy (hard links where possible): the checkpoint's directory may
         # be temporary, and the runner can save itself again later.
         own = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
         try:
             copy_files(directory, own, files)
-            return OnnxRuntimeRunner(self, own, inputs, outputs, device, key.is_dynamic)
+            runner = OnnxRuntimeRunner(self, own, inputs, outputs, device, key.is_dynamic)
+            served = _served_by(runner, key)
         except BaseException:
             shutil.rmtree(own, ignore_errors=True)
             raise
+        if served is not key:
+            runner.served = served
+        return runner
+
+    def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
+        """The I/O records against ``key`` (:func:`.check_saved_io`)."""
+        check_saved_io(key, saved, max_elements)
+
+
+_ONNX_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(double)": "float64",
+    "tensor(float16)": "float16",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int16)": "int16",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(bool)": "bool",
+}
+"""ONNX Runtime's element type names, as numpy names."""
+
+
+def _served_by(runner: OnnxRuntimeRunner, key: GraphKey) -> GraphKey:
+    """The part of ``key`` the session serves, checked against what its model declares.
+
+    Every session input and output of the element type its record says, outputs of the
+    recorded ranks and fixed sizes; the inputs' fixed sizes narrow ``key``'s ranges (a
+    symbolic axis takes any size). BackendError on a mismatch.
+    """
+    inputs, outputs = runner.inputs, runner.outputs
+    session_inputs = runner.session.get_inputs()
+    session_outputs = runner.session.get_outputs()
+    ports = [
+        (p, inputs.dtypes[i], True) for p, (_, i) in zip(session_inputs, runner.feeds, strict=True)
+    ]
+    ports += [(p, dtype, False) for p, dtype in zip(session_outputs, outputs.dtypes, strict=True)]
+    for port, dtype, exact in ports:
+        declared = _ONNX_TYPES.get(port.type)
+        if declared is not None and not carries(declared, dtype, exact=exact):
+            raise BackendError(
+                f"ONNX model's {port.name!r} is {port.type}, the saved record says {dtype}: "
+                "the saved runner does not fit its graph"
+            )
+    for port, shape in zip(session_outputs, outputs.shapes, strict=True):
+        fixed = port.shape if isinstance(port.shape, list) else None
+        if fixed is not None and (
+            len(fixed) != len(shape)
+            or any(isinstance(d, int) and d != n for d, n in zip(fixed, shape, strict=True))
+        ):
+            raise BackendError(
+                f"ONNX model's output {port.name!r} has shape {fixed}, the saved record "
+                f"{list(shape)}: the saved runner does not fit its graph"
+            )
+    bounds: list[list[AxisBounds] | None] = []
+    for port in session_inputs:
+        if not isinstance(port.shape, list):
+            bounds.append(None)
+            continue
+        bounds.append([(d, d) if isinstance(d, int) else (1, None) for d in port.shape])
+    specs = [inputs.specs(key)[i] for _, i in runner.feeds]
+    return narrowed_to_artifact(key, specs, bounds, "the saved ONNX model")
 
 
 def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:

@@ -31,7 +31,7 @@ from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner
-from .dtypes import as_numpy, as_torch, numpy_dtype
+from .dtypes import as_numpy, as_torch, carries, numpy_dtype
 from .export_context import (
     attention_as_eager,
     describe_error,
@@ -40,9 +40,9 @@ from .export_context import (
     quiet,
 )
 from .files import artifact_file
-from .flat import FlatGraph, FlatInputs, FlatOutputs, used_inputs
+from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io, used_inputs
 from .packages import not_installed_reason
-from .ranges import AxisDims, axis_dims, export_dynamic_shapes
+from .ranges import AxisBounds, AxisDims, axis_dims, export_dynamic_shapes, narrowed_to_artifact
 from .safe_config import check_choice, check_count, check_fields, check_pattern, check_scalar
 from .value_dependence import ValueDependentError, data_dependent_reason, traced_values_checked
 
@@ -144,8 +144,14 @@ class OpenVINORunner(Runner):
         """Run the infer request on the picked inputs and rebuild eager's output structure."""
         arrays = [as_numpy(t) for t in self.inputs.pick(args, kwargs)]
         with self.lock:
-            # share_outputs=False: OpenVINO copies results into new arrays that we own.
-            results = self.request.infer(arrays, share_inputs=True, share_outputs=False)
+            try:
+                # share_outputs=False: OpenVINO copies results into new arrays that we own.
+                results = self.request.infer(arrays, share_inputs=True, share_outputs=False)
+            except RuntimeError as exc:
+                raise BackendError(
+                    f"OpenVINO refused this call ({str(exc).strip()[:300]}); the runner "
+                    "serves only calls inside its graph"
+                ) from exc
             values = results.to_tuple()
         tensors = [
             as_torch(value, dtype, self.device)
@@ -281,10 +287,73 @@ class OpenVINO(Backend):
         model_file = artifact_file(directory, saved.get("model"), ".xml")
         artifact_file(directory, model_file.with_suffix(".bin").name)
         inputs = FlatInputs.from_json(saved.get("inputs"))
+        inputs.check_against(key)
         outputs = FlatOutputs.from_json(saved.get("outputs"), module, key, device)
         with private_home():
             model = _core().read_model(str(model_file))
-        return OpenVINORunner(self, model, inputs, outputs, device)
+        served = _served_by(model, inputs, outputs, key)
+        runner = OpenVINORunner(self, model, inputs, outputs, device)
+        if served is not key:
+            runner.served = served
+        return runner
+
+    def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
+        """The model's file name and the I/O records against ``key`` (:func:`.check_saved_io`)."""
+        name = saved.get("model") if isinstance(saved, dict) else None
+        if not isinstance(name, str) or not name.endswith(".xml") or Path(name).name != name:
+            raise BackendError(f"refusing artifact name {str(name)[:80]!r}: not a plain file name")
+        check_saved_io(key, saved, max_elements)
+
+
+def _served_by(model: Any, inputs: FlatInputs, outputs: FlatOutputs, key: GraphKey) -> GraphKey:
+    """The part of ``key`` a saved OpenVINO model serves, checked against what it declares.
+
+    Its inputs and outputs must be as many as the records say, of their element types; its
+    inputs' partial shapes narrow ``key``'s ranges (:func:`.narrowed_to_artifact`), so a call
+    the model would refuse takes the original forward. BackendError on a mismatch.
+    """
+    if len(model.inputs) != len(inputs.paths) or len(model.outputs) != len(outputs.positions):
+        raise BackendError(
+            f"OpenVINO model has {len(model.inputs)} inputs and {len(model.outputs)} outputs, "
+            f"the saved records {len(inputs.paths)} and {len(outputs.positions)}"
+        )
+    ports = [
+        *((port, dtype, True) for port, dtype in zip(model.inputs, inputs.dtypes, strict=True)),
+        *((port, dtype, False) for port, dtype in zip(model.outputs, outputs.dtypes, strict=True)),
+    ]
+    for port, dtype, exact in ports:
+        try:
+            declared = port.get_element_type().to_dtype()
+        except Exception:  # a dynamic element type: OpenVINO takes what it is given
+            continue
+        if not carries(declared, dtype, exact=exact):
+            raise BackendError(
+                f"OpenVINO model's {port.get_any_name()!r} is {declared}, the saved record "
+                f"says {dtype}: the saved runner does not fit its graph"
+            )
+    bounds: list[list[AxisBounds] | None] = []
+    for port in model.inputs:
+        shape = port.get_partial_shape()
+        if shape.rank.is_dynamic:
+            bounds.append(None)
+            continue
+        axes: list[AxisBounds] = []
+        for dim in shape:
+            if dim.is_static:
+                axes.append((dim.get_length(), dim.get_length()))
+            else:
+                high = dim.get_max_length()
+                axes.append((max(dim.get_min_length(), 0), high if high >= 0 else None))
+        bounds.append(axes)
+    served = narrowed_to_artifact(key, inputs.specs(key), bounds, "the saved OpenVINO model")
+    if served is not key:
+        log.warning(
+            "the saved OpenVINO model serves %s only, not all of %s (the file's ranges were "
+            "wider than its model): calls outside run the original forward",
+            served,
+            key,
+        )
+    return served
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,13 +11,14 @@ which is the order of the tensor leaves of ``(args, kwargs sorted by name)``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..errors import BackendError
-from ..graph import Dim, Graph, GraphKey, Sample, flatten, resize_axis, unflatten
+from ..graph import Dim, Graph, GraphKey, Sample, TensorSpec, flatten, resize_axis, unflatten
 
 AxisDims = dict[int, Dim]
 """The dynamic axes of one tensor input: axis -> its dimension."""
@@ -136,3 +137,83 @@ def export_dynamic_shapes(key: GraphKey) -> tuple[tuple[dict[int, Any], ...]] | 
 def describe_ranges(key: GraphKey) -> str:
     """The graph's dimensions in one phrase, e.g. ``batch 1..64, seq 8..256``."""
     return ", ".join(str(dim) for dim in key.dims().values())
+
+
+def placeholder_elements(key: GraphKey) -> int:
+    """Elements of the placeholder tensors a loader makes from ``key`` alone.
+
+    Every tensor at :meth:`~tunetree.graph.TensorSpec.example_shape`, to refuse a huge one
+    before making it.
+    """
+    return sum(math.prod(spec.example_shape()) for spec in key.tensor_specs())
+
+
+def check_placeholders(key: GraphKey, max_elements: int) -> None:
+    """BackendError when placeholders shaped like ``key`` would hold over ``max_elements``."""
+    elements = placeholder_elements(key)
+    if elements > max_elements:
+        raise BackendError(
+            f"rebuilding the runner would allocate placeholder inputs of {elements} elements "
+            f"for the graph {key}, over the {max_elements} elements a file of this size can "
+            "account for (tunetree.artifacts.allowed_elements): refused before allocating"
+        )
+
+
+AxisBounds = tuple[int, int | None]
+"""The sizes an artifact's input axis takes: from ``min`` to ``max`` (None: unbounded)."""
+
+
+def narrowed_to_artifact(
+    key: GraphKey,
+    specs: Sequence[TensorSpec],
+    bounds: Sequence[Sequence[AxisBounds] | None],
+    what: str,
+) -> GraphKey:
+    """``key`` with each range narrowed to what an artifact's inputs declare they take.
+
+    ``specs`` are the key's tensors the artifact's inputs read and ``bounds`` what the
+    artifact declares for each (None: any rank and size). A fixed size, or a rank, that the
+    artifact does not take, or a range left empty, is a BackendError naming ``what``; the
+    key itself comes back when nothing narrows.
+    """
+    narrowed = dict(key.dims())
+    for number, (spec, axes) in enumerate(zip(specs, bounds, strict=True)):
+        if axes is None:
+            continue
+        if len(axes) != len(spec.shape):
+            raise BackendError(
+                f"{what}'s input {number} has rank {len(axes)}, the graph's {spec} rank "
+                f"{len(spec.shape)}: the saved runner does not fit its graph"
+            )
+        for axis, (size, (low, high)) in enumerate(zip(spec.shape, axes, strict=True)):
+            if not isinstance(size, Dim):
+                if size < low or (high is not None and size > high):
+                    raise BackendError(
+                        f"{what}'s input {number} takes sizes {low}..{high or 'any'} on axis "
+                        f"{axis}, where the graph's {spec} has {size}: the saved runner does "
+                        "not fit its graph"
+                    )
+                continue
+            now = narrowed[size.name]
+            top = now.max if high is None else min(now.max, high)
+            bottom = max(now.min, low)
+            if bottom > top:
+                raise BackendError(
+                    f"{what} serves no size of {size} (its input {number} takes "
+                    f"{low}..{high or 'any'} on axis {axis}): the saved runner does not fit "
+                    "its graph"
+                )
+            narrowed[size.name] = Dim(size.name, bottom, top)
+    if narrowed == key.dims():
+        return key
+    return GraphKey(_with_dims(key.args, narrowed), _with_dims(key.kwargs, narrowed))
+
+
+def _with_dims(sig: Any, dims: Mapping[str, Dim]) -> Any:
+    """A signature with every :class:`Dim` replaced by the one of its name in ``dims``."""
+    if isinstance(sig, TensorSpec):
+        shape = tuple(dims[s.name] if isinstance(s, Dim) else s for s in sig.shape)
+        return TensorSpec(sig.dtype, shape)
+    if isinstance(sig, tuple) and not (len(sig) == 3 and sig[0] in ("const", "object")):
+        return tuple(_with_dims(part, dims) for part in sig)
+    return sig

@@ -111,7 +111,8 @@ def gc_command(args: argparse.Namespace) -> int:
     print(
         f"removed {report.temporaries} orphaned temporaries, {report.invalid_entries} invalid "
         f"entries, {report.evicted_entries} least recently used entries, {report.artifacts} "
-        f"unreferenced artifacts, {report.trash} trashed entries; "
+        f"unreferenced artifacts, {report.trash} trashed entries, {report.family_records} "
+        f"stale or irregular family records; "
         f"{format_size(report.size_before)} -> {format_size(report.size_after)}"
     )
     return 0

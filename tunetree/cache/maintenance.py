@@ -56,6 +56,8 @@ class GcReport:
     evicted_entries: int = 0
     artifacts: int = 0
     trash: int = 0
+    family_records: int = 0
+    """Family records removed: of entries that are gone, or not regular records."""
     freed_bytes: int = 0
     size_before: int = 0
     size_after: int = 0
@@ -144,7 +146,7 @@ def gc(store: CacheStore, max_size: int | None = None) -> GcReport:
         for path in store.hits.iterdir():
             if not (store.entries / path.name).exists():
                 path.unlink(missing_ok=True)
-    store.markers.prune_families(store.entries)
+    report.family_records = store.markers.prune_families(store.entries)
     report.size_after = store.size()
     report.freed_bytes = max(0, report.size_before - report.size_after)
     return report

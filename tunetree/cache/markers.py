@@ -13,6 +13,8 @@ import contextlib
 import json
 import logging
 import os
+import shutil
+import stat
 import time
 import uuid
 from pathlib import Path
@@ -109,20 +111,56 @@ class EntryMarkers:
         return names[:limit]
 
     def prune_families(self, entries: Path) -> int:
-        """Remove family records whose entry is gone, and empty families; returns how many."""
+        """Remove stale and irregular family records, and empty families; returns how many.
+
+        Stale: its entry is gone. Irregular: not a regular record (a folder, FIFO, link,
+        device, or a file of another name). Nothing is opened: a FIFO opened for reading
+        would block.
+        """
         removed = 0
-        with contextlib.suppress(OSError):
-            for directory in self.families.iterdir():
-                if not is_real_dir(directory):
-                    directory.unlink(missing_ok=True)
-                    continue
-                for record in directory.iterdir():
-                    if not (entries / record.name).exists():
-                        record.unlink(missing_ok=True)
-                        removed += 1
-                with contextlib.suppress(OSError):
-                    directory.rmdir()  # only when empty
+        try:
+            families = list(self.families.iterdir())
+        except OSError:
+            return 0
+        for directory in families:
+            if not is_real_dir(directory):
+                _remove_entry(directory)
+                continue
+            try:
+                records = list(directory.iterdir())
+            except OSError:
+                continue
+            for record in records:
+                regular = _is_name(record.name) and _is_regular(record)
+                if not regular or not (entries / record.name).exists():
+                    removed += _remove_entry(record)
+            with contextlib.suppress(OSError):
+                directory.rmdir()  # only when empty
         return removed
+
+
+def _is_regular(path: Path) -> bool:
+    """Whether ``path`` is a regular file itself (not a link, folder, FIFO or device)."""
+    try:
+        return stat.S_ISREG(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
+def _remove_entry(path: Path) -> int:
+    """Remove ``path`` (a folder with what it holds) without opening or following it.
+
+    Returns 1 when it went, 0 when it could not be removed (logged).
+    """
+    try:
+        if is_real_dir(path):
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    except OSError as exc:
+        log.warning("tuning cache: cannot remove %s: %s", path, exc)
+        return 0
+    return 1
 
 
 def _is_name(text: str) -> bool:

@@ -11,9 +11,17 @@ import logging
 
 import torch
 
-from ..artifacts import SavedRunner, load_runner, remove_tree, remove_with
+from ..artifacts import (
+    SavedRunner,
+    allowed_elements,
+    load_runner,
+    parameter_bytes,
+    remove_tree,
+    remove_with,
+)
 from ..backends.base import Backend, Runner
 from ..compare import Comparison, compare_all
+from ..errors import BackendError
 from ..evaluate import CandidateRow, GraphSession, Status
 from ..graph import detach_clone
 from ..strategy import Strategy
@@ -65,10 +73,20 @@ def load_candidate(
         return None
     directory = store.materialize(artifact.files)
     saved = SavedRunner(record.backend, artifact.description or {}, artifact.files)
+    stored = sum(f.size for f in artifact.files) + parameter_bytes(session.module)
     try:
+        key = session.graph.key
         runner = load_runner(
-            saved, session.module, session.graph.key, directory, session.device, row.backend
+            saved,
+            session.module,
+            key,
+            directory,
+            session.device,
+            row.backend,
+            max_elements=allowed_elements(stored),
         )
+        if runner.served is not None and not runner.served.covers(key):
+            raise BackendError(f"its artifact serves {runner.served} only, not {key}")
         comparison = _validate(session, row.backend, runner)
     except Exception as exc:
         remove_tree(directory)

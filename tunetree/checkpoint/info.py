@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import IncompatibleCheckpointError
+from .compat import check_plan, read_bytes, tuned_device
 from .environment import Difference, compare_records, environment_record
-from .format import Manifest
+from .format import EnvironmentMismatchError, Manifest
 from .reader import open_source, read_header, read_manifest
 
 
@@ -22,11 +24,18 @@ class CheckpointInfo:
     record: dict[str, Any]
     differences: list[Difference]
     manifest: Manifest
+    refusal: str | None = None
+    """Why ``tt.load`` refuses the plan here though the record matches (a backend this
+    environment lacks or does not know), or None."""
 
     @property
     def compatible(self) -> bool:
-        """True when this environment matches the record (the file would load here)."""
-        return not self.differences
+        """True when this environment matches the record and passes the plan's checks.
+
+        Those are every check ``tt.load`` makes before reading members
+        (:func:`.compat.check_plan`).
+        """
+        return not self.differences and self.refusal is None
 
     def plan_rows(self) -> list[dict[str, Any]]:
         """One row per plan entry: module path, graph, backend, latencies."""
@@ -49,6 +58,7 @@ class CheckpointInfo:
             "format_version": self.version,
             "environment": self.record,
             "compatible": self.compatible,
+            "refusal": self.refusal,
             "members_verified": False,
             "differences": [d.to_json() for d in self.differences],
             "depth": self.manifest.depth,
@@ -62,15 +72,25 @@ class CheckpointInfo:
 def read_info(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> CheckpointInfo:
     """Version, environment record, comparison with this environment, and manifest of a checkpoint.
 
-    Reads the header and the manifest only (no weights, no artifacts); raises like :func:`load` for
-    another format version or a damaged file, but not for another environment (see
-    :attr:`CheckpointInfo.differences`).
+    Reads the header and the manifest only (no weights, no artifacts) and runs the checks
+    :func:`load` makes of the plan (:func:`.compat.check_plan`); raises like :func:`load` for
+    another format version, a damaged file or a runner record that does not fit its graph
+    (:class:`~tunetree.errors.BackendError`), but not for another environment (see
+    :attr:`CheckpointInfo.differences` and :attr:`CheckpointInfo.refusal`).
     """
     path = Path(os.fspath(path))
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     header = read_header(path)
     running = environment_record(header.record["backends"])
     differences = compare_records(header.record, running, ignore)
+    refusal = None
     with open_source(path, header) as source:
         manifest = read_manifest(source, header)
-    return CheckpointInfo(path, header.version, header.record, differences, manifest)
+        try:
+            size = read_bytes(path, source, manifest)
+            check_plan(path, header.record, manifest, tuned_device(manifest), size)
+        except EnvironmentMismatchError:
+            raise
+        except IncompatibleCheckpointError as exc:
+            refusal = str(exc)
+    return CheckpointInfo(path, header.version, header.record, differences, manifest, refusal)

@@ -11,20 +11,25 @@ from typing import Any
 
 import torch
 
-from ..artifacts import SavedRunner, load_runner, remove_with
-from ..backends.base import Runner
+from ..artifacts import SavedRunner, allowed_elements, load_runner, remove_with
+from ..backends.base import Backend, Runner
 from ..errors import (
     BackendError,
-    BackendUnavailableError,
     CheckpointError,
     IncompatibleCheckpointError,
     InvalidInputError,
-    UntrustedConfigError,
 )
 from ..graph import GraphKey
 from ..modules import find_module, resolve_device, root_modules
 from ..wrap import wrap, wrapped_paths
-from .environment import compare_records, environment_record, unrecorded_libraries
+from .compat import (
+    check_plan,
+    needed_entries,
+    read_bytes,
+    tuned_device,
+    where,
+)
+from .environment import compare_records, environment_record
 from .format import RUNNERS, EntryRecord, Manifest
 from .reader import (
     Budget,
@@ -73,16 +78,22 @@ def load(
         raise environment_error(path, differences)
     with open_source(path, header) as source:
         manifest = read_manifest(source, header)
-        _check_recorded_libraries(path, header.record, manifest)
         dev = _target_device(model, device, manifest)
-        return _load_from(model, source, manifest, dev, trust_config)
+        size = read_bytes(path, source, manifest)
+        backends = check_plan(path, header.record, manifest, dev, size, trust_config)
+        return _load_from(model, source, manifest, dev, backends, size)
 
 
 def _load_from(
-    model: Any, source: Source, manifest: Manifest, dev: torch.device, trust_config: bool
+    model: Any,
+    source: Source,
+    manifest: Manifest,
+    dev: torch.device,
+    backends: dict[int, Backend],
+    size: int,
 ) -> Any:
     """Extract the weights and the needed entries' members, apply and wrap."""
-    needed = _needed_entries(manifest)
+    needed = needed_entries(manifest)
     workdir = Path(tempfile.mkdtemp(prefix="tunetree-load-"))
     keep = False
     try:
@@ -93,7 +104,8 @@ def _load_from(
                 extract(source, name, manifest, workdir, budget)
         _apply_weights(model, weights_file, dev)
         weights_file.unlink()
-        runners = _load_runners(model, manifest, needed, workdir, dev, trust_config)
+        max_elements = allowed_elements(size)
+        runners = _load_runners(model, manifest, backends, workdir, dev, max_elements)
         tuned = wrap(model, runners)
         keep = any(manifest.entries[n].members for n in needed)
         if keep:
@@ -102,18 +114,6 @@ def _load_from(
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _check_recorded_libraries(path: Path, record: dict[str, Any], manifest: Manifest) -> None:
-    """Every backend the plan rebuilds, and each of its libraries, must be in the record."""
-    kinds = [manifest.entries[n].backend.kind for n in _needed_entries(manifest)]
-    missing = unrecorded_libraries(record, kinds)
-    if missing:
-        raise CheckpointError(
-            f"{path}: the environment record does not list what the plan needs "
-            f"({'; '.join(missing[:8])}), so the environment cannot be compared: the file "
-            "is damaged or was altered"
-        )
 
 
 def _target_device(
@@ -125,27 +125,13 @@ def _target_device(
             module.to(device)
     dev = resolve_device(model, device)
     tuned = manifest.device
-    try:
-        tuned_type = torch.device(tuned).type
-    except RuntimeError as exc:
-        raise CheckpointError(f"the manifest's device {tuned!r} is not a torch device") from exc
-    if tuned_type != dev.type:
+    if tuned_device(manifest).type != dev.type:
         raise IncompatibleCheckpointError(
             f"the checkpoint was tuned on {tuned} but the model is loaded on {dev}: runners "
             f"measured on one device type do not hold on another. Load with device={tuned!r} "
             "(or move the model there first), or tune again on this device."
         )
     return dev
-
-
-def _needed_entries(manifest: Manifest) -> list[int]:
-    """Entries to rebuild: those of paths that are wrapped.
-
-    A path is wrapped where some graph's winner is not eager (as :meth:`Plan.runners` decides). The
-    others need nothing from the file.
-    """
-    wrapped = {e.path for e in manifest.entries if e.backend.kind != "eager"}
-    return [n for n, e in enumerate(manifest.entries) if e.path in wrapped]
 
 
 def _apply_weights(model: Any, weights_file: Path, device: torch.device) -> None:
@@ -188,46 +174,36 @@ def _apply_weights(model: Any, weights_file: Path, device: torch.device) -> None
 def _load_runners(
     model: Any,
     manifest: Manifest,
-    needed: list[int],
+    backends: dict[int, Backend],
     workdir: Path,
     device: torch.device,
-    trust_config: bool,
+    max_elements: int,
 ) -> dict[str, dict[GraphKey, Runner]]:
+    """The needed entries' runners by path and graph.
+
+    A narrower graph where a runner's artifact serves less than its entry's (see
+    :attr:`Runner.served`).
+    """
     runners: dict[str, dict[GraphKey, Runner]] = {}
-    for n in needed:
+    for n, backend in backends.items():
         entry = manifest.entries[n]
         directory = workdir.joinpath(RUNNERS, str(n))
         directory.mkdir(parents=True, exist_ok=True)
-        runners.setdefault(entry.path, {})[entry.graph] = _load_entry(
-            model, entry, directory, device, trust_config
-        )
+        runner = _load_entry(model, entry, backend, directory, device, max_elements)
+        runners.setdefault(entry.path, {})[runner.served or entry.graph] = runner
     return runners
 
 
 def _load_entry(
-    model: Any, entry: EntryRecord, directory: Path, device: torch.device, trust_config: bool
+    model: Any,
+    entry: EntryRecord,
+    backend: Backend,
+    directory: Path,
+    device: torch.device,
+    max_elements: int,
 ) -> Runner:
     """One entry's runner, each failure named with the module path and graph."""
-    path, key, kind = entry.path, entry.graph, entry.backend.kind
-    where = f"{path or '<model>'} {key}"
-    try:
-        backend = entry.backend.backend(trust_config=trust_config)
-    except UntrustedConfigError as exc:
-        raise UntrustedConfigError(f"{where}: {exc}") from exc
-    except BackendUnavailableError as exc:
-        raise IncompatibleCheckpointError(
-            f"{where} uses backend {kind!r}, which this tunetree does not know; load with "
-            "the tunetree release that saved it, or tune again"
-        ) from exc
-    except Exception as exc:
-        raise CheckpointError(
-            f"{where}: the saved {kind} configuration is not valid here ({exc})"
-        ) from exc
-    reason = backend.unavailable_reason(device)
-    if reason is not None:
-        raise IncompatibleCheckpointError(
-            f"{where} uses {backend.name}, unavailable here: {reason}"
-        )
+    path, key = entry.path, entry.graph
     try:
         module = find_module(model, path)
     except (InvalidInputError, AttributeError) as exc:
@@ -236,9 +212,11 @@ def _load_entry(
         ) from exc
     saved = SavedRunner(entry.backend, entry.runner)
     try:
-        return load_runner(saved, module, key, directory, device, backend=backend)
+        return load_runner(
+            saved, module, key, directory, device, backend=backend, max_elements=max_elements
+        )
     except Exception as exc:
         raise BackendError(
-            f"could not rebuild the saved {backend.name} runner of {where}: "
+            f"could not rebuild the saved {backend.name} runner of {where(entry)}: "
             f"{type(exc).__name__}: {exc}"
         ) from exc

@@ -202,6 +202,12 @@ class ZipSource(Source):
     def __init__(self, path: Path, archive_offset: int) -> None:
         try:
             self.zip = zipfile.ZipFile(path)
+        except NotImplementedError as exc:  # e.g. "zip file version 23.2" (version needed)
+            raise CheckpointError(
+                f"{path}: the archive uses a zip feature this reader does not implement "
+                f"({exc}); tunetree never writes such archives: the file is damaged or was "
+                "altered. Copy it again or save a new checkpoint."
+            ) from exc
         except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
             raise CheckpointError(
                 f"{path}: the archive after the header cannot be read ({exc}); the file is "
@@ -265,6 +271,12 @@ def check_zip_features(path: Path, info: zipfile.ZipInfo) -> None:
     Any method but stored and deflate is refused (bzip2 and LZMA decompress without an output bound,
     others are not implemented and fail untyped).
     """
+    if info.extract_version > zipfile.MAX_EXTRACT_VERSION:
+        raise CheckpointError(
+            f"{path}: member {info.filename!r} needs zip version "
+            f"{info.extract_version / 10:.1f} to extract (this reader supports up to "
+            f"{zipfile.MAX_EXTRACT_VERSION / 10:.1f}); tunetree never writes such members"
+        )
     if info.flag_bits & _UNSUPPORTED_FLAGS:
         raise CheckpointError(
             f"{path}: member {info.filename!r} is encrypted or patched (zip flags "
@@ -310,7 +322,7 @@ def read_member(source: Source, name: str, limit: int) -> bytes:
     try:
         with source.open(name) as f:
             data = f.read(limit + 1)
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError) as exc:
         raise CheckpointError(
             f"member {name!r} is damaged ({exc}): copy the checkpoint again or save a new one"
         ) from exc
@@ -390,7 +402,7 @@ def extract(source: Source, name: str, manifest: Manifest, root: Path, budget: B
                     raise CheckpointError(f"member {name!r} holds more bytes than declared")
                 h.update(chunk)
                 out.write(chunk)
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError) as exc:
         raise CheckpointError(
             f"member {name!r} is damaged ({exc}): copy the checkpoint again or save a new one"
         ) from exc
