@@ -50,7 +50,7 @@ def test_info_text(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "format version: 1" in out
     assert f"versions.torch: {torch.__version__}" in out and "host: " in out
-    assert "identical, the checkpoint loads here" in out
+    assert "identical; the plan passes every check tt.load makes" in out
     assert "plan (3 entries)" in out
     for path in ("0 ", "1 ", "2 "):
         assert f"\n{path}" in out

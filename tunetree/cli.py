@@ -52,7 +52,10 @@ def _print_info(info: CheckpointInfo) -> None:
     print("environment record (where it was tuned):")
     print("\n".join(_flat_lines(info.record)))
     if info.compatible:
-        print("comparison with this environment: identical, the checkpoint loads here")
+        print(
+            "comparison with this environment: identical; the plan passes every check "
+            "tt.load makes before it reads members (members' contents: tt.load checks them)"
+        )
     elif not info.differences:
         print(
             f"comparison with this environment: identical, but tt.load refuses the plan "
