@@ -43,7 +43,7 @@ from torch import nn
 
 import tunetree as tt
 from tunetree._table import format_seconds, format_table
-from tunetree.graph import Sample
+from tunetree.graph import Sample, detach_clone
 from tunetree.measure import MeasureConfig, measure
 from tunetree.modules import synchronize
 from tunetree.wrap import dispatcher_of
@@ -205,6 +205,17 @@ def compiled(name: str, model: nn.Module, **options: Any) -> Approach:
     return Approach(name, fn, builds=lambda: _unique_graphs() - start)
 
 
+def reduce_overhead(model: nn.Module) -> Approach:
+    """``torch.compile(mode="reduce-overhead")`` (CUDA graphs), outputs cloned between calls: a
+    replay overwrites the previous call's outputs, and a caller keeping them needs copies."""
+    inner = compiled("compile-reduce-overhead", model, mode="reduce-overhead")
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return detach_clone(inner.fn(*args, **kwargs))
+
+    return dataclasses.replace(inner, fn=run)
+
+
 def openvino_manual(work: Workload, calls: list[Sample], device: torch.device) -> Approach:
     """Export once with Dims over the trace's ranges, convert to OpenVINO, compile for CPU."""
     if device.type != "cpu":
@@ -359,6 +370,11 @@ def approaches(
         ("eager", lambda: Approach("eager", work.model)),
         ("compile-dynamic", lambda: compiled("compile-dynamic", work.model, dynamic=True)),
         ("compile-default", lambda: compiled("compile-default", work.model)),
+        *(
+            [("compile-reduce-overhead", lambda: reduce_overhead(work.model))]
+            if device.type == "cuda"
+            else []
+        ),
         ("openvino-manual", lambda: openvino_manual(work, calls, device)),
         ("tunetree", lambda: tunetree_auto(work, calls, quick, max_depth)),
     ]

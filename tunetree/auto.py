@@ -25,14 +25,16 @@ from typing import Any
 import torch
 
 from ._table import format_seconds, format_table
+from .binding import Binder
 from .budget import TIME_BUDGET_ERROR, Deadline, now
 from .cache import open_cache
 from .compare import Tolerances, compare_all
 from .endtoend import UNTUNED, load_text, runtime_name, side_by_side, single_runtime_plan, too_noisy
 from .errors import InvalidInputError, MissingDependencyError
+from .generation import GenerationStep, generation_steps, steps_table
 from .inspection import ModelInfo, inspect
 from .measure import MeasureConfig, Timing
-from .modules import CallFn, module_paths, run_model
+from .modules import CallFn, find_module, module_paths, run_model
 from .plan import Plan
 from .progress import Progress
 from .shapes import DynamicShapes
@@ -175,12 +177,32 @@ class AutoTuneResult:
                 f"{_t(self.untuned_after)}); {chosen}; tuning took {self.tuning_s:.1f} s"
             )
         note = self.info.coverage_note() if self.info is not None else ""
+        steps = steps_table(
+            self.generation_steps(),
+            f"generation steps at depth {self.depth} (one call each; the generate loop's own "
+            "work is in the depth's latency)",
+        )
         return (
             head
             + "\n"
             + format_table(["depth", "modules", "graphs", "latency", "speedup", "status"], rows)
+            + (f"\n\n{steps}" if steps else "")
             + (f"\nNote: {note}" if note else "")
         )
+
+    def generation_steps(self) -> list[GenerationStep]:
+        """The prefill and decode graphs tuned at the selected depth, winners beside eager.
+
+        Empty when the workload is not autoregressive generation.
+        """
+        if self.depth is None:
+            return []
+
+        def names(path: str) -> list[str]:
+            module = self.original if path == "" else find_module(self.original, path)
+            return Binder.of_module(module).names
+
+        return generation_steps(self.graphs.get(self.depth, []), names)
 
     def plot(self, path: str | Path) -> Path:
         """Write a PNG bar chart of latency per depth (needs ``tunetree[plot]``)."""

@@ -18,6 +18,8 @@ from torch import nn
 import tunetree as tt
 from tests.fakes import _FnRunner
 from tunetree.backends.base import Backend, Runner, original_forward
+from tunetree.binding import Binder
+from tunetree.generation import step_of
 from tunetree.graph import Graph
 from tunetree.wrap import dispatcher_of
 
@@ -113,6 +115,15 @@ def test_t5_encoder_and_decoder_steps_generate_eagers_tokens() -> None:
     result = tune(model, prompts)
     assert {g.path for g in result.graphs} == {"", "encoder"}, result.table()
     assert all_won_by(result, "onnxruntime")
+    # Generation steps (tunetree.generation): no cache goes into the encoder, and T5 starts
+    # from one decoder token, so every root call is a decode step. Found by parameter name:
+    # canonical calls are positional, and the attention mask is the first integer matrix.
+    names = Binder.of_module(model).names
+    encoder = [g for g in result.graphs if g.path == "encoder"]
+    decoder = [g for g in result.graphs if g.path == ""]
+    assert all(step_of(g) is None for g in encoder)
+    assert decoder and all(step_of(g, names) == "decode" for g in decoder)
+    assert {step_of(g) for g in decoder} == {"prefill"}  # what a guess without names gives
     for p, want in zip(unseen, expected, strict=True):
         assert torch.equal(generate(result.model, **p), want)
 

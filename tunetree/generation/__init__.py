@@ -1,0 +1,12 @@
+"""Autoregressive generation: telling prefill calls from decode steps, and reporting them.
+
+Tuning ``generate`` needs nothing of its own beyond :mod:`tunetree.hf` (caches are data) and
+the decode runners of :mod:`tunetree.backends`; this package reads tuned graphs as generation
+steps, so that a result says what a prefill and a decode step cost.
+"""
+
+from __future__ import annotations
+
+from .steps import GenerationStep, generation_steps, step_of, steps_table
+
+__all__ = ["GenerationStep", "generation_steps", "step_of", "steps_table"]
