@@ -210,9 +210,9 @@ def by_hand(
 def artifact_call(runner: Any, bound: Sample) -> Call:
     """The backend call on tunetree's artifact, inputs converted beforehand (None: no such call)."""
     arrays = [as_numpy(t) for t in runner.inputs.pick(bound.args, bound.kwargs)]
-    if hasattr(runner, "request"):  # OpenVINO
-        request = runner.request
-        return lambda: request.infer(arrays, share_inputs=True, share_outputs=False)
+    if hasattr(runner, "request"):  # OpenVINO, inputs by port index as the runner passes them
+        request, by_port = runner.request, dict(enumerate(arrays))
+        return lambda: request.infer(by_port, share_inputs=True, share_outputs=False)
     if hasattr(runner, "session"):  # ONNX Runtime on the CPU
         session, names = runner.session, runner.output_names
         feeds = {name: arrays[i] for name, i in runner.feeds}

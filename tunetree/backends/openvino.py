@@ -142,7 +142,9 @@ class OpenVINORunner(Runner):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the infer request on the picked inputs and rebuild eager's output structure."""
-        arrays = [as_numpy(t) for t in self.inputs.pick(args, kwargs)]
+        # By port index: a list costs OpenVINO's wrapper a scan of the request's input tensors
+        # per call (about 15 us, measured), a dict does not.
+        arrays = {i: as_numpy(t) for i, t in enumerate(self.inputs.pick(args, kwargs))}
         with self.lock:
             try:
                 # share_outputs=False: OpenVINO copies results into new arrays that we own.
