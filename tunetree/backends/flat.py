@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import BackendError
 from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
-from ..hf import loaded_cache_class, to_data, updated_in_place
+from ..hf import loaded_cache_class, spec_holds_state, to_data, updated_in_place
 from . import structure
 from .base import original_forward
 from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
@@ -189,7 +189,7 @@ class FlatOutputs:
     @functools.cached_property
     def holds_cache(self) -> bool:
         """Whether the output holds a cache object (rebuilt into the caller's, see rebuild)."""
-        return "ObjectState" in str(self.spec)
+        return spec_holds_state(self.spec)
 
     def rebuild(self, tensors: Sequence[torch.Tensor], call: Any = None) -> Any:
         """Eager's output structure around the graph's output tensors.
@@ -202,8 +202,10 @@ class FlatOutputs:
         leaves = list(self.template)
         for position, tensor in zip(self.positions, tensors, strict=True):
             leaves[position] = tensor
+        if not self.holds_cache:  # no cache object to build back: one pass, not two
+            return pytree.tree_unflatten(leaves, self.spec)
         output = unflatten(leaves, self.spec)
-        return updated_in_place(call, output) if self.holds_cache and call is not None else output
+        return updated_in_place(call, output) if call is not None else output
 
     def to_json(self) -> dict[str, Any]:
         """The record as JSON data.

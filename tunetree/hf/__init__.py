@@ -13,6 +13,7 @@ from .caches import (
     from_data,
     is_cache_object,
     loaded_cache_class,
+    spec_holds_state,
     to_data,
     updated_in_place,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "from_data",
     "is_cache_object",
     "loaded_cache_class",
+    "spec_holds_state",
     "to_data",
     "updated_in_place",
 ]

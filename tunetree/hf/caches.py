@@ -166,6 +166,13 @@ def _is_state(value: Any) -> bool:
     return isinstance(value, ObjectState)
 
 
+def spec_holds_state(spec: pytree.TreeSpec) -> bool:
+    """Whether a tree spec has an :class:`ObjectState` node (a cache object) anywhere."""
+    if spec.type is ObjectState:
+        return True
+    return any(spec_holds_state(child) for child in spec.children_specs)
+
+
 def from_data(tree: Any) -> Any:
     """``tree`` with every :class:`ObjectState` built back into a new cache object."""
     if _is_state(tree):
