@@ -113,3 +113,28 @@ def test_a_graph_guarding_a_narrower_range_still_serves_the_whole_range() -> Non
     assert guard_errors == []  # the refusal it recovers from is not logged as an error
     # a few graphs (each side of the guard; size 1 may be its own), not one per size (13)
     assert 2 <= runner.compiles <= 4
+
+
+@pytest.mark.slow
+def test_a_ranged_runner_never_compiles_while_serving() -> None:
+    """Issue 22: a ranged runner served unseen calls by compiling each (4 s per shape on BERT)
+    until dynamo's limit, then silently ran eager. Now grad mode does not matter, and a call its
+    graph does not accept (here another memory layout) runs the original forward at once."""
+    from tunetree.compare import compare_all
+    from tunetree.graph import Sample
+    from tunetree.shapes import group_graphs
+
+    module, _ = mlp(width=16, depth=2)
+    samples = [Sample((torch.randn(b, 16),)) for b in (3, 8, 1)]
+    with torch.no_grad():
+        (graph,) = group_graphs([(s, module(*s.args)) for s in samples]).values()
+    runner = Inductor().build(module, graph, CPU)
+    with torch.no_grad():
+        runner(torch.randn(4, 16))
+    assert runner.compiles == 1
+    calls = [torch.randn(5, 16), torch.randn(16, 6).t(), torch.randn(7, 16)]
+    got = [runner(x) for x in calls]  # grad mode on, as a user may call
+    with torch.no_grad():
+        assert compare_all([module(x) for x in calls], got).ok
+    assert runner.compiles == 1
+    assert runner.eager_calls <= 1  # at most the transposed input, never a compile

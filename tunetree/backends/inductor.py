@@ -122,6 +122,9 @@ class InductorRunner(Runner):
         # Modes that replay CUDA graphs hand back outputs that the next replay overwrites.
         self.clone_outputs = backend.mode in ("reduce-overhead", "max-autotune")
         self.key = key if key is not None and key.is_dynamic else None
+        self.ranged = self.key is not None
+        self.eager_calls = 0
+        """Calls served by the original forward because serving them would have compiled."""
         self.soft_axes: list[AxisDims] | None = None
         """Per input tensor, its dynamic axes, once they had to be marked softly (see
         :meth:`_compile_for_range`): every call marks them so recompiles stay dynamic."""
@@ -146,16 +149,42 @@ class InductorRunner(Runner):
         return len(_debug_get_cache_entry_list(self.entry.__code__))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the compiled forward (compiling on the first call); clone outputs when configured."""
-        if self.key is not None:
-            self._compile_for_range(args, kwargs)
-        if self.soft_axes is not None:
-            _mark_axes(Sample(args, kwargs), self.soft_axes, soft=True)
-            with _size_oblivious():
+        """Run the compiled forward (compiling on the first call); clone outputs when configured.
+
+        Calls run without autograd, as every runner's: a tuned model serves inference, and a
+        call with grad mode on would otherwise compile again. A ranged graph's runner never
+        compiles after its first compile: a call its compiled graph does not accept (a size
+        its guards exclude, another layout) runs the original forward instead (counted in
+        :attr:`eager_calls`, logged once), since a compile takes seconds.
+        """
+        with torch.no_grad():
+            if self.key is not None:
+                self._compile_for_range(args, kwargs)
+            if self.soft_axes is not None:
+                _mark_axes(Sample(args, kwargs), self.soft_axes, soft=True)
+                with _size_oblivious():
+                    out = self.compiled(*args, **kwargs)
+            elif self.ranged:
+                out = self._without_recompiles(args, kwargs)
+            else:
                 out = self.compiled(*args, **kwargs)
-        else:
-            out = self.compiled(*args, **kwargs)
         return detach_clone(out) if self.clone_outputs else out
+
+    def _without_recompiles(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return self.compiled(*args, **kwargs)
+        except RuntimeError as exc:
+            if "fail_on_recompile" not in str(exc):
+                raise
+        if not self.eager_calls:
+            log.info(
+                "Inductor: a call its compiled graph does not accept (%s) runs the original "
+                "forward; no compile happens while serving",
+                ", ".join(str(tuple(t.shape)) for t in _tensors(args, kwargs)),
+            )
+        self.eager_calls += 1
+        return self.forward(*args, **kwargs)
 
     def _compile_for_range(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Compile once from this call resized to the example sizes, dynamic axes marked."""
@@ -187,6 +216,11 @@ class InductorRunner(Runner):
         _mark_axes(example, dims, soft=True)
         with _size_oblivious():
             self.compiled(*example.args, **example.kwargs)
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    leaves, _, where = sample_tensors(Sample(args, kwargs))
+    return [leaves[i] for i in where]
 
 
 class _DropGuardErrors(logging.Filter):
