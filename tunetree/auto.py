@@ -122,13 +122,15 @@ class DepthRow:
 
 @dataclass(frozen=True)
 class SkippedWork:
-    """A candidate of one graph that the time budget skipped (not built, or not measured)."""
+    """Work the time budget skipped: a whole depth, a candidate's build or its measurement."""
 
     depth: int
-    path: str
-    graph: str
-    backend: str
-    reason: str
+    what: str
+    """``depth``, ``build`` (not started) or ``measurement`` (built, not measured)."""
+    path: str = ""
+    graph: str = ""
+    backend: str = ""
+    reason: str = TIME_BUDGET_ERROR
 
 
 @dataclass
@@ -162,14 +164,25 @@ class AutoTuneResult:
         return str(self.breakdown) if self.breakdown is not None else "nothing was timed"
 
     def skipped(self) -> list[SkippedWork]:
-        """Every candidate the time budget skipped, by depth (depths tuned at all only)."""
-        return [
-            SkippedWork(depth, g.path or "<model>", str(g.graph.key), r.backend.name, r.reason)
-            for depth, graphs in sorted(self.graphs.items())
-            for g in graphs
-            for r in g.rows
-            if r.reason == TIME_BUDGET_ERROR
-        ]
+        """Everything the time budget skipped: depths, candidates' builds and measurements."""
+        found = []
+        for row in self.rows:
+            if row.status is DepthStatus.SKIPPED and row.error == TIME_BUDGET_ERROR:
+                found.append(SkippedWork(row.depth, "depth"))
+            for g in self.graphs.get(row.depth, []) if row.same_as is None else []:
+                found.extend(
+                    SkippedWork(
+                        row.depth,
+                        "build" if r.build_s is None else "measurement",
+                        g.path or "<model>",
+                        str(g.graph.key),
+                        r.backend.name,
+                        r.reason,
+                    )
+                    for r in g.rows
+                    if r.reason == TIME_BUDGET_ERROR
+                )
+        return found
 
     @property
     def speedup(self) -> float:
@@ -236,19 +249,16 @@ class AutoTuneResult:
         )
 
     def _budget_note(self) -> str:
-        """What the time budget skipped, counted by backend ("" when nothing)."""
+        """What the time budget skipped, counted by kind ("" when nothing)."""
         skipped = self.skipped()
         if not skipped:
             return ""
         counts: dict[str, int] = {}
         for s in skipped:
-            counts[s.backend] = counts.get(s.backend, 0) + 1
+            counts[s.what] = counts.get(s.what, 0) + 1
         budget = f" of {self.time_budget:g} s" if self.time_budget is not None else ""
-        return (
-            f"\nThe time budget{budget} skipped {len(skipped)} candidates ("
-            + ", ".join(f"{b} {n}" for b, n in counts.items())
-            + "): see result.skipped()"
-        )
+        parts = ", ".join(f"{n} {what}{'s' if n > 1 else ''}" for what, n in counts.items())
+        return f"\nThe time budget{budget} skipped {parts}: see result.skipped()"
 
     def plot(self, path: str | Path) -> Path:
         """Write a PNG bar chart of latency per depth (needs ``tunetree[plot]``)."""

@@ -243,8 +243,7 @@ class GraphSession:
             for name, timing in timings.items():
                 usable[int(name)].timing = timing
             if config.rematch:
-                with self.clock.phase(REMATCH):
-                    self._rematch(usable, calls)
+                self._rematch(usable, calls)
 
     def _screen(
         self, usable: list[CandidateRow], calls: dict[str, Callable[[], object]]
@@ -285,7 +284,8 @@ class GraphSession:
             self.graph,
             "close race, measuring again: " + ", ".join(r.backend.name for r in finalists),
         )
-        again = self._time({n: calls[n] for n in names}, usable, self.measure_config.longer())
+        with self.clock.phase(REMATCH):
+            again = self._time({n: calls[n] for n in names}, usable, self.measure_config.longer())
         for name, timing in again.items():
             usable[int(name)].timing = timing
 
