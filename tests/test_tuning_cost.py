@@ -205,10 +205,28 @@ def test_measure_stops_at_a_passed_deadline() -> None:
 
         return fn
 
-    config = MeasureConfig(warmup_s=10.0, block_s=0.0, trials=50, min_trials=20)
+    config = MeasureConfig(warmup_s=10.0, block_s=0.0, trials=50, min_trials=3)
     timings = measure({n: counting(n) for n in calls}, "cpu", config, Deadline(budget.now() - 1.0))
-    assert {n: t.trials for n, t in timings.items()} == {"a": 1, "b": 1}
-    assert calls == {"a": 3, "b": 3}  # one warm-up call, one untimed call, one timed block
+    # min_trials blocks, not 50: a decision needs them, but no more once the deadline passed
+    assert {n: t.trials for n, t in timings.items()} == {"a": 3, "b": 3}
+    assert calls == {"a": 7, "b": 7}  # one warm-up call, then per block one untimed, one timed
+
+
+def test_measure_holds_its_time_cap_when_calls_are_slower_than_the_warm_up_said() -> None:
+    calls = [0]
+
+    def slower() -> None:  # fast while warming up, then 20 us per call
+        calls[0] += 1
+        if calls[0] > 30:
+            spin(0.02 * MS)
+
+    config = MeasureConfig(
+        warmup_s=0.0, min_warmup_calls=30, block_s=0.002, trials=50, max_s_per_candidate=0.05
+    )
+    timing = measure({"x": slower}, "cpu", config)["x"]
+    # The warm-up's estimate (about a microsecond per call) fits some 25 blocks of 2 ms into
+    # 0.05 s; the time really spent (each block tens of ms) stops it at min_trials' 3 blocks.
+    assert timing.trials == 3
 
 
 def test_default_budget_and_quick_mode() -> None:

@@ -14,6 +14,7 @@ depth beats the untuned model, the model stays untuned.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
@@ -65,6 +66,8 @@ QUICK_TIME_BUDGET_S = 60.0
 """``time_budget="default"`` with ``quick=True``."""
 END_TO_END_RESERVE = 0.25
 """The most of a budget kept for the end-to-end measurement of the depth in progress."""
+UNTUNED_SHARE = 0.1
+"""The most of a budget the untuned model's first measurement may take."""
 
 
 class DepthStatus(str, enum.Enum):
@@ -406,15 +409,43 @@ def auto_tune(
         progress("measuring the untuned model")
         measured_at = now()
         with clock.phase(END_TO_END, UNTUNED):
-            before = run.measure({UNTUNED: model})[UNTUNED]
+            before = _measure_untuned(run, budget)
         if budget is not None:
-            # A depth's end-to-end measurement times the untuned model and a tuned one.
-            run.reserve_s = min(2 * (now() - measured_at), END_TO_END_RESERVE * budget)
+            run.reserve_s = _end_to_end_reserve(before, now() - measured_at, run.config, budget)
         _tune_depths(run, rows)
     result = _finish(run, rows, before, tie_tolerance, start)
     result.breakdown = clock.breakdown()
     result.time_budget = budget
     return result
+
+
+def _measure_untuned(run: _Run, budget: float | None) -> Timing:
+    """The untuned model's first measurement; at most a tenth of a budget's time."""
+    config = run.config
+    if budget is not None:
+        cap = min(config.max_s_per_candidate, UNTUNED_SHARE * budget)
+        config = dataclasses.replace(config, max_s_per_candidate=cap)
+    return side_by_side({UNTUNED: run.model}, run.info, run.call, config, deadline=run.deadline)[
+        UNTUNED
+    ]
+
+
+def _end_to_end_reserve(
+    untuned: Timing, measured_s: float, config: MeasureConfig, budget: float
+) -> float:
+    """Budget seconds kept for a depth's end-to-end check and measurement.
+
+    It times the untuned model and a tuned one: as long as two measurements of the untuned
+    model took, at most :data:`END_TO_END_RESERVE` of the budget, but never less than the
+    shortest useful measurement of the two (a depth that cannot have it is not started).
+    """
+    block = untuned.median_s * (untuned.calls_per_trial + 1)
+    least = 2 * (
+        config.warmup_s
+        + untuned.median_s * (config.min_warmup_calls + 1)  # + the end-to-end check
+        + config.min_trials * block
+    )
+    return max(least, min(2 * measured_s, END_TO_END_RESERVE * budget))
 
 
 def _budget_s(time_budget: float | Literal["default"] | None, quick: bool) -> float | None:
@@ -564,7 +595,11 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
     if not plan.entries:
         reasons = [r.reason for g in results for r in g.rows if r.reason]
         row.status = DepthStatus.SKIPPED
-        row.error = "every module failed to tune" + (f" ({reasons[0]})" if reasons else "")
+        row.error = (
+            TIME_BUDGET_ERROR  # the budget is why nothing is left, not the backends
+            if skipped
+            else "every module failed to tune" + (f" ({reasons[0]})" if reasons else "")
+        )
         return
     if not plan.runners():
         row.status = DepthStatus.NO_CHANGE

@@ -122,6 +122,10 @@ class GraphSession:
     skipped without a build, measurements stop at it, and one with no time left is skipped."""
     clock: Stopwatch = field(default_factory=Stopwatch, repr=False)
     """Where builds, checks and measurements charge their time (the result's breakdown)."""
+    usable_built: int = field(default=0, repr=False)
+    """Candidates built and checked correct so far (what a measurement would time)."""
+    call_s: float = 0.0
+    """About one eager call of this graph (from the inspection): how long measurements take."""
 
     def evaluate(self, backend: Backend) -> CandidateRow:
         """Availability, build and first run, then comparison with eager on every sample."""
@@ -129,11 +133,7 @@ class GraphSession:
         reason = backend.unavailable_reason(self.device)
         if reason:
             return CandidateRow(backend, Status.UNAVAILABLE, reason)
-        if (
-            self.deadline is not None
-            and backend.kind != "eager"
-            and not self.deadline.room_for(backend.kind)
-        ):
+        if backend.kind != "eager" and not self._room_to_build(backend):
             return CandidateRow(backend, Status.SKIPPED, TIME_BUDGET_ERROR)
         self.progress(where, self.graph, backend.name, "building")
         if self.on_build is not None:
@@ -152,6 +152,21 @@ class GraphSession:
             with self.clock.phase(CHECK, backend.kind):
                 return self._checked(backend, *built, build_s)
 
+    def _room_to_build(self, backend: Backend) -> bool:
+        """Whether the deadline has room for ``backend``'s build and then a short measurement.
+
+        The short measurement is that of the candidates usable so far, this one and one more (eager
+        comes last): a build whose candidate cannot be measured any more is wasted.
+        """
+        if self.deadline is None:
+            return True
+        measuring = self._least(self.measure_config.screening(), self.usable_built + 2)
+        return self.deadline.room_for_s(self.deadline.expected_build_s(backend.kind) + measuring)
+
+    def _least(self, config: MeasureConfig, candidates: int) -> float:
+        """About the shortest measurement of ``candidates`` of this graph with ``config``."""
+        return config.least_s(candidates, self.call_s, len(self.graph.samples))
+
     def _checked(
         self, backend: Backend, runner: Runner, outputs: list[Any], build_s: float
     ) -> CandidateRow:
@@ -165,6 +180,7 @@ class GraphSession:
         wrong = self.probe_failure(runner)
         if wrong is not None:
             return CandidateRow(backend, Status.REJECTED, wrong, build_s, comparison.max_abs_diff)
+        self.usable_built += 1
         return CandidateRow(
             backend,
             Status.OK,
@@ -216,27 +232,32 @@ class GraphSession:
         With ``screen`` (strategies where the fastest wins) and three or more usable rows, a
         short screening measurement first drops the rows that cannot be within
         ``MeasureConfig.screen_margin`` of the leader (``screened_out``); when one row is
-        left, its screening timing decides. When the deadline leaves no time to measure, the
-        rows are skipped (the graph keeps its forward).
+        left, its screening timing decides. When the deadline leaves time for the short
+        measurement only, it decides; when it leaves none, the rows are skipped (the graph
+        keeps its forward).
         """
         usable = [r for r in rows if r.usable]
         if not usable:
             return
-        config = self.measure_config
-        if self.deadline is not None and not self.deadline.room_for_s(config.least_s(len(usable))):
-            for row in usable:
-                row.status, row.reason = Status.SKIPPED, TIME_BUDGET_ERROR
-            self.progress(self.path or "<model>", self.graph, f"measuring: {TIME_BUDGET_ERROR}")
-            return
+        config, short = self.measure_config, False
+        if self.deadline is not None:
+            quick = self._least(config.screening(), len(usable))
+            if not self.deadline.room_for_s(min(quick, self._least(config, len(usable)))):
+                for row in usable:
+                    row.status, row.reason = Status.SKIPPED, TIME_BUDGET_ERROR
+                where = self.path or "<model>"
+                self.progress(where, self.graph, f"measuring: {TIME_BUDGET_ERROR}")
+                return
+            short = not self.deadline.room_for_s(quick + self._least(config, min(len(usable), 2)))
         self.progress(self.path or "<model>", self.graph, f"measuring {len(usable)} candidates")
         calls: dict[str, Callable[[], object]] = {}
         for i, row in enumerate(usable):
             assert row.runner is not None
             calls[f"{i}"] = cycle_calls(row.runner, self.graph.samples)
         with self.measure_lock() if self.measure_lock is not None else nullcontext():
-            if screen and config.screen and len(usable) >= 3:
-                calls = self._screen(usable, calls)
-                if len(calls) < 2:
+            if short or (screen and config.screen and len(usable) >= 3):
+                calls = self._screen(usable, calls, drop=screen and config.screen)
+                if short or len(calls) < 2:
                     return
             with self.clock.phase(MEASUREMENT):
                 timings = self._time(calls, usable, config)
@@ -246,15 +267,18 @@ class GraphSession:
                 self._rematch(usable, calls)
 
     def _screen(
-        self, usable: list[CandidateRow], calls: dict[str, Callable[[], object]]
+        self, usable: list[CandidateRow], calls: dict[str, Callable[[], object]], drop: bool
     ) -> dict[str, Callable[[], object]]:
-        """Time every row briefly; mark those that cannot win; return the survivors' calls."""
+        """Time every row briefly; with ``drop``, mark those that cannot win.
+
+        Returns the calls of the rows still in the race.
+        """
         with self.clock.phase(SCREENING):
             timings = self._time(calls, usable, self.measure_config.screening())
         for name, timing in timings.items():
             usable[int(name)].timing = timing
         timed = [usable[int(name)] for name in timings]
-        dropped = screen_out(timed, self.measure_config.screen_margin)
+        dropped = screen_out(timed, self.measure_config.screen_margin) if drop else []
         if dropped:
             self.progress(
                 self.path or "<model>",
@@ -274,7 +298,7 @@ class GraphSession:
         if len(finalists) < 2:
             return
         if self.deadline is not None and not self.deadline.room_for_s(
-            self.measure_config.least_s(len(finalists))
+            self._least(self.measure_config, len(finalists))
         ):
             return
         chosen = {id(row) for row in finalists}
@@ -308,7 +332,8 @@ class GraphSession:
             for label, samples in shapes.items():
                 calls[f"{i}|{label}"] = cycle_calls(row.runner, samples)
         config = self.measure_config
-        if self.deadline is not None and not self.deadline.room_for_s(config.least_s(len(calls))):
+        least = self._least(config, len(calls))
+        if self.deadline is not None and not self.deadline.room_for_s(least):
             return  # informative only: not worth the budget's last seconds
         lock = self.measure_lock() if self.measure_lock is not None else nullcontext()
         with lock, self.clock.phase(SHAPES):

@@ -84,17 +84,15 @@ class MeasureConfig:
             stop_when_clear=False,
         )
 
-    def expected_s(self, candidates: int) -> float:
-        """About how long a measurement of ``candidates`` takes at most with short calls.
+    def least_s(self, candidates: int, call_s: float = 0.0, cycle: int = 1) -> float:
+        """About the shortest measurement of ``candidates``: warm-up and ``min_trials`` blocks.
 
-        Warm-up plus the time cap per candidate (calls longer than a block take longer, as
-        ``min_trials`` blocks are always timed when no deadline is near).
+        ``call_s``: one call's duration when known; ``cycle``: the calls of one pass over the
+        samples (a block is a whole number of passes).
         """
-        return candidates * (self.warmup_s + self.max_s_per_candidate)
-
-    def least_s(self, candidates: int) -> float:
-        """About the shortest useful measurement of ``candidates`` with short calls."""
-        return candidates * (min(self.warmup_s, 0.05) + self.block_s * 2)
+        warm = max(self.warmup_s, self.min_warmup_calls * call_s)
+        block = max(self.block_s + cycle * call_s, cycle * call_s) + call_s  # + the untimed call
+        return candidates * (warm + self.min_trials * block)
 
     def longer(self) -> MeasureConfig:
         """This configuration with twice the trials and time per candidate (for a rematch)."""
@@ -169,7 +167,8 @@ def measure(
     Calls run under ``torch.no_grad()`` with device synchronisation around every block. With a
     ``deadline``, each candidate's time cap is at most its share of the time left before the
     deadline's reserve, and the trial rounds stop once that is used up (every candidate keeps
-    at least one block). With
+    its ``min_trials`` blocks: a decision on fewer would be noise). The time cap holds on the
+    time really spent, not only on the warm-up's estimate. With
     ``config.stop_when_clear`` they stop once the fastest candidate is clearly the fastest.
     """
     config = config or MeasureConfig()
@@ -178,52 +177,72 @@ def measure(
     if not names:
         return {}
     with torch.no_grad():
-        estimates = {name: _warm_up(candidates[name], dev, config, deadline) for name in names}
+        cap_s = config.max_s_per_candidate
+        if deadline is not None:
+            cap_s = min(cap_s, deadline.free_s() / len(names))
+        # The warm-up is at most a quarter of the time a candidate may take.
+        warm = dataclasses.replace(config, warmup_s=min(config.warmup_s, cap_s / 4))
+        estimates = {name: _warm_up(candidates[name], dev, warm, deadline) for name in names}
         calls = {
             name: _whole_cycles(candidates[name], math.ceil(config.block_s / estimates[name]))
             for name in names
         }
-        cap_s, min_trials = config.max_s_per_candidate, config.min_trials
-        if deadline is not None and deadline.free_s() / len(names) < cap_s:
-            cap_s, min_trials = deadline.free_s() / len(names), 1
         trials = {
             name: max(
-                min_trials,
+                config.min_trials,
                 min(config.trials, int(cap_s / (estimates[name] * (calls[name] + 1)))),
             )
             for name in names
         }
         per_call: dict[str, list[float]] = {name: [] for name in names}
+        spent = dict.fromkeys(names, 0.0)
+
+        def done(name: str) -> bool:
+            # The cap holds on the time really spent: calls can be slower than warm-up said.
+            n = len(per_call[name])
+            return n >= trials[name] or (n >= config.min_trials and spent[name] >= cap_s)
+
         for round_index in range(max(trials.values())):
-            if round_index and _stop(per_call, trials, config, deadline):
+            if round_index and _stop(per_call, done, config, deadline):
                 break
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
-                if len(per_call[name]) >= trials[name]:
+                if done(name):
                     continue
                 fn = candidates[name]
+                began = time.perf_counter()
                 fn()  # untimed: lets the previous runtime's threads settle into this one
                 synchronize(dev)
                 start = time.perf_counter()
                 for _ in range(calls[name]):
                     fn()
                 synchronize(dev)
-                per_call[name].append((time.perf_counter() - start) / calls[name])
+                end = time.perf_counter()
+                per_call[name].append((end - start) / calls[name])
+                spent[name] += end - began
     return {name: _stats(per_call[name], calls[name]) for name in names}
 
 
 def _stop(
     per_call: dict[str, list[float]],
-    trials: dict[str, int],
+    done: Callable[[str], bool],
     config: MeasureConfig,
     deadline: Deadline | None,
 ) -> bool:
-    """Whether to stop before the next round: the deadline passed, or the decision is clear."""
+    """Whether to stop before the next round.
+
+    Every candidate has its ``min_trials`` blocks (a decision needs them) and either all are
+    done, the deadline has no time left but its reserve, or the decision is clear.
+    """
+    if any(len(v) < config.min_trials and not done(n) for n, v in per_call.items()):
+        return False
+    if all(done(n) for n in per_call):
+        return True
     if deadline is not None and deadline.free_s() <= 0:
         return True
     if not config.stop_when_clear or len(per_call) < 2:
         return False
-    if any(len(v) < min(trials[n], config.clear_after) for n, v in per_call.items()):
+    if any(len(v) < config.clear_after and not done(n) for n, v in per_call.items()):
         return False
     return separated({n: _stats(v, 1) for n, v in per_call.items()})
 

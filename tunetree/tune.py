@@ -163,6 +163,7 @@ def tune_cut(
             on_build,
             deadline=deadline,
             clock=clock,
+            call_s=_call_s(info, path),
         )
         result = _tune_graph(session, base, cache)
         if memo is not None and not _budget_cut(result):
@@ -171,6 +172,12 @@ def tune_cut(
         winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
         progress(f"depth {depth}", where, graph, f"winner: {winner}", _eta(started, done, todo))
     return results
+
+
+def _call_s(info: ModelInfo, path: str) -> float:
+    """Seconds per eager call of the module at ``path``, as the inspection saw them."""
+    record = info.modules[path]
+    return record.total_s / record.calls if record.calls else 0.0
 
 
 def _tune_graph(session: GraphSession, base: Strategy, cache: GraphCache | None) -> GraphResult:
