@@ -66,28 +66,25 @@ def test_breakdown_adds_up_to_the_wall_time_and_is_printed() -> None:
     assert breakdown.to_json()["phases"]
 
 
-def test_stopwatch_charges_nested_phases_once() -> None:
+def test_stopwatch_charges_nested_phases_once(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [0.0]
 
     def tick(seconds: float) -> None:
         clock[0] += seconds
 
-    original = budget.now
-    budget.now = lambda: clock[0]  # type: ignore[assignment]
-    try:
-        watch = Stopwatch()
-        with watch.phase("outer"):
-            tick(1.0)
-            with watch.phase("inner", "x"):
-                tick(2.0)
-            tick(0.5)
-        tick(0.25)  # in no phase
-        breakdown = watch.breakdown()
-    finally:
-        budget.now = original  # type: ignore[assignment]
+    monkeypatch.setattr(budget, "now", lambda: clock[0])
+    watch = Stopwatch()
+    with watch.phase("outer"):
+        tick(1.0)
+        with watch.phase("inner", "x"):
+            tick(2.0)
+        tick(0.5)
+    tick(0.25)  # in no phase
+    breakdown = watch.breakdown()
     assert breakdown.seconds("outer") == 1.5
     assert breakdown.seconds("inner", "x") == 2.0
     assert breakdown.wall_s == 3.75 and breakdown.other_s == 0.25
+    assert [(p.label, p.count) for p in breakdown.phases] == [("outer", 1), ("inner (x)", 1)]
 
 
 def test_tune_result_has_a_breakdown_and_a_cached_second_run_builds_nothing(tmp_path) -> None:
