@@ -45,7 +45,7 @@ def test_a_close_race_is_measured_again_with_more_trials(
     seen: list[tuple[list[str], int]] = []
     medians = {"0": 1e-3, "1": 1.05e-3, "2": 2e-2}  # two in a race, one far slower
 
-    def fake(calls: Any, device: Any, config: MeasureConfig) -> Any:
+    def fake(calls: Any, device: Any, config: MeasureConfig, deadline: Any = None) -> Any:
         seen.append((sorted(calls), config.trials))
         for fn in calls.values():
             fn()

@@ -206,7 +206,9 @@ def _fake_side_by_side(calls: list[set[str]], noisy_calls: int) -> Any:
     """A deterministic fake load: the first ``noisy_calls`` measurements have a spread far
     larger than the gap between untuned (10 ms) and tuned (9 ms)."""
 
-    def fake(models: dict[str, Any], info: Any, call: Any, config: Any) -> dict[str, Timing]:
+    def fake(
+        models: dict[str, Any], info: Any, call: Any, config: Any, **_: Any
+    ) -> dict[str, Timing]:
         calls.append(set(models))
         spread = 0.5 if len(calls) <= noisy_calls else 0.01
         return {n: _timing(10 * MS if n == UNTUNED else 9 * MS, spread) for n in models}

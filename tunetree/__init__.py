@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from . import backends
 from ._version import __version__
-from .auto import AutoTuneResult, DepthRow, DepthStatus, auto_tune
+from .auto import AutoTuneResult, DepthRow, DepthStatus, SkippedWork, auto_tune
+from .budget import PhaseTime, TimeBreakdown
 from .cache import TuningCache
 from .checkpoint import load, save
 from .compare import Tolerance, Tolerances
@@ -33,6 +34,7 @@ from .strategy import (
     OneBackendStrategy,
     Strategy,
     default_strategy,
+    quick_strategy,
 )
 from .tune import GraphResult, TuneResult, tune
 from .wrap import unwrap
@@ -61,11 +63,14 @@ __all__ = [
     "ModelInfo",
     "ModuleRecord",
     "OneBackendStrategy",
+    "PhaseTime",
     "Plan",
     "PlanEntry",
     "Sample",
+    "SkippedWork",
     "Status",
     "Strategy",
+    "TimeBreakdown",
     "Timing",
     "Tolerance",
     "Tolerances",
@@ -80,6 +85,7 @@ __all__ = [
     "inspect",
     "load",
     "measure",
+    "quick_strategy",
     "rebatch",
     "save",
     "tune",

@@ -14,19 +14,31 @@ depth beats the untuned model, the model stays untuned.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import os
 from collections.abc import Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from ._table import format_seconds, format_table
 from .binding import Binder
-from .budget import TIME_BUDGET_ERROR, Deadline, now
+from .budget import (
+    END_TO_END,
+    END_TO_END_CHECK,
+    INSPECTION,
+    SETUP,
+    TIME_BUDGET_ERROR,
+    Deadline,
+    Stopwatch,
+    TimeBreakdown,
+    now,
+)
 from .cache import open_cache
 from .compare import Tolerances, compare_all
 from .endtoend import UNTUNED, load_text, runtime_name, side_by_side, single_runtime_plan, too_noisy
@@ -39,7 +51,7 @@ from .plan import Plan
 from .progress import Progress
 from .shapes import DynamicShapes
 from .state import check_eval_mode, eval_mode, preserved_state
-from .strategy import Strategy, default_strategy
+from .strategy import Strategy, default_strategy, quick_strategy
 from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
 from .tune import tune_cut as _tune_cut
 from .wrap import unwrap, wrap
@@ -48,6 +60,16 @@ NOISY = "timings too spread to tell apart (busy machine?)"
 log = logging.getLogger(__name__)
 MAX_DEFAULT_DEPTH = 3
 """Default deepest depth tried: deeper cuts wrap many tiny modules and rarely win."""
+QUICK_MAX_DEPTH = 1
+"""Deepest depth ``quick=True`` tries by default."""
+DEFAULT_TIME_BUDGET_S = 300.0
+"""``time_budget="default"``: five minutes, a few ``torch.compile`` first calls of a large model."""
+QUICK_TIME_BUDGET_S = 60.0
+"""``time_budget="default"`` with ``quick=True``."""
+END_TO_END_RESERVE = 0.25
+"""The most of a budget kept for the end-to-end measurement of the depth in progress."""
+UNTUNED_SHARE = 0.1
+"""The most of a budget the untuned model's first measurement may take."""
 
 
 class DepthStatus(str, enum.Enum):
@@ -57,6 +79,7 @@ class DepthStatus(str, enum.Enum):
     DRY_RUN = "dry run"
     SKIPPED = "skipped"
     SAME_CUT = "same cut"
+    SAME_PLAN = "same plan"
     NO_CHANGE = "no change: every graph kept eager"
     REJECTED = "rejected"
     FAILED = "failed"
@@ -96,8 +119,23 @@ class DepthRow:
         text = str(self.status)
         if self.status is DepthStatus.SAME_CUT:
             text = f"same cut as depth {self.same_as}"
+        elif self.status is DepthStatus.SAME_PLAN:
+            text = f"same plan as depth {self.same_as}: not measured again"
         notes = [n for n in (self.error, self.plans, "noisy: " + NOISY if self.noisy else "") if n]
         return text + (f": {'; '.join(notes)}" if notes else "")
+
+
+@dataclass(frozen=True)
+class SkippedWork:
+    """Work the time budget skipped: a whole depth, a candidate's build or its measurement."""
+
+    depth: int
+    what: str
+    """``depth``, ``build`` (not started) or ``measurement`` (built, not measured)."""
+    path: str = ""
+    graph: str = ""
+    backend: str = ""
+    reason: str = TIME_BUDGET_ERROR
 
 
 @dataclass
@@ -121,6 +159,35 @@ class AutoTuneResult:
     tuning_s: float = 0.0
     dry_run: bool = False
     original: Any = field(default=None, repr=False)
+    breakdown: TimeBreakdown | None = None
+    """Where the tuning time went, by phase (None for a dry run); see :meth:`timing`."""
+    time_budget: float | None = None
+    """The budget the tune ran under, in seconds (None: unlimited)."""
+
+    def timing(self) -> str:
+        """The tuning time by phase as a table (see :class:`tunetree.TimeBreakdown`)."""
+        return str(self.breakdown) if self.breakdown is not None else "nothing was timed"
+
+    def skipped(self) -> list[SkippedWork]:
+        """Everything the time budget skipped: depths, candidates' builds and measurements."""
+        found = []
+        for row in self.rows:
+            if row.status is DepthStatus.SKIPPED and row.error == TIME_BUDGET_ERROR:
+                found.append(SkippedWork(row.depth, "depth"))
+            for g in self.graphs.get(row.depth, []) if row.same_as is None else []:
+                found.extend(
+                    SkippedWork(
+                        row.depth,
+                        "build" if r.build_s is None else "measurement",
+                        g.path or "<model>",
+                        str(g.graph.key),
+                        r.backend.name,
+                        r.reason,
+                    )
+                    for r in g.rows
+                    if r.reason == TIME_BUDGET_ERROR
+                )
+        return found
 
     @property
     def speedup(self) -> float:
@@ -188,6 +255,8 @@ class AutoTuneResult:
             + format_table(["depth", "modules", "graphs", "latency", "speedup", "status"], rows)
             + (f"\n\n{steps}" if steps else "")
             + (f"\nNote: {note}" if note else "")
+            + self._budget_note()
+            + (f"\n{self.breakdown}" if self.breakdown is not None else "")
         )
 
     def generation_steps(self) -> list[GenerationStep]:
@@ -203,6 +272,18 @@ class AutoTuneResult:
             return Binder.of_module(module).names
 
         return generation_steps(self.graphs.get(self.depth, []), names)
+
+    def _budget_note(self) -> str:
+        """What the time budget skipped, counted by kind ("" when nothing)."""
+        skipped = self.skipped()
+        if not skipped:
+            return ""
+        counts: dict[str, int] = {}
+        for s in skipped:
+            counts[s.what] = counts.get(s.what, 0) + 1
+        budget = f" of {self.time_budget:g} s" if self.time_budget is not None else ""
+        parts = ", ".join(f"{n} {what}{'s' if n > 1 else ''}" for what, n in counts.items())
+        return f"\nThe time budget{budget} skipped {parts}: see result.skipped()"
 
     def plot(self, path: str | Path) -> Path:
         """Write a PNG bar chart of latency per depth (needs ``tunetree[plot]``)."""
@@ -268,7 +349,8 @@ def auto_tune(
     strategy: Strategy | None = None,
     device: torch.device | str | None = None,
     tie_tolerance: float = 0.02,
-    time_budget: float | None = None,
+    time_budget: float | Literal["default"] | None = "default",
+    quick: bool = False,
     dry_run: bool = False,
     call: CallFn | None = None,
     tolerances: Tolerances | None = None,
@@ -286,13 +368,26 @@ def auto_tune(
 
     ``strategy=None`` uses :func:`tunetree.default_strategy` for the device; every graph
     gets its own copy. A graph tuned at one depth is reused at every other depth that
-    wraps the same module with the same graph. ``time_budget`` (seconds, counted from the
-    call) is checked before every depth, graph and candidate build: once it is used up the
-    depth in progress finishes with the candidates already measured (eager is always
-    there), skipped work is marked "time budget used up", and the budget is exceeded by at
-    most one candidate's build plus that depth's measurements. ``dry_run`` reports what
-    each depth would wrap and tunes nothing. Progress goes to stderr unless
-    ``verbose=False``. ``cache`` is the tuning cache consulted per graph, as in
+    wraps the same module with the same graph, and a depth whose plan is one already measured
+    is not measured again.
+
+    ``time_budget`` (seconds, counted from the call; ``"default"``:
+    :data:`DEFAULT_TIME_BUDGET_S`, 300 s, or :data:`QUICK_TIME_BUDGET_S`, 60 s, with
+    ``quick``; None: unlimited) is held within about 10 %: no depth, graph, build or
+    measurement is started that is expected to cross it (a build is expected to take as long
+    as the longest one of its backend so far), up to a quarter of the budget is kept for the
+    end-to-end measurement of the depth in progress, and measurements stop their trials at
+    it. The skipped work is marked "time budget used up" (``result.skipped()`` lists it);
+    eager is always there, so a depth cut short keeps what was measured.
+
+    ``quick=True`` is a first look: only backends that build quickly
+    (:func:`tunetree.quick_strategy`, when ``strategy`` is None), depths up to
+    :data:`QUICK_MAX_DEPTH` (when ``max_depth`` is None), shorter measurements
+    (:meth:`MeasureConfig.first_look`, when ``measure_config`` is None) and a 60 s budget.
+
+    ``print(result)`` and ``result.timing()`` show where the time went, by phase.
+    ``dry_run`` reports what each depth would wrap and tunes nothing. Progress goes to stderr
+    unless ``verbose=False``. ``cache`` is the tuning cache consulted per graph, as in
     :func:`tunetree.tune` (None: the default directory; False: none). ``dynamic_shapes`` as
     in :func:`tunetree.tune`; every depth is measured on the same mix of recorded shapes.
     Training-mode models are refused unless ``allow_training=True`` (as in
@@ -300,35 +395,92 @@ def auto_tune(
     """
     _check_arguments(min_depth, max_depth, tie_tolerance)
     start = now()
+    clock = Stopwatch()
+    budget = _budget_s(time_budget, quick)
     check_untuned(model)
     if not allow_training:
         check_eval_mode(model)
     dev = check_device(model, device)
     progress = Progress(verbose)
+    if quick and max_depth is None:
+        max_depth = max(min_depth, QUICK_MAX_DEPTH)
     with preserved_state(model), eval_mode(model):
         progress("inspecting the model")
-        info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+        with clock.phase(INSPECTION):
+            info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
         rows = _depth_rows(info, min_depth, max_depth)
         if dry_run:
             for row in rows:
                 row.status = DepthStatus.DRY_RUN
             return AutoTuneResult(model, None, rows, None, info=info, dry_run=True, original=model)
-        run = _Run(
-            model=model,
-            info=info,
-            call=call,
-            config=measure_config or MeasureConfig(),
-            strategy=strategy or default_strategy(dev),  # built once: log lines appear once
-            tolerances=tolerances,
-            progress=progress,
-            cache=open_cache(cache),
-            devices=_tensor_devices(model),
-            deadline=None if time_budget is None else Deadline.after(time_budget, start),
-        )
+        with clock.phase(SETUP):
+            run = _Run(
+                model=model,
+                info=info,
+                call=call,
+                config=measure_config or (MeasureConfig.first_look() if quick else MeasureConfig()),
+                # built once: log lines appear once
+                strategy=strategy or (quick_strategy(dev) if quick else default_strategy(dev)),
+                tolerances=tolerances,
+                progress=progress,
+                cache=open_cache(cache),
+                devices=_tensor_devices(model),
+                deadline=None if budget is None else Deadline.after(budget, start),
+                clock=clock,
+            )
         progress("measuring the untuned model")
-        before = run.measure({UNTUNED: model})[UNTUNED]
+        measured_at = now()
+        with clock.phase(END_TO_END, UNTUNED):
+            before = _measure_untuned(run, budget)
+        if budget is not None:
+            run.reserve_s = _end_to_end_reserve(before, now() - measured_at, run.config, budget)
         _tune_depths(run, rows)
-    return _finish(run, rows, before, tie_tolerance, start)
+    result = _finish(run, rows, before, tie_tolerance, start)
+    result.breakdown = clock.breakdown()
+    result.time_budget = budget
+    return result
+
+
+def _measure_untuned(run: _Run, budget: float | None) -> Timing:
+    """The untuned model's first measurement; at most a tenth of a budget's time."""
+    config = run.config
+    if budget is not None:
+        cap = min(config.max_s_per_candidate, UNTUNED_SHARE * budget)
+        config = dataclasses.replace(config, max_s_per_candidate=cap)
+    return side_by_side({UNTUNED: run.model}, run.info, run.call, config, deadline=run.deadline)[
+        UNTUNED
+    ]
+
+
+def _end_to_end_reserve(
+    untuned: Timing, measured_s: float, config: MeasureConfig, budget: float
+) -> float:
+    """Budget seconds kept for a depth's end-to-end check and measurement.
+
+    It times the untuned model and a tuned one: as long as two measurements of the untuned
+    model took, at most :data:`END_TO_END_RESERVE` of the budget, but never less than the
+    shortest useful measurement of the two (a depth that cannot have it is not started).
+    """
+    block = untuned.median_s * (untuned.calls_per_trial + 1)
+    least = 2 * (
+        config.warmup_s
+        + untuned.median_s * (config.min_warmup_calls + 1)  # + the end-to-end check
+        + config.min_trials * block
+    )
+    return max(least, min(2 * measured_s, END_TO_END_RESERVE * budget))
+
+
+def _budget_s(time_budget: float | Literal["default"] | None, quick: bool) -> float | None:
+    """The budget in seconds (None: unlimited); refuses a negative one."""
+    if time_budget == "default":
+        return QUICK_TIME_BUDGET_S if quick else DEFAULT_TIME_BUDGET_S
+    if time_budget is None:
+        return None
+    if isinstance(time_budget, str) or time_budget < 0:
+        raise InvalidInputError(
+            f"time_budget must be seconds >= 0, None or 'default', got {time_budget!r}"
+        )
+    return float(time_budget)
 
 
 def _finish(
@@ -398,14 +550,18 @@ class _Run:
     cache: GraphCache | None
     devices: Placement
     deadline: Deadline | None
+    clock: Stopwatch = field(default_factory=Stopwatch)
+    reserve_s: float = 0.0
+    """Budget seconds kept for a depth's end-to-end measurement while its graphs are tuned."""
     memo: GraphMemo = field(default_factory=dict)
     cuts: dict[tuple[str, ...], DepthRow] = field(default_factory=dict)
+    measured_plans: dict[frozenset[tuple[str, Any, int]], DepthRow] = field(default_factory=dict)
     plans: dict[int, Plan] = field(default_factory=dict)
     graphs: dict[int, list[GraphResult]] = field(default_factory=dict)
 
     def measure(self, models: dict[str, Any]) -> dict[str, Timing]:
         """End-to-end latency of each model (tuned or not), interleaved in one call."""
-        return side_by_side(models, self.info, self.call, self.config)
+        return side_by_side(models, self.info, self.call, self.config, deadline=self.deadline)
 
     def restore(self) -> None:
         """Unwrap the model and put back every tensor a backend moved."""
@@ -425,7 +581,7 @@ def _tune_depths(run: _Run, rows: list[DepthRow]) -> None:
 
 def _tune_depth(run: _Run, row: DepthRow) -> None:
     """Tune one depth's cut, check it end to end and measure it; the outcome goes in ``row``."""
-    if run.deadline is not None and run.deadline.passed():
+    if run.deadline is not None and not run.deadline.room_for_s(run.reserve_s):
         row.status, row.error = DepthStatus.SKIPPED, TIME_BUDGET_ERROR
         return
     cut = tuple(run.info.cut(row.depth))
@@ -437,18 +593,21 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
     run.cuts[cut] = row
     left = f", budget left {run.deadline.left_s():.0f} s" if run.deadline is not None else ""
     run.progress(f"depth {row.depth}", f"{row.modules} modules, {row.graphs} graphs{left}")
-    results = _tune_cut(
-        run.model,
-        run.info,
-        row.depth,
-        strategy=run.strategy,
-        tolerances=run.tolerances or Tolerances(),
-        measure_config=run.config,
-        progress=run.progress,
-        memo=run.memo,
-        cache=run.cache,
-        deadline=run.deadline,
-    )
+    reserve = run.deadline.reserving(run.reserve_s) if run.deadline is not None else nullcontext()
+    with reserve:
+        results = _tune_cut(
+            run.model,
+            run.info,
+            row.depth,
+            strategy=run.strategy,
+            tolerances=run.tolerances or Tolerances(),
+            measure_config=run.config,
+            progress=run.progress,
+            memo=run.memo,
+            cache=run.cache,
+            deadline=run.deadline,
+            clock=run.clock,
+        )
     _restore_devices(run.devices)
     run.graphs[row.depth] = results
     skipped = sum(1 for g in results for r in g.rows if r.reason == TIME_BUDGET_ERROR)
@@ -458,12 +617,37 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
     if not plan.entries:
         reasons = [r.reason for g in results for r in g.rows if r.reason]
         row.status = DepthStatus.SKIPPED
-        row.error = "every module failed to tune" + (f" ({reasons[0]})" if reasons else "")
+        row.error = (
+            TIME_BUDGET_ERROR  # the budget is why nothing is left, not the backends
+            if skipped
+            else "every module failed to tune" + (f" ({reasons[0]})" if reasons else "")
+        )
         return
     if not plan.runners():
         row.status = DepthStatus.NO_CHANGE
         return
-    _measure_depth(run, row, plan)
+    if not _same_plan(run, row, plan):
+        _measure_depth(run, row, plan)
+
+
+def _same_plan(run: _Run, row: DepthRow, plan: Plan) -> bool:
+    """Whether ``plan`` installs exactly the runners of a depth measured before.
+
+    That depth's row then stands for this one too (the wrapped models are the same), and this
+    depth is not measured again.
+    """
+    signature = frozenset(
+        (path, key, id(runner))
+        for path, runners in plan.runners().items()
+        for key, runner in runners.items()
+    )
+    twin = run.measured_plans.get(signature)
+    if twin is None:
+        run.measured_plans[signature] = row
+        return False
+    row.status, row.same_as = DepthStatus.SAME_PLAN, twin.depth
+    row.timing, row.speedup, row.untuned = twin.timing, twin.speedup, twin.untuned
+    return True
 
 
 def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
@@ -478,30 +662,39 @@ def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
         plans["single"] = single
     try:
         tuned = {name: wrap(run.model, p.runners(), in_place=False) for name, p in plans.items()}
-        problems = {name: _check_outputs(run, m, plans[name]) for name, m in tuned.items()}
+        with run.clock.phase(END_TO_END_CHECK):
+            problems = {name: _check_outputs(run, m, plans[name]) for name, m in tuned.items()}
         tuned = {name: m for name, m in tuned.items() if not problems[name]}
         if not tuned:
             row.status = DepthStatus.REJECTED
             row.error = f"end-to-end output: {problems['greedy']}"
             return
         run.progress(f"depth {row.depth}", "measuring end to end beside the untuned model")
-        timings = _timed(run, row, tuned)
-        best = min(tuned, key=lambda name: timings[name].median_s)
-        run.plans[row.depth] = plans[best]
-        row.timing, row.untuned = timings[best], timings[UNTUNED]
-        row.speedup = row.untuned.median_s / row.timing.median_s
-        row.status = DepthStatus.MEASURED
-        if len(tuned) > 1:
-            row.plans = (
-                ", ".join(
-                    f"{runtime_name(plans[n])} {format_seconds(timings[n].median_s)}" for n in tuned
-                )
-                + f": kept {runtime_name(plans[best])}"
-            )
+        with run.clock.phase(END_TO_END, f"depth {row.depth}"):
+            timings = _timed(run, row, tuned)
+        _keep_fastest(run, row, plans, timings, list(tuned))
     except Exception as exc:
         row.status, row.error = DepthStatus.FAILED, f"{type(exc).__name__}: {exc}"
     finally:
         run.restore()
+
+
+def _keep_fastest(
+    run: _Run, row: DepthRow, plans: dict[str, Plan], timings: dict[str, Timing], names: list[str]
+) -> None:
+    """Record the faster of the depth's measured plans in ``row`` and ``run.plans``."""
+    best = min(names, key=lambda name: timings[name].median_s)
+    run.plans[row.depth] = plans[best]
+    row.timing, row.untuned = timings[best], timings[UNTUNED]
+    row.speedup = row.untuned.median_s / row.timing.median_s
+    row.status = DepthStatus.MEASURED
+    if len(names) > 1:
+        row.plans = (
+            ", ".join(
+                f"{runtime_name(plans[n])} {format_seconds(timings[n].median_s)}" for n in names
+            )
+            + f": kept {runtime_name(plans[best])}"
+        )
 
 
 def _check_outputs(run: _Run, tuned: Any, plan: Plan) -> str:
@@ -515,23 +708,33 @@ def _check_outputs(run: _Run, tuned: Any, plan: Plan) -> str:
 def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]:
     """Time the tuned models and the untuned one in one interleaved measurement.
 
-    Measured again once when too noisy to separate them, then flagged (with a warning naming the
-    load).
+    Measured again once when too noisy to separate them (when the budget has room for it), then
+    flagged (with a warning naming the load).
     """
     models = {UNTUNED: run.model, **tuned}
+    started = now()
+    timings = run.measure(models)
+    if not too_noisy(timings):
+        return timings
+    if run.deadline is not None and not run.deadline.room_for_s(now() - started):
+        row.noisy = True
+        log.warning(
+            "depth %d: end-to-end timings too spread and no time left to measure again (%s)",
+            row.depth,
+            load_text(),
+        )
+        return timings
+    run.progress(f"depth {row.depth}", "timings too spread: measuring again")
     timings = run.measure(models)
     if too_noisy(timings):
-        run.progress(f"depth {row.depth}", "timings too spread: measuring again")
-        timings = run.measure(models)
-        if too_noisy(timings):
-            row.noisy = True
-            log.warning(
-                "depth %d: end-to-end timings stay too spread to tell the candidates apart "
-                "(%s); likely cause: another process is using the machine (%s)",
-                row.depth,
-                ", ".join(f"{n} {t}" for n, t in timings.items()),
-                load_text(),
-            )
+        row.noisy = True
+        log.warning(
+            "depth %d: end-to-end timings stay too spread to tell the candidates apart "
+            "(%s); likely cause: another process is using the machine (%s)",
+            row.depth,
+            ", ".join(f"{n} {t}" for n, t in timings.items()),
+            load_text(),
+        )
     return timings
 
 

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._args import add_budget_arguments
 from ._table import escape_controls, format_seconds, format_table
 from .cache.cli import add_cache_commands
 
@@ -138,7 +139,7 @@ def add_demo_command(subparsers: Any) -> None:
         description="Auto-tune a built-in nn.TransformerEncoder on this machine.",
     )
     parser.add_argument("--max-depth", type=int, default=1, help="deepest cut to try")
-    parser.add_argument("--time-budget", type=float, default=None, help="seconds")
+    add_budget_arguments(parser)
     parser.set_defaults(func=demo_command)
 
 
@@ -146,7 +147,7 @@ def demo_command(args: argparse.Namespace) -> int:
     """Run the demo with the parsed arguments; returns the exit status."""
     from .demo import run_demo
 
-    return run_demo(args.max_depth, args.time_budget)
+    return run_demo(args.max_depth, args.time_budget, args.quick)
 
 
 COMMANDS: list[Callable[[Any], None]] = [add_info_command, add_cache_commands, add_demo_command]

@@ -6,9 +6,11 @@ Run: ``python -m tunetree.demo`` (or ``make demo``). Takes one to two minutes on
 from __future__ import annotations
 
 import argparse
+from typing import Literal
 
 import torch
 
+from ._args import add_budget_arguments
 from .auto import auto_tune
 from .compare import compare_all
 from .tune import TuneResult
@@ -25,19 +27,23 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point of the demo; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--max-depth", type=int, default=1, help="deepest cut to try")
-    parser.add_argument("--time-budget", type=float, default=None, help="seconds")
+    add_budget_arguments(parser)
     args = parser.parse_args(argv)
-    return run_demo(args.max_depth, args.time_budget)
+    return run_demo(args.max_depth, args.time_budget, args.quick)
 
 
-def run_demo(max_depth: int = 1, time_budget: float | None = None) -> int:
+def run_demo(
+    max_depth: int = 1,
+    time_budget: float | Literal["default"] | None = "default",
+    quick: bool = False,
+) -> int:
     """Auto-tune the built-in encoder, print every table; 0 when outputs match eager."""
     model = build_encoder()
     data = [torch.randn(8, 128, 256) for _ in range(3)]
     print(
         f"Model: 4-layer nn.TransformerEncoder (d=256), inputs 8x128x256, torch {torch.__version__}"
     )
-    result = auto_tune(model, data, max_depth=max_depth, time_budget=time_budget)
+    result = auto_tune(model, data, max_depth=max_depth, time_budget=time_budget, quick=quick)
     print()
     print(result)
     if result.depth is not None:

@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from .budget import Deadline
 from .graph import Sample
 from .inspection import ModelInfo
 from .measure import MeasureConfig, Timing, cycle_calls, measure
@@ -28,14 +29,21 @@ UNTUNED = "untuned"
 
 
 def side_by_side(
-    models: Mapping[str, Any], info: ModelInfo, call: CallFn | None, config: MeasureConfig
+    models: Mapping[str, Any],
+    info: ModelInfo,
+    call: CallFn | None,
+    config: MeasureConfig,
+    deadline: Deadline | None = None,
 ) -> dict[str, Timing]:
-    """Time every model (tuned or not) end to end over the inspected samples, interleaved."""
+    """Time every model (tuned or not) end to end over the inspected samples, interleaved.
+
+    The trial rounds stop at ``deadline`` (see :func:`tunetree.measure`).
+    """
     calls = {
         name: cycle_calls(lambda *a, m=model, **k: run_model(m, Sample(a, k), call), info.samples)
         for name, model in models.items()
     }
-    return measure(calls, info.device, config)
+    return measure(calls, info.device, config, deadline)
 
 
 def too_noisy(timings: Mapping[str, Timing]) -> bool:

@@ -20,7 +20,17 @@ from torch import nn
 
 from ._table import format_seconds
 from .backends.base import Backend, Runner
-from .budget import TIME_BUDGET_ERROR, Deadline
+from .budget import (
+    BUILD,
+    CHECK,
+    MEASUREMENT,
+    REMATCH,
+    SCREENING,
+    SHAPES,
+    TIME_BUDGET_ERROR,
+    Deadline,
+    Stopwatch,
+)
 from .compare import Tolerances, compare_all
 from .graph import Graph, Sample, batch_size, detach_clone
 from .measure import MeasureConfig, Timing, cycle_calls, measure
@@ -61,6 +71,9 @@ class CandidateRow:
     per_shape: dict[str, Timing] = field(default_factory=dict, repr=False)
     """Latency per recorded shape of a ranged graph (winner and eager; see
     :meth:`GraphSession.measure_shapes`), by the sizes of its dimensions."""
+    screened_out: bool = False
+    """Dropped by the screening measurement: it could not be within the margin of the leader
+    (its ``timing`` is the screening's; it takes no part in the choice)."""
 
     @property
     def latency_s(self) -> float | None:
@@ -105,7 +118,14 @@ class GraphSession:
     a miss so concurrent tuners do not disturb each other's timings. Sessions derived from
     this one (``dataclasses.replace``) keep it."""
     deadline: Deadline | None = None
-    """When set and passed, every candidate but eager is skipped without a build."""
+    """When set, a candidate (other than eager) whose build is not expected to end before it is
+    skipped without a build, measurements stop at it, and one with no time left is skipped."""
+    clock: Stopwatch = field(default_factory=Stopwatch, repr=False)
+    """Where builds, checks and measurements charge their time (the result's breakdown)."""
+    usable_built: int = field(default=0, repr=False)
+    """Candidates built and checked correct so far (what a measurement would time)."""
+    call_s: float = 0.0
+    """About one eager call of this graph (from the inspection): how long measurements take."""
 
     def evaluate(self, backend: Backend) -> CandidateRow:
         """Availability, build and first run, then comparison with eager on every sample."""
@@ -113,23 +133,44 @@ class GraphSession:
         reason = backend.unavailable_reason(self.device)
         if reason:
             return CandidateRow(backend, Status.UNAVAILABLE, reason)
-        if (
-            self.deadline is not None
-            and backend.kind != "eager"
-            and not self.deadline.room_for(backend.kind)
-        ):
+        if backend.kind != "eager" and not self._room_to_build(backend):
             return CandidateRow(backend, Status.SKIPPED, TIME_BUDGET_ERROR)
         self.progress(where, self.graph, backend.name, "building")
         if self.on_build is not None:
             self.on_build(backend)
-        start = time.perf_counter()
         timed = self.deadline.build(backend.kind) if self.deadline is not None else nullcontext()
-        with timed, process_state_kept(f"building {backend.name} for {where}"):
-            built = self._build_and_run(backend)
-        build_s = time.perf_counter() - start
-        if isinstance(built, CandidateRow):
-            return built
-        runner, outputs = built
+        with timed:
+            start = time.perf_counter()
+            with (
+                self.clock.phase(BUILD, backend.kind),
+                process_state_kept(f"building {backend.name} for {where}"),
+            ):
+                built = self._build_and_run(backend)
+            build_s = time.perf_counter() - start
+            if isinstance(built, CandidateRow):
+                return built
+            with self.clock.phase(CHECK, backend.kind):
+                return self._checked(backend, *built, build_s)
+
+    def _room_to_build(self, backend: Backend) -> bool:
+        """Whether the deadline has room for ``backend``'s build and then a short measurement.
+
+        The short measurement is that of the candidates usable so far, this one and one more (eager
+        comes last): a build whose candidate cannot be measured any more is wasted.
+        """
+        if self.deadline is None:
+            return True
+        measuring = self._least(self.measure_config.screening(), self.usable_built + 2)
+        return self.deadline.room_for_s(self.deadline.expected_build_s(backend.kind) + measuring)
+
+    def _least(self, config: MeasureConfig, candidates: int) -> float:
+        """About the shortest measurement of ``candidates`` of this graph with ``config``."""
+        return config.least_s(candidates, self.call_s, len(self.graph.samples))
+
+    def _checked(
+        self, backend: Backend, runner: Runner, outputs: list[Any], build_s: float
+    ) -> CandidateRow:
+        """The row of a built candidate: rejected unless its outputs and probes match eager."""
         tolerances = backend.tolerances() or self.tolerances
         comparison = compare_all(self.graph.outputs, outputs, tolerances)
         if not comparison.ok:
@@ -139,6 +180,7 @@ class GraphSession:
         wrong = self.probe_failure(runner)
         if wrong is not None:
             return CandidateRow(backend, Status.REJECTED, wrong, build_s, comparison.max_abs_diff)
+        self.usable_built += 1
         return CandidateRow(
             backend,
             Status.OK,
@@ -184,36 +226,90 @@ class GraphSession:
                 return f"wrong on {label}: {comparison.reason}"
         return None
 
-    def measure(self, rows: list[CandidateRow]) -> None:
-        """Time every usable row, interleaved, and store each row's :class:`Timing`."""
+    def measure(self, rows: list[CandidateRow], screen: bool = False) -> None:
+        """Time every usable row, interleaved, and store each row's :class:`Timing`.
+
+        With ``screen`` (strategies where the fastest wins) and three or more usable rows, a
+        short screening measurement first drops the rows that cannot be within
+        ``MeasureConfig.screen_margin`` of the leader (``screened_out``); when one row is
+        left, its screening timing decides. When the deadline leaves time for the short
+        measurement only, it decides; when it leaves none, the rows are skipped (the graph
+        keeps its forward).
+        """
         usable = [r for r in rows if r.usable]
         if not usable:
             return
+        config, short = self.measure_config, False
+        if self.deadline is not None:
+            quick = self._least(config.screening(), len(usable))
+            if not self.deadline.room_for_s(min(quick, self._least(config, len(usable)))):
+                for row in usable:
+                    row.status, row.reason = Status.SKIPPED, TIME_BUDGET_ERROR
+                where = self.path or "<model>"
+                self.progress(where, self.graph, f"measuring: {TIME_BUDGET_ERROR}")
+                return
+            short = not self.deadline.room_for_s(quick + self._least(config, min(len(usable), 2)))
         self.progress(self.path or "<model>", self.graph, f"measuring {len(usable)} candidates")
         calls: dict[str, Callable[[], object]] = {}
         for i, row in enumerate(usable):
             assert row.runner is not None
             calls[f"{i}"] = cycle_calls(row.runner, self.graph.samples)
         with self.measure_lock() if self.measure_lock is not None else nullcontext():
-            timings = self._time(calls, usable, self.measure_config)
+            if short or (screen and config.screen and len(usable) >= 3):
+                calls = self._screen(usable, calls, drop=screen and config.screen)
+                if short or len(calls) < 2:
+                    return
+            with self.clock.phase(MEASUREMENT):
+                timings = self._time(calls, usable, config)
             for name, timing in timings.items():
                 usable[int(name)].timing = timing
-            if self.measure_config.rematch:
+            if config.rematch:
                 self._rematch(usable, calls)
+
+    def _screen(
+        self, usable: list[CandidateRow], calls: dict[str, Callable[[], object]], drop: bool
+    ) -> dict[str, Callable[[], object]]:
+        """Time every row briefly; with ``drop``, mark those that cannot win.
+
+        Returns the calls of the rows still in the race.
+        """
+        with self.clock.phase(SCREENING):
+            timings = self._time(calls, usable, self.measure_config.screening())
+        for name, timing in timings.items():
+            usable[int(name)].timing = timing
+        timed = [usable[int(name)] for name in timings]
+        dropped = screen_out(timed, self.measure_config.screen_margin) if drop else []
+        if dropped:
+            self.progress(
+                self.path or "<model>",
+                self.graph,
+                "screened out: " + ", ".join(r.backend.name for r in dropped),
+            )
+        out = {id(r) for r in dropped}
+        return {
+            n: fn
+            for n, fn in calls.items()
+            if n in timings and id(usable[int(n)]) not in out and usable[int(n)].usable
+        }
 
     def _rematch(self, usable: list[CandidateRow], calls: dict[str, Callable[[], object]]) -> None:
         """Time again the candidates whose spread overlaps the fastest one's (a close race)."""
-        finalists = close_race(usable)
+        finalists = close_race([usable[int(n)] for n in calls])
         if len(finalists) < 2:
             return
+        if self.deadline is not None and not self.deadline.room_for_s(
+            self._least(self.measure_config, len(finalists))
+        ):
+            return
         chosen = {id(row) for row in finalists}
-        names = [str(i) for i, row in enumerate(usable) if id(row) in chosen]
+        names = [n for n in calls if id(usable[int(n)]) in chosen]
         self.progress(
             self.path or "<model>",
             self.graph,
             "close race, measuring again: " + ", ".join(r.backend.name for r in finalists),
         )
-        again = self._time({n: calls[n] for n in names}, usable, self.measure_config.longer())
+        with self.clock.phase(REMATCH):
+            again = self._time({n: calls[n] for n in names}, usable, self.measure_config.longer())
         for name, timing in again.items():
             usable[int(name)].timing = timing
 
@@ -235,9 +331,14 @@ class GraphSession:
             assert row.runner is not None
             for label, samples in shapes.items():
                 calls[f"{i}|{label}"] = cycle_calls(row.runner, samples)
-        with self.measure_lock() if self.measure_lock is not None else nullcontext():
+        config = self.measure_config
+        least = self._least(config, len(calls))
+        if self.deadline is not None and not self.deadline.room_for_s(least):
+            return  # informative only: not worth the budget's last seconds
+        lock = self.measure_lock() if self.measure_lock is not None else nullcontext()
+        with lock, self.clock.phase(SHAPES):
             try:
-                timings = measure(calls, self.device, self.measure_config)
+                timings = measure(calls, self.device, config, self.deadline)
             except Exception as exc:
                 log.debug("per-shape measurement failed: %s", exc)
                 return
@@ -253,13 +354,13 @@ class GraphSession:
     ) -> dict[str, Timing]:
         """Interleaved timings; one by one when a runner fails only when timed."""
         try:
-            return measure(calls, self.device, config)
+            return measure(calls, self.device, config, self.deadline)
         except Exception as exc:
             log.debug("interleaved measurement failed: %s", exc)
         timings: dict[str, Timing] = {}
         for name, fn in calls.items():
             try:
-                timings.update(measure({name: fn}, self.device, config))
+                timings.update(measure({name: fn}, self.device, config, self.deadline))
             except Exception as one_exc:
                 row = usable[int(name)]
                 row.status, row.reason = Status.FAILED, f"measure: {_short(one_exc)}"
@@ -284,6 +385,35 @@ def close_race(rows: list[CandidateRow]) -> list[CandidateRow]:
     limit = per_sample(best, best.timing.q3_s)
     finalists = [r for r in timed if per_sample(r, r.timing.q1_s) <= limit]  # type: ignore[union-attr]
     return finalists if len(finalists) >= 2 else []
+
+
+def screen_out(rows: list[CandidateRow], margin: float) -> list[CandidateRow]:
+    """The timed rows that cannot be within ``margin`` of the fastest one; marks them.
+
+    A row cannot be when even its fastest quarter of blocks (per sample) is slower than the
+    leader's slowest quarter by more than ``margin``: more trials would not make it the winner.
+    """
+    timed = [r for r in rows if r.usable and r.timing is not None]
+    if len(timed) < 2:
+        return []
+
+    def per_sample(row: CandidateRow, value: float) -> float:
+        return value / max(row.batch, 1)
+
+    leader = min(timed, key=lambda r: per_sample(r, r.timing.median_s))  # type: ignore[union-attr]
+    assert leader.timing is not None
+    limit = per_sample(leader, leader.timing.q3_s) * (1 + margin)
+    dropped = []
+    for row in timed:
+        assert row.timing is not None
+        if per_sample(row, row.timing.q1_s) > limit:
+            row.screened_out = True
+            ratio = per_sample(row, row.timing.median_s) / per_sample(
+                leader, leader.timing.median_s
+            )
+            row.reason = f"screened out: {ratio:.2f}x the leader ({leader.backend.name})"
+            dropped.append(row)
+    return dropped
 
 
 def _short(exc: BaseException, limit: int = 300) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import torch
 
 from ._table import format_seconds
+from .budget import Deadline
 from .modules import synchronize
 
 
@@ -34,6 +35,12 @@ class MeasureConfig:
     ``rematch``: when candidates' spreads overlap the fastest one's, time those finalists
     again, alone together, with twice the trials (see :meth:`longer`): a close race is
     decided on more evidence, not on one noisy round.
+    ``stop_when_clear``: stop the trials once every candidate has ``clear_after`` of them and
+    the fastest one's spread lies below every other's (the decision cannot change any more).
+    ``screen``: before measuring three or more candidates in full, a short screening
+    measurement (:meth:`screening`) drops those that cannot be within ``screen_margin`` of the
+    leader: their fastest quarter of blocks is slower than the leader's slowest quarter plus
+    the margin.
     """
 
     warmup_s: float = 0.2
@@ -43,6 +50,10 @@ class MeasureConfig:
     min_trials: int = 3
     max_s_per_candidate: float = 3.0
     rematch: bool = True
+    stop_when_clear: bool = True
+    clear_after: int = 5
+    screen: bool = True
+    screen_margin: float = 0.05
 
     @classmethod
     def quick(cls) -> MeasureConfig:
@@ -55,6 +66,37 @@ class MeasureConfig:
             max_s_per_candidate=0.5,
             rematch=False,
         )
+
+    @classmethod
+    def first_look(cls) -> MeasureConfig:
+        """``auto_tune(quick=True)``: five blocks, at most 1 s per candidate, no rematch."""
+        return cls(warmup_s=0.1, trials=5, min_trials=3, max_s_per_candidate=1.0, rematch=False)
+
+    def screening(self) -> MeasureConfig:
+        """A short first look: three blocks of a quarter length, a tenth of the time, no rematch.
+
+        Shorter blocks are noisier: their wider spread makes screening keep more, never drop more.
+        """
+        return dataclasses.replace(
+            self,
+            warmup_s=min(self.warmup_s, 0.05),
+            block_s=self.block_s / 4,
+            trials=3,
+            min_trials=3,
+            max_s_per_candidate=self.max_s_per_candidate / 10,
+            rematch=False,
+            stop_when_clear=False,
+        )
+
+    def least_s(self, candidates: int, call_s: float = 0.0, cycle: int = 1) -> float:
+        """About the shortest measurement of ``candidates``: warm-up and ``min_trials`` blocks.
+
+        ``call_s``: one call's duration when known; ``cycle``: the calls of one pass over the
+        samples (a block is a whole number of passes).
+        """
+        warm = max(self.warmup_s, self.min_warmup_calls * call_s)
+        block = max(self.block_s + cycle * call_s, cycle * call_s) + call_s  # + the untimed call
+        return candidates * (warm + self.min_trials * block)
 
     def longer(self) -> MeasureConfig:
         """This configuration with twice the trials and time per candidate (for a rematch)."""
@@ -95,8 +137,16 @@ def _stats(per_call: list[float], calls: int) -> Timing:
     return Timing(statistics.median(ordered), q1, q3, ordered[0], len(ordered), calls)
 
 
-def _warm_up(fn: Callable[[], object], device: torch.device, config: MeasureConfig) -> float:
-    """Run ``fn`` untimed; return an estimate of one call's duration."""
+def _warm_up(
+    fn: Callable[[], object],
+    device: torch.device,
+    config: MeasureConfig,
+    budget: Deadline | None = None,
+) -> float:
+    """Run ``fn`` untimed; return an estimate of one call's duration.
+
+    One call only once ``budget`` has no time left but its reserve.
+    """
     durations: list[float] = []
     deadline = time.perf_counter() + config.warmup_s
     while len(durations) < config.min_warmup_calls or time.perf_counter() < deadline:
@@ -104,7 +154,7 @@ def _warm_up(fn: Callable[[], object], device: torch.device, config: MeasureConf
         fn()
         synchronize(device)
         durations.append(time.perf_counter() - start)
-        if len(durations) >= 1000:
+        if len(durations) >= 1000 or (budget is not None and budget.free_s() <= 0):
             break
     tail = durations[len(durations) // 2 :]
     return max(statistics.median(tail), 1e-7)
@@ -114,10 +164,16 @@ def measure(
     candidates: Mapping[str, Callable[[], object]],
     device: torch.device | str = "cpu",
     config: MeasureConfig | None = None,
+    deadline: Deadline | None = None,
 ) -> dict[str, Timing]:
     """Time each zero-argument callable; returns a :class:`Timing` per name.
 
-    Calls run under ``torch.no_grad()`` with device synchronisation around every block.
+    Calls run under ``torch.no_grad()`` with device synchronisation around every block. With a
+    ``deadline``, each candidate's time cap is at most its share of the time left before the
+    deadline's reserve, and the trial rounds stop once that is used up (every candidate keeps
+    its ``min_trials`` blocks: a decision on fewer would be noise). The time cap holds on the
+    time really spent, not only on the warm-up's estimate. With
+    ``config.stop_when_clear`` they stop once the fastest candidate is clearly the fastest.
     """
     config = config or MeasureConfig()
     dev = torch.device(device)
@@ -125,7 +181,12 @@ def measure(
     if not names:
         return {}
     with torch.no_grad():
-        estimates = {name: _warm_up(candidates[name], dev, config) for name in names}
+        cap_s = config.max_s_per_candidate
+        if deadline is not None:
+            cap_s = min(cap_s, deadline.free_s() / len(names))
+        # The warm-up is at most a quarter of the time a candidate may take.
+        warm = dataclasses.replace(config, warmup_s=min(config.warmup_s, cap_s / 4))
+        estimates = {name: _warm_up(candidates[name], dev, warm, deadline) for name in names}
         calls = {
             name: _whole_cycles(candidates[name], math.ceil(config.block_s / estimates[name]))
             for name in names
@@ -133,28 +194,69 @@ def measure(
         trials = {
             name: max(
                 config.min_trials,
-                min(
-                    config.trials,
-                    int(config.max_s_per_candidate / (estimates[name] * (calls[name] + 1))),
-                ),
+                min(config.trials, int(cap_s / (estimates[name] * (calls[name] + 1)))),
             )
             for name in names
         }
         per_call: dict[str, list[float]] = {name: [] for name in names}
+        spent = dict.fromkeys(names, 0.0)
+
+        def done(name: str) -> bool:
+            # The cap holds on the time really spent: calls can be slower than warm-up said.
+            n = len(per_call[name])
+            return n >= trials[name] or (n >= config.min_trials and spent[name] >= cap_s)
+
         for round_index in range(max(trials.values())):
+            if round_index and _stop(per_call, done, config, deadline):
+                break
             shift = round_index % len(names)
             for name in names[shift:] + names[:shift]:
-                if len(per_call[name]) >= trials[name]:
+                if done(name):
                     continue
                 fn = candidates[name]
+                began = time.perf_counter()
                 fn()  # untimed: lets the previous runtime's threads settle into this one
                 synchronize(dev)
                 start = time.perf_counter()
                 for _ in range(calls[name]):
                     fn()
                 synchronize(dev)
-                per_call[name].append((time.perf_counter() - start) / calls[name])
+                end = time.perf_counter()
+                per_call[name].append((end - start) / calls[name])
+                spent[name] += end - began
     return {name: _stats(per_call[name], calls[name]) for name in names}
+
+
+def _stop(
+    per_call: dict[str, list[float]],
+    done: Callable[[str], bool],
+    config: MeasureConfig,
+    deadline: Deadline | None,
+) -> bool:
+    """Whether to stop before the next round.
+
+    Every candidate has its ``min_trials`` blocks (a decision needs them) and either all are
+    done, the deadline has no time left but its reserve, or the decision is clear.
+    """
+    if any(len(v) < config.min_trials and not done(n) for n, v in per_call.items()):
+        return False
+    if all(done(n) for n in per_call):
+        return True
+    if deadline is not None and deadline.free_s() <= 0:
+        return True
+    if not config.stop_when_clear or len(per_call) < 2:
+        return False
+    if any(len(v) < config.clear_after and not done(n) for n, v in per_call.items()):
+        return False
+    return separated({n: _stats(v, 1) for n, v in per_call.items()})
+
+
+def separated(timings: Mapping[str, Timing]) -> bool:
+    """Whether the fastest timing's spread lies entirely below every other timing's."""
+    if len(timings) < 2:
+        return False
+    best = min(timings, key=lambda n: timings[n].median_s)
+    return all(timings[best].q3_s < t.q1_s for n, t in timings.items() if n != best)
 
 
 class _Cycle:

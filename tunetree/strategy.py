@@ -12,6 +12,7 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -35,6 +36,11 @@ class StrategyOutcome:
 class Strategy:
     """Base class: holds candidate backends in the order they are tried."""
 
+    fastest_wins: ClassVar[bool] = False
+    """True when :meth:`select` picks the fastest candidate: candidates that cannot be within
+    the screening margin of the leader are then dropped after a short screening measurement
+    (see :meth:`GraphSession.measure`)."""
+
     def __init__(self, backends: Sequence[Backend]) -> None:
         if not backends:
             raise InvalidInputError(f"{type(self).__name__} needs at least one backend")
@@ -52,8 +58,8 @@ class Strategy:
     def run(self, session: GraphSession) -> StrategyOutcome:
         """Evaluate candidates for the session's graph and choose a winner."""
         rows = [session.evaluate(b) for b in self.backends]
-        session.measure(rows)
-        measured = [r for r in rows if r.usable and r.timing is not None]
+        session.measure(rows, screen=self.fastest_wins)
+        measured = [r for r in rows if r.usable and r.timing is not None and not r.screened_out]
         return StrategyOutcome(rows, self.select(measured) if measured else None)
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
@@ -110,6 +116,8 @@ class OneBackendStrategy(FirstWinsStrategy):
 class MinLatencyStrategy(Strategy):
     """Measure every candidate; the lowest median latency wins."""
 
+    fastest_wins: ClassVar[bool] = True
+
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
         """The measured candidate with the lowest median latency."""
         return min(measured, key=lambda r: r.latency_s or float("inf"))
@@ -123,6 +131,8 @@ class HighestThroughputStrategy(Strategy):
     out; the largest useful batch is reported per row and throughput is compared there.
     The tuned plan still serves the graph that was recorded. Off by default.
     """
+
+    fastest_wins: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -149,7 +159,7 @@ class HighestThroughputStrategy(Strategy):
             return outcome
         best: dict[int, float] = {}
         for i, row in enumerate(outcome.rows):
-            if row.usable and row.throughput is not None:
+            if row.usable and row.throughput is not None and not row.screened_out:
                 best[i] = self._search(session, row)
         winner_index = max(best, key=lambda i: best[i])
         return StrategyOutcome(outcome.rows, outcome.rows[winner_index])
@@ -230,6 +240,16 @@ def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStr
             continue
         chosen.append(backend)
     return HighestThroughputStrategy(chosen)
+
+
+def quick_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:
+    """:func:`default_strategy` without the backends that build slowly (``quick_build=False``).
+
+    What ``auto_tune(quick=True)`` tries: on a CPU OpenVINO, ONNX Runtime and eager, without
+    Inductor's compiles; on CUDA graph capture, ONNX Runtime and eager.
+    """
+    quick = [b for b in default_strategy(device).backends if b.quick_build]
+    return HighestThroughputStrategy(quick)
 
 
 def _scaled_graph(module: torch.nn.Module, graph: Graph, factor: int) -> Graph:

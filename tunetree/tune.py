@@ -13,7 +13,7 @@ import torch
 
 from ._table import format_seconds, format_table
 from .backends.base import Backend
-from .budget import TIME_BUDGET_ERROR, Deadline
+from .budget import CACHE, INSPECTION, TIME_BUDGET_ERROR, Deadline, Stopwatch, TimeBreakdown
 from .cache import open_cache
 from .compare import Tolerances
 from .errors import InvalidInputError
@@ -43,6 +43,12 @@ class TuneResult:
     info: ModelInfo = field(repr=False)
     dry_run: bool = False
     original: Any = field(default=None, repr=False)
+    breakdown: TimeBreakdown | None = None
+    """Where the tuning time went, by phase (None for a dry run)."""
+
+    def timing(self) -> str:
+        """The tuning time by phase as a table (see :class:`tunetree.TimeBreakdown`)."""
+        return str(self.breakdown) if self.breakdown is not None else "nothing was timed"
 
     def undo(self) -> Any:
         """Remove every wrap this tune installed; returns the untuned model."""
@@ -100,7 +106,8 @@ class TuneResult:
             "(* = winner)"
         )
         note = self.info.coverage_note()
-        return head + "\n" + self.table() + (f"\nNote: {note}" if note else "")
+        timing = f"\n{self.breakdown}" if self.breakdown is not None else ""
+        return head + "\n" + self.table() + (f"\nNote: {note}" if note else "") + timing
 
 
 GraphMemo = dict[tuple[str, Any], GraphResult]
@@ -120,14 +127,17 @@ def tune_cut(
     on_build: Callable[[Backend], None] | None = None,
     cache: GraphCache | None = None,
     deadline: Deadline | None = None,
+    clock: Stopwatch | None = None,
 ) -> list[GraphResult]:
     """Run the strategy on every graph of every module in the cut at ``depth``.
 
-    The model must be unwrapped; nothing is wrapped here. Once ``deadline`` has passed, graphs not
-    started are skipped (their modules keep their forward) and started graphs build no further
-    candidate but eager.
+    The model must be unwrapped; nothing is wrapped here. Once ``deadline`` has no time left but
+    its reserve, graphs not started are skipped (their modules keep their forward); started
+    graphs build no candidate expected to cross it but eager. ``clock`` is charged the builds,
+    checks, measurements and cache look-ups.
     """
     base = strategy or default_strategy(info.device)
+    clock = clock or Stopwatch()
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
     results = []
     started = time.perf_counter()
@@ -137,7 +147,7 @@ def tune_cut(
             progress(f"depth {depth}", where, graph, "reused")
             results.append(memo[(path, key)])
             continue
-        if deadline is not None and deadline.passed():
+        if deadline is not None and deadline.free_s() <= 0:
             rows = [CandidateRow(b, Status.SKIPPED, TIME_BUDGET_ERROR) for b in base.backends]
             results.append(GraphResult(path, graph, rows, None, base.describe()))
             progress(f"depth {depth}", where, graph, f"skipped: {TIME_BUDGET_ERROR}")
@@ -152,6 +162,8 @@ def tune_cut(
             progress,
             on_build,
             deadline=deadline,
+            clock=clock,
+            call_s=_call_s(info, path),
         )
         result = _tune_graph(session, base, cache)
         if memo is not None and not _budget_cut(result):
@@ -162,18 +174,27 @@ def tune_cut(
     return results
 
 
+def _call_s(info: ModelInfo, path: str) -> float:
+    """Seconds per eager call of the module at ``path``, as the inspection saw them."""
+    record = info.modules[path]
+    return record.total_s / record.calls if record.calls else 0.0
+
+
 def _tune_graph(session: GraphSession, base: Strategy, cache: GraphCache | None) -> GraphResult:
     """One graph: the cached result, else the strategy's (stored unless the budget cut it)."""
     own = base.copy()
-    cached = cache.lookup(session, own) if cache is not None else None
-    if cached is not None:
-        return cached
+    if cache is not None:
+        with session.clock.phase(CACHE):
+            cached = cache.lookup(session, own)
+        if cached is not None:
+            return cached
     outcome = own.run(session)
     result = GraphResult(session.path, session.graph, outcome.rows, outcome.winner, own.describe())
     _measure_shapes(session, result)
     session.graph.checks = None  # probe outputs can be large; the graph is tuned once
     if cache is not None and not _budget_cut(result):
-        cache.store(session, own, result)
+        with session.clock.phase(CACHE):
+            cache.store(session, own, result)
     return result
 
 
@@ -287,37 +308,25 @@ def tune(
         check_eval_mode(model)
     dev = check_device(model, device)
     progress = Progress(verbose)
+    clock = Stopwatch()
     with preserved_state(model), eval_mode(model):
         if info is None:
             progress("inspecting the model")
-            info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+            with clock.phase(INSPECTION):
+                info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
         if dry_run:
             return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
-        graphs = _tune_graphs(
-            model, info, depth, strategy, tolerances, measure_config, progress, cache
+        graphs = tune_cut(
+            model,
+            info,
+            depth,
+            strategy=strategy,
+            tolerances=tolerances or Tolerances(),
+            measure_config=measure_config or MeasureConfig(),
+            progress=progress,
+            cache=open_cache(cache),
+            clock=clock,
         )
     plan = plan_from(graphs, depth)
     tuned = wrap(model, plan.runners(), plan, in_place=depth > 0)
-    return TuneResult(tuned, depth, plan, graphs, info, original=model)
-
-
-def _tune_graphs(
-    model: Any,
-    info: ModelInfo,
-    depth: int,
-    strategy: Strategy | None,
-    tolerances: Tolerances | None,
-    measure_config: MeasureConfig | None,
-    progress: Progress,
-    cache: GraphCache | str | os.PathLike[str] | bool | None,
-) -> list[GraphResult]:
-    return tune_cut(
-        model,
-        info,
-        depth,
-        strategy=strategy,
-        tolerances=tolerances or Tolerances(),
-        measure_config=measure_config or MeasureConfig(),
-        progress=progress,
-        cache=open_cache(cache),
-    )
+    return TuneResult(tuned, depth, plan, graphs, info, original=model, breakdown=clock.breakdown())

@@ -590,9 +590,9 @@ def test_batch_size_search_measures_under_the_device_lock(
 
     real_measure = evaluate.measure
 
-    def spy(calls: Any, device: Any, config: Any) -> Any:
+    def spy(calls: Any, device: Any, config: Any, *rest: Any) -> Any:
         held.append(inside[0])
-        return real_measure(calls, device, config)
+        return real_measure(calls, device, config, *rest)
 
     monkeypatch.setattr(TuningCache, "device_lock", recording_lock)
     monkeypatch.setattr(evaluate, "measure", spy)

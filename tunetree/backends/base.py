@@ -65,6 +65,9 @@ class Backend(ABC):
     libraries: ClassVar[tuple[str, ...]] = ()
     """Pip distributions whose versions decide what this backend builds (recorded in the
     environment of checkpoints and cache entries)."""
+    quick_build: ClassVar[bool] = True
+    """False for backends whose builds take seconds per graph (compilers): left out of
+    :func:`tunetree.quick_strategy` (``auto_tune(quick=True)``)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Register a subclass that declares its own ``kind``.

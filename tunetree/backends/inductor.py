@@ -290,6 +290,7 @@ class Inductor(Backend):
 
     kind: ClassVar[str] = "inductor"
     libraries: ClassVar[tuple[str, ...]] = ("triton",)
+    quick_build: ClassVar[bool] = False
     mode: str | None = None
     dynamic: bool | None = False
     fullgraph: bool = False
