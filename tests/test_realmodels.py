@@ -342,3 +342,31 @@ def test_pipeline_modules_in_a_dict_are_saved_and_restored(tmp_path: Path) -> No
         fresh.parts["enc"].weight.add_(1.0)
     loaded = tt.load(fresh, path)
     assert torch.equal(loaded.run(data[0]), expected)
+
+
+def test_an_untuned_model_slowed_by_its_company_does_not_flatter_the_depth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A runtime measured beside the untuned model slowed it 20x on the 2-core machine (its
+    threads stay busy), so a plan no faster than the untuned model showed 20x and was chosen.
+    Speed-ups are taken against the fastest untuned timing of the run."""
+    calls: list[set[str]] = []
+
+    def fake(models: dict[str, Any], info: Any, call: Any, config: Any, **_: Any) -> Any:
+        calls.append(set(models))
+        alone = len(models) == 1  # the first measurement: the untuned model by itself
+        untuned = 10 * MS if alone else 200 * MS  # slowed by the runtime beside it
+        return {n: _timing(untuned if n == UNTUNED else 10 * MS, 0.01) for n in models}
+
+    monkeypatch.setattr(tunetree.auto, "side_by_side", fake)
+    torch.manual_seed(0)
+    result = tt.auto_tune(
+        Busy(0.0, 0.0).eval(),
+        [torch.randn(2, 4)],
+        strategy=one(Shortcut()),
+        max_depth=0,
+        verbose=False,
+        cache=False,
+    )
+    assert result.rows[0].speedup == pytest.approx(1.0)  # not 20x
+    assert result.depth is None  # no faster than the untuned model: left untuned

@@ -493,6 +493,7 @@ def _finish(
     measured = [r for r in rows if r.untuned is not None and r.same_as is None]
     after = measured[-1].untuned if measured else None
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
+    _against_fastest_untuned(measured, before)
     selected = _select(rows, tie_tolerance)
     plan = run.plans[selected] if selected is not None else Plan()
     tuned_model = (
@@ -513,6 +514,20 @@ def _finish(
         now() - start,
         original=run.model,
     )
+
+
+def _against_fastest_untuned(measured: list[DepthRow], before: Timing) -> None:
+    """Each depth's speed-up against the fastest untuned timing of the run.
+
+    A runtime measured beside the untuned model can slow it down (ONNX Runtime's or
+    OpenVINO's threads stay busy after their calls: 20x was seen on a 2-core machine), which
+    would flatter the plan measured with it and choose a depth that is no faster. The untuned
+    model is only ever slowed by such company, so its fastest timing is the honest reference.
+    """
+    reference = min([before.median_s, *(r.untuned.median_s for r in measured if r.untuned)])
+    for row in measured:
+        if row.timing is not None and row.timing.median_s > 0:
+            row.speedup = reference / row.timing.median_s
 
 
 def _check_arguments(min_depth: int, max_depth: int | None, tie_tolerance: float) -> None:
