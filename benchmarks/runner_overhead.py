@@ -172,15 +172,12 @@ def onnxruntime_by_hand(
     names = [i.name for i in session.get_inputs()]
 
     def run(sample: Sample) -> Any:
-        values = dict(zip(_names(sample), _numpy_inputs(sample), strict=True))
+        # positional inputs take the exported graph's names in order, keywords their own
+        values = dict(zip(names if sample.args else sample.kwargs, _numpy_inputs(sample)))
         feeds = {name: values[name] for name in names if name in values}
         return tuple(torch.from_numpy(a) for a in session.run(None, feeds))
 
     return run
-
-
-def _names(sample: Sample) -> list[str]:
-    return [*(f"x{i}" if i else "x" for i in range(len(sample.args))), *sample.kwargs]
 
 
 def inductor_by_hand(work: Workload, calls: list[Sample]) -> Callable[[Sample], Any]:

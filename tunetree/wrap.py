@@ -227,6 +227,9 @@ def wrap(
                 f"{path or '<model>'} is already wrapped: undo the previous tune first"
             )
         module.__dict__["forward"] = Dispatcher(module, path, graph_runners, plan)
+    if list(runners) == [""] and isinstance(model, nn.Module):
+        for runner in runners[""].values():
+            runner.serve_alone()  # the whole model: nothing runs between the runner's calls
     return model
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -183,3 +184,41 @@ def test_load_checks_the_record_and_the_model_against_the_graph(tmp_path: Path) 
     loaded = OnnxRuntime().load(module, graph.key, tmp_path, saved, CPU)
     assert loaded.served is None
     assert compare_all(graph.outputs, run_all(loaded, graph)).ok
+
+
+def test_a_session_spins_only_when_it_serves_the_whole_model() -> None:
+    """Spinning threads serve back-to-back calls faster (depth 0) but slow torch code run
+    between calls threefold (depth 2 of BERT-2L on 2 cores): only a root runner spins."""
+    import tunetree as tt
+    from tests.fakes import mlp as mlp_model
+    from tunetree.wrap import dispatcher_of
+
+    def quick_tune(model: torch.nn.Module, data: list[Any], depth: int) -> tt.TuneResult:
+        return tt.tune(
+            model,
+            data,
+            depth=depth,
+            strategy=tt.OneBackendStrategy(OnnxRuntime()),
+            measure_config=tt.MeasureConfig.quick(),
+            verbose=False,
+            cache=False,
+        )
+
+    def runners(model: torch.nn.Module) -> list[Any]:
+        found = []
+        for module in model.modules():
+            dispatcher = dispatcher_of(module)
+            if dispatcher is not None:
+                found += list(dispatcher.runners.values())
+        return found
+
+    x = torch.randn(4, 16)
+    whole = quick_tune(mlp_model(), [x], depth=0)
+    (root,) = runners(whole.model)
+    assert root.spinning
+    entry = root.session.get_session_options().get_session_config_entry
+    assert entry("session.intra_op.allow_spinning") == "1"
+    assert torch.allclose(whole.model(x), whole.original(x), atol=1e-5)
+    inner = quick_tune(mlp_model(), [x], depth=1)
+    assert inner.depth == 1 and runners(inner.model)
+    assert not any(r.spinning for r in runners(inner.model))

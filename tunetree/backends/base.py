@@ -51,6 +51,14 @@ class Runner(ABC):
         """
         return {}
 
+    def serve_alone(self) -> None:
+        """Told that this runner serves the whole model: no torch code runs between its calls.
+
+        A runner may then trade idle CPU for latency (ONNX Runtime lets its threads spin). The
+        default does nothing.
+        """
+        return
+
 
 @dataclasses.dataclass(frozen=True)
 class Backend(ABC):

@@ -77,15 +77,13 @@ class OnnxRuntimeRunner(Runner):
     ) -> None:
         super().__init__(backend)
         self.directory = directory
+        self.device = device
+        self.bind = device.type == "cuda"
+        self.spinning = False
+        """Whether the session's threads spin between calls (see :meth:`serve_alone`)."""
         self.dynamic = dynamic  # output shapes vary with the call: ONNX Runtime allocates
         weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
-        import onnxruntime
-
-        self.session = onnxruntime.InferenceSession(
-            str(directory / _MODEL_FILE),
-            sess_options=backend.session_options(),
-            providers=backend.session_providers(device),
-        )
+        self.session = self._session(backend.session_options())
         index = {name: i for i, name in enumerate(inputs.names)}
         try:
             # The exporter may drop inputs the graph never reads.
@@ -101,8 +99,6 @@ class OnnxRuntimeRunner(Runner):
         self.numpy_out = [numpy_dtype(d) for d in outputs.dtypes]
         self.inputs = inputs
         self.outputs = outputs
-        self.device = device
-        self.bind = device.type == "cuda"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Pick the input tensors, run the session and rebuild eager's output structure."""
@@ -124,6 +120,35 @@ class OnnxRuntimeRunner(Runner):
             ],
             (args, kwargs),
         )
+
+    def _session(self, options: Any) -> Any:
+        import onnxruntime
+
+        backend = self.backend
+        assert isinstance(backend, OnnxRuntime)
+        return onnxruntime.InferenceSession(
+            str(self.directory / _MODEL_FILE),
+            sess_options=options,
+            providers=backend.session_providers(self.device),
+        )
+
+    def serve_alone(self) -> None:
+        """Let the session's threads spin between calls when this runner is the whole model.
+
+        Measured on the 2-core EPYC, BERT-2L: spinning serves the whole model 14% faster
+        (10.1 against 11.5 ms), but with torch code between calls (BERT tuned at depth 2) it
+        took 47.7 ms against 14.4, three times slower than eager. So a session spins only when
+        nothing runs between its calls. The session is rebuilt once, from the same model file.
+        """
+        backend = self.backend
+        assert isinstance(backend, OnnxRuntime)
+        if self.spinning or self.bind or backend.allow_spinning:
+            return
+        options = backend.session_options()
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "1")
+        self.session = self._session(options)
+        self.spinning = True
 
     def _run_bound(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Run with inputs and outputs in device memory (no host round trip)."""
