@@ -144,10 +144,7 @@ class OnnxRuntimeRunner(Runner):
         assert isinstance(backend, OnnxRuntime)
         if self.spinning or self.bind or backend.allow_spinning:
             return
-        options = backend.session_options()
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "1")
-        self.session = self._session(options)
+        self.session = self._session(backend.session_options(spinning=True))
         self.spinning = True
 
     def _run_bound(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -283,8 +280,11 @@ class OnnxRuntime(Backend):
                 result.append(name)
         return result
 
-    def session_options(self) -> Any:
-        """``onnxruntime.SessionOptions`` for this configuration."""
+    def session_options(self, spinning: bool | None = None) -> Any:
+        """``onnxruntime.SessionOptions`` for this configuration.
+
+        ``spinning`` overrides ``allow_spinning`` (see :meth:`OnnxRuntimeRunner.serve_alone`).
+        """
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
@@ -299,9 +299,9 @@ class OnnxRuntime(Backend):
             options.intra_op_num_threads = self.intra_op_num_threads
         if self.inter_op_num_threads is not None:
             options.inter_op_num_threads = self.inter_op_num_threads
-        spinning = "1" if self.allow_spinning else "0"
-        options.add_session_config_entry("session.intra_op.allow_spinning", spinning)
-        options.add_session_config_entry("session.inter_op.allow_spinning", spinning)
+        spin = "1" if (self.allow_spinning if spinning is None else spinning) else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        options.add_session_config_entry("session.inter_op.allow_spinning", spin)
         options.log_severity_level = 3  # errors only
         return options
 
