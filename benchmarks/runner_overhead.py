@@ -177,7 +177,9 @@ def onnxruntime_by_hand(
 
     def run(sample: Sample) -> Any:
         # positional inputs take the exported graph's names in order, keywords their own
-        values = dict(zip(names if sample.args else sample.kwargs, _numpy_inputs(sample)))
+        values = dict(
+            zip(names if sample.args else sample.kwargs, _numpy_inputs(sample), strict=False)
+        )
         feeds = {name: values[name] for name in names if name in values}
         return tuple(torch.from_numpy(a) for a in session.run(None, feeds))
 
