@@ -216,22 +216,26 @@ def _fake_side_by_side(calls: list[set[str]], noisy_calls: int) -> Any:
     return fake
 
 
+def _auto_tune_busy() -> tt.AutoTuneResult:
+    """auto_tune at depth 0 of a model whose end-to-end timings the test fakes."""
+    torch.manual_seed(0)
+    return tt.auto_tune(
+        Busy(0.0, 0.0).eval(),
+        [torch.randn(2, 4)],
+        strategy=one(Shortcut()),
+        max_depth=0,
+        verbose=False,
+        cache=False,
+    )
+
+
 def test_noisy_measurements_are_repeated_then_flagged_with_the_load(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     calls: list[set[str]] = []
     monkeypatch.setattr(tunetree.auto, "side_by_side", _fake_side_by_side(calls, 99))
-    torch.manual_seed(0)
-    model = Busy(0.0, 0.0).eval()
     with caplog.at_level(logging.WARNING, logger="tunetree.auto"):
-        result = tt.auto_tune(
-            model,
-            [torch.randn(2, 4)],
-            strategy=one(Shortcut()),
-            max_depth=0,
-            verbose=False,
-            cache=False,
-        )
+        result = _auto_tune_busy()
     assert calls == [{UNTUNED}, {UNTUNED, "greedy"}, {UNTUNED, "greedy"}]  # side by side, twice
     assert result.rows[0].noisy and "timings too spread" in str(result)
     assert "load average" in caplog.text
@@ -242,15 +246,7 @@ def test_noise_that_clears_on_the_second_measurement_is_not_flagged(
 ) -> None:
     calls: list[set[str]] = []
     monkeypatch.setattr(tunetree.auto, "side_by_side", _fake_side_by_side(calls, 2))
-    torch.manual_seed(0)
-    result = tt.auto_tune(
-        Busy(0.0, 0.0).eval(),
-        [torch.randn(2, 4)],
-        strategy=one(Shortcut()),
-        max_depth=0,
-        verbose=False,
-        cache=False,
-    )
+    result = _auto_tune_busy()
     assert len(calls) == 3 and not result.rows[0].noisy
     assert result.rows[0].speedup == pytest.approx(10 / 9)
     assert "too spread" not in str(result)
@@ -350,23 +346,13 @@ def test_an_untuned_model_slowed_by_its_company_does_not_flatter_the_depth(
     """A runtime measured beside the untuned model slowed it 20x on the 2-core machine (its
     threads stay busy), so a plan no faster than the untuned model showed 20x and was chosen.
     Speed-ups are taken against the fastest untuned timing of the run."""
-    calls: list[set[str]] = []
 
     def fake(models: dict[str, Any], info: Any, call: Any, config: Any, **_: Any) -> Any:
-        calls.append(set(models))
         alone = len(models) == 1  # the first measurement: the untuned model by itself
         untuned = 10 * MS if alone else 200 * MS  # slowed by the runtime beside it
         return {n: _timing(untuned if n == UNTUNED else 10 * MS, 0.01) for n in models}
 
     monkeypatch.setattr(tunetree.auto, "side_by_side", fake)
-    torch.manual_seed(0)
-    result = tt.auto_tune(
-        Busy(0.0, 0.0).eval(),
-        [torch.randn(2, 4)],
-        strategy=one(Shortcut()),
-        max_depth=0,
-        verbose=False,
-        cache=False,
-    )
+    result = _auto_tune_busy()
     assert result.rows[0].speedup == pytest.approx(1.0)  # not 20x
     assert result.depth is None  # no faster than the untuned model: left untuned

@@ -156,7 +156,7 @@ class ArgumentPlan:
     def learn(
         cls, call: tuple[tuple[Any, ...], dict[str, Any]], bound: tuple[tuple, dict]
     ) -> ArgumentPlan | None:
-        """The plan taking ``call`` to ``bound``; None when a tensor appears twice in ``call``."""
+        """The plan taking ``call`` to ``bound``; None when an object appears twice in ``call``."""
         args, kwargs = call
         sources: dict[int, Source] = {}
         for source, value in [
