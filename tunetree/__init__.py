@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import backends
 from ._version import __version__
+from .accuracy import AccuracyBudget, Pareto, PlanStep, Verdict
 from .auto import AutoTuneResult, DepthRow, DepthStatus, SkippedWork, auto_tune
 from .budget import PhaseTime, TimeBreakdown
 from .cache import TuningCache
@@ -33,6 +34,7 @@ from .strategy import (
     MinLatencyStrategy,
     OneBackendStrategy,
     Strategy,
+    accuracy_strategy,
     default_strategy,
     quick_strategy,
 )
@@ -40,6 +42,7 @@ from .tune import GraphResult, TuneResult, tune
 from .wrap import unwrap
 
 __all__ = [
+    "AccuracyBudget",
     "AutoTuneResult",
     "BackendError",
     "BackendUnavailableError",
@@ -63,9 +66,11 @@ __all__ = [
     "ModelInfo",
     "ModuleRecord",
     "OneBackendStrategy",
+    "Pareto",
     "PhaseTime",
     "Plan",
     "PlanEntry",
+    "PlanStep",
     "Sample",
     "SkippedWork",
     "Status",
@@ -78,7 +83,9 @@ __all__ = [
     "TunetreeError",
     "TuningCache",
     "UntrustedConfigError",
+    "Verdict",
     "__version__",
+    "accuracy_strategy",
     "auto_tune",
     "backends",
     "default_strategy",

@@ -27,6 +27,11 @@ from typing import Any, Literal
 import torch
 
 from ._table import format_seconds, format_table
+from .accuracy.budget import AccuracyBudget
+from .accuracy.fit import EndToEndCheck
+from .accuracy.pareto import Pareto
+from .accuracy.pareto import steps_table as accuracy_steps_table
+from .accuracy.repair import PlanStep
 from .binding import Binder
 from .budget import (
     END_TO_END,
@@ -51,7 +56,7 @@ from .plan import Plan
 from .progress import Progress
 from .shapes import DynamicShapes
 from .state import check_eval_mode, eval_mode, preserved_state
-from .strategy import Strategy, default_strategy, quick_strategy
+from .strategy import Strategy, accuracy_strategy, default_strategy, quick_strategy
 from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
 from .tune import tune_cut as _tune_cut
 from .wrap import unwrap, wrap
@@ -70,6 +75,9 @@ END_TO_END_RESERVE = 0.25
 """The most of a budget kept for the end-to-end measurement of the depth in progress."""
 UNTUNED_SHARE = 0.1
 """The most of a budget the untuned model's first measurement may take."""
+MAX_PLANS_TIMED = 6
+"""Under an accuracy budget, the most plans of one depth timed end to end (the first ones
+checked, and the first within the budget); the rest show their error only."""
 
 
 class DepthStatus(str, enum.Enum):
@@ -107,6 +115,19 @@ class DepthRow:
     """The timings stayed too spread to separate the candidates after a re-measurement."""
     plans: str = ""
     """Both plans' end-to-end latencies when greedy and single-runtime plans differ."""
+    steps: list[PlanStep] = field(default_factory=list)
+    """Under an accuracy budget: every plan checked at this depth, in repair order."""
+
+    @property
+    def chosen_step(self) -> PlanStep | None:
+        """Under an accuracy budget: the plan step this depth's timing is of."""
+        return next((s for s in self.steps if s.chosen), None)
+
+    @property
+    def output_error(self) -> float | None:
+        """Under an accuracy budget: the depth's plan's error on the tuning inputs."""
+        step = self.chosen_step
+        return step.verdict.error if step is not None else None
 
     @property
     def latency_s(self) -> float | None:
@@ -163,6 +184,31 @@ class AutoTuneResult:
     """Where the tuning time went, by phase (None for a dry run); see :meth:`timing`."""
     time_budget: float | None = None
     """The budget the tune ran under, in seconds (None: unlimited)."""
+    accuracy: AccuracyBudget | None = None
+    """The accuracy budget the tune ran under (None: results kept, the default)."""
+
+    def pareto(self, path: str | Path | None = None) -> Pareto:
+        """Every plan checked under the accuracy budget: error, latency, the chosen one marked.
+
+        ``print()`` it for the table; with ``path`` a PNG of latency against error is written
+        there too (needs ``tunetree[plot]``). Refused without an accuracy budget.
+        """
+        if self.accuracy is None:
+            raise InvalidInputError(
+                "result.pareto() needs a tune under an accuracy budget: "
+                "tt.auto_tune(model, data, accuracy=tt.AccuracyBudget(max_error=1e-2))"
+            )
+        steps = [s for r in self.rows if r.same_as is None for s in r.steps]
+        row = self.selected_row
+        report = Pareto(
+            steps,
+            self.accuracy,
+            self.untuned.median_s if self.untuned else None,
+            row.chosen_step if row is not None else None,
+        )
+        if path is not None:
+            report.plot(path)
+        return report
 
     def timing(self) -> str:
         """The tuning time by phase as a table (see :class:`tunetree.TimeBreakdown`)."""
@@ -220,6 +266,7 @@ class AutoTuneResult:
         rows = []
         for r in self.rows:
             mark = "*" if r.depth == self.depth else ""
+            error = [] if self.accuracy is None else [_error_text(r.output_error)]
             rows.append(
                 [
                     f"{mark}{r.depth}",
@@ -227,9 +274,11 @@ class AutoTuneResult:
                     r.graphs,
                     str(r.timing) if r.timing else "-",
                     f"{r.speedup:.2f}x" if r.speedup else "-",
+                    *error,
                     r.status_text,
                 ]
             )
+        error_header = [] if self.accuracy is None else ["error"]
         if self.dry_run:
             head = "Dry run: what each depth would wrap (nothing was tuned)"
         else:
@@ -243,6 +292,11 @@ class AutoTuneResult:
                 f"auto_tune: untuned {untuned} (before {_t(self.untuned_before)}, after "
                 f"{_t(self.untuned_after)}); {chosen}; tuning took {self.tuning_s:.1f} s"
             )
+            if self.accuracy is not None:
+                head += (
+                    f"\nUnder the accuracy budget {self.accuracy.describe()}: RESULTS CHANGE "
+                    "(opt-in); every error is measured, see result.pareto()"
+                )
         note = self.info.coverage_note() if self.info is not None else ""
         steps = steps_table(
             self.generation_steps(),
@@ -252,7 +306,10 @@ class AutoTuneResult:
         return (
             head
             + "\n"
-            + format_table(["depth", "modules", "graphs", "latency", "speedup", "status"], rows)
+            + format_table(
+                ["depth", "modules", "graphs", "latency", "speedup", *error_header, "status"], rows
+            )
+            + self._accuracy_steps()
             + (f"\n\n{steps}" if steps else "")
             + (f"\nNote: {note}" if note else "")
             + self._budget_note()
@@ -272,6 +329,14 @@ class AutoTuneResult:
             return Binder.of_module(module).names
 
         return generation_steps(self.graphs.get(self.depth, []), names)
+
+    def _accuracy_steps(self) -> str:
+        """The plans checked at the selected depth under an accuracy budget ("" without)."""
+        row = self.selected_row
+        if self.accuracy is None or row is None or not row.steps:
+            return ""
+        title = f"\n\nPlans checked at depth {row.depth}, in repair order (* = chosen):"
+        return title + "\n" + accuracy_steps_table(row.steps, self.accuracy)
 
     def _budget_note(self) -> str:
         """What the time budget skipped, counted by kind ("" when nothing)."""
@@ -312,6 +377,10 @@ class AutoTuneResult:
         fig.savefig(out, dpi=100)
         plt.close(fig)
         return out
+
+
+def _error_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}"
 
 
 def _t(timing: Timing | None) -> str:
@@ -359,6 +428,7 @@ def auto_tune(
     cache: GraphCache | str | os.PathLike[str] | bool | None = None,
     dynamic_shapes: DynamicShapes = None,
     allow_training: bool = False,
+    accuracy: AccuracyBudget | None = None,
 ) -> AutoTuneResult:
     """Tune every distinct cut from ``min_depth`` to ``max_depth`` and keep the fastest depth.
 
@@ -392,6 +462,14 @@ def auto_tune(
     in :func:`tunetree.tune`; every depth is measured on the same mix of recorded shapes.
     Training-mode models are refused unless ``allow_training=True`` (as in
     :func:`tunetree.tune`); the model's buffers, parameters and the RNG state are never changed.
+
+    ``accuracy`` (a :class:`tunetree.AccuracyBudget`) opts into results that change: the
+    strategy (when None, :func:`tunetree.accuracy_strategy`) adds reduced-precision candidates,
+    each admitted by its measured error on its module's outputs; each depth's plan is then
+    checked end to end on the tuning inputs, on the held-out share of ``dataset`` (not used to
+    choose) and with the budget's ``evaluate``, and repaired graph by graph, largest error
+    first, until it holds the budget. ``print(result)`` shows every plan checked and
+    ``result.pareto()`` their latency against error.
     """
     _check_arguments(min_depth, max_depth, tie_tolerance)
     start = now()
@@ -404,6 +482,9 @@ def auto_tune(
     progress = Progress(verbose)
     if quick and max_depth is None:
         max_depth = max(min_depth, QUICK_MAX_DEPTH)
+    held: list[Any] = []
+    if accuracy is not None:
+        dataset, held = accuracy.split(list(dataset))
     with preserved_state(model), eval_mode(model):
         progress("inspecting the model")
         with clock.phase(INSPECTION):
@@ -420,7 +501,7 @@ def auto_tune(
                 call=call,
                 config=measure_config or (MeasureConfig.first_look() if quick else MeasureConfig()),
                 # built once: log lines appear once
-                strategy=strategy or (quick_strategy(dev) if quick else default_strategy(dev)),
+                strategy=strategy or _strategy(dev, quick, accuracy),
                 tolerances=tolerances,
                 progress=progress,
                 cache=open_cache(cache),
@@ -428,6 +509,9 @@ def auto_tune(
                 deadline=None if budget is None else Deadline.after(budget, start),
                 clock=clock,
             )
+            if accuracy is not None:
+                progress("accuracy budget: eager's references for the held-out inputs")
+                run.accuracy = EndToEndCheck.prepare(accuracy, model, info, held, call)
         progress("measuring the untuned model")
         measured_at = now()
         with clock.phase(END_TO_END, UNTUNED):
@@ -438,7 +522,15 @@ def auto_tune(
     result = _finish(run, rows, before, tie_tolerance, start)
     result.breakdown = clock.breakdown()
     result.time_budget = budget
+    result.accuracy = accuracy
     return result
+
+
+def _strategy(dev: torch.device, quick: bool, accuracy: AccuracyBudget | None) -> Strategy:
+    """The strategy when none is given: the budget's candidates too when there is one."""
+    if accuracy is not None:
+        return accuracy_strategy(dev, quick=quick)
+    return quick_strategy(dev) if quick else default_strategy(dev)
 
 
 def _measure_untuned(run: _Run, budget: float | None) -> Timing:
@@ -496,6 +588,10 @@ def _finish(
     _against_fastest_untuned(measured, before)
     selected = _select(rows, tie_tolerance)
     plan = run.plans[selected] if selected is not None else Plan()
+    if run.accuracy is not None and selected is not None:
+        plan.accuracy = _accuracy_record(
+            run.accuracy.budget, next(r for r in rows if r.depth == selected)
+        )
     tuned_model = (
         wrap(run.model, plan.runners(), plan, in_place=selected != 0)
         if selected is not None
@@ -528,6 +624,9 @@ def _against_fastest_untuned(measured: list[DepthRow], before: Timing) -> None:
     for row in measured:
         if row.timing is not None and row.timing.median_s > 0:
             row.speedup = reference / row.timing.median_s
+        for step in row.steps:
+            if step.latency_s:
+                step.speedup = reference / step.latency_s
 
 
 def _check_arguments(min_depth: int, max_depth: int | None, tie_tolerance: float) -> None:
@@ -566,6 +665,8 @@ class _Run:
     devices: Placement
     deadline: Deadline | None
     clock: Stopwatch = field(default_factory=Stopwatch)
+    accuracy: EndToEndCheck | None = None
+    """The accuracy budget's end-to-end check (None: results are kept)."""
     reserve_s: float = 0.0
     """Budget seconds kept for a depth's end-to-end measurement while its graphs are tuned."""
     memo: GraphMemo = field(default_factory=dict)
@@ -622,6 +723,7 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
             cache=run.cache,
             deadline=run.deadline,
             clock=run.clock,
+            accuracy=run.accuracy.budget if run.accuracy is not None else None,
         )
     _restore_devices(run.devices)
     run.graphs[row.depth] = results
@@ -675,6 +777,9 @@ def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
     single = single_runtime_plan(run.graphs[row.depth], row.depth)
     if single is not None and single.runners():
         plans["single"] = single
+    if run.accuracy is not None:
+        _measure_budgeted_depth(run, row, plans)
+        return
     try:
         tuned = {name: wrap(run.model, p.runners(), in_place=False) for name, p in plans.items()}
         with run.clock.phase(END_TO_END_CHECK):
@@ -692,6 +797,58 @@ def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
         row.status, row.error = DepthStatus.FAILED, f"{type(exc).__name__}: {exc}"
     finally:
         run.restore()
+
+
+def _measure_budgeted_depth(run: _Run, row: DepthRow, plans: dict[str, Plan]) -> None:
+    """Fit the depth's plans into the accuracy budget, then time every plan checked.
+
+    The fastest plan within the budget is the depth's; the others' latencies are for
+    :meth:`AutoTuneResult.pareto`.
+    """
+    check = run.accuracy
+    assert check is not None
+    try:
+        run.progress(f"depth {row.depth}", "checking plans against the accuracy budget")
+        with run.clock.phase(END_TO_END_CHECK):
+            row.steps = check.fit(run.model, row.depth, plans, run.graphs[row.depth])
+        within = [s for s in row.steps if s.verdict.within]
+        if not within:
+            row.status = DepthStatus.REJECTED
+            last = row.steps[-1].verdict.reason if row.steps else "no plan"
+            row.error = f"no plan holds the accuracy budget ({last})"
+            return
+        timed = {f"plan {i}": s for i, s in enumerate(row.steps[:MAX_PLANS_TIMED])}
+        if not any(s.verdict.within for s in timed.values()):
+            timed[f"plan {row.steps.index(within[0])}"] = within[0]
+        tuned = {n: wrap(run.model, s.plan.runners(), in_place=False) for n, s in timed.items()}
+        run.progress(f"depth {row.depth}", f"measuring {len(tuned)} plans beside the untuned model")
+        with run.clock.phase(END_TO_END, f"depth {row.depth}"):
+            timings = _timed(run, row, tuned)
+        for name, step in timed.items():
+            step.latency_s = timings[name].median_s
+            step.speedup = timings[UNTUNED].median_s / step.latency_s
+        names = [n for n, s in timed.items() if s.verdict.within]
+        _keep_fastest(run, row, {n: s.plan for n, s in timed.items()}, timings, names)
+        best = min(names, key=lambda n: timings[n].median_s)
+        timed[best].chosen = True
+        row.plans = ""
+    except Exception as exc:
+        row.status, row.error = DepthStatus.FAILED, f"{type(exc).__name__}: {exc}"
+    finally:
+        run.restore()
+
+
+def _accuracy_record(budget: AccuracyBudget, row: DepthRow) -> dict[str, Any]:
+    """What a checkpoint records of the budget and the chosen plan's measured error."""
+    step = row.chosen_step
+    verdict = step.verdict if step is not None else None
+    return {
+        "budget": budget.to_json(),
+        "error": verdict.error if verdict else None,
+        "heldout_error": verdict.heldout_error if verdict else None,
+        "score_drop": verdict.score_drop if verdict else None,
+        "changes_results": bool(step and step.plan.changes_results()),
+    }
 
 
 def _keep_fastest(

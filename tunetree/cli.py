@@ -46,6 +46,10 @@ def _print_info(info: CheckpointInfo) -> None:
     print(f"format version: {info.version}")
     print(f"model: {e(m.model_type or '?')}  device: {e(m.device)}", end="")
     print(f"  depth: {m.depth}  saved: {e(m.created_utc or '?')}")
+    if m.accuracy is not None:
+        from .checkpoint.format import accuracy_note
+
+        print(f"accuracy: {e(accuracy_note(m.accuracy))}")
     print(
         "members: not verified (info reads the header and the manifest only; tt.load "
         "verifies every member it uses against its SHA-256 and refuses a damaged file)"

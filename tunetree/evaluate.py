@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ._table import format_seconds
+from .accuracy import AccuracyBudget, output_error
 from .backends.base import Backend, Runner
 from .budget import (
     BUILD,
@@ -71,6 +72,9 @@ class CandidateRow:
     per_shape: dict[str, Timing] = field(default_factory=dict, repr=False)
     """Latency per recorded shape of a ranged graph (winner and eager; see
     :meth:`GraphSession.measure_shapes`), by the sizes of its dimensions."""
+    error: float | None = None
+    """Error on the graph's samples in the accuracy budget's module metric (tuned with a
+    budget only; see :class:`tunetree.AccuracyBudget`)."""
     screened_out: bool = False
     """Dropped by the screening measurement: it could not be within the margin of the leader
     (its ``timing`` is the screening's; it takes no part in the choice)."""
@@ -126,6 +130,10 @@ class GraphSession:
     """Candidates built and checked correct so far (what a measurement would time)."""
     call_s: float = 0.0
     """About one eager call of this graph (from the inspection): how long measurements take."""
+    accuracy: AccuracyBudget | None = None
+    """When set, results-changing candidates are admitted by their error in the budget's module
+    metric (at most :attr:`AccuracyBudget.module_limit`) instead of their tolerances, and every
+    row records its error."""
 
     def evaluate(self, backend: Backend) -> CandidateRow:
         """Availability, build and first run, then comparison with eager on every sample."""
@@ -170,24 +178,61 @@ class GraphSession:
     def _checked(
         self, backend: Backend, runner: Runner, outputs: list[Any], build_s: float
     ) -> CandidateRow:
-        """The row of a built candidate: rejected unless its outputs and probes match eager."""
-        tolerances = backend.tolerances() or self.tolerances
-        comparison = compare_all(self.graph.outputs, outputs, tolerances)
-        if not comparison.ok:
-            return CandidateRow(
-                backend, Status.REJECTED, comparison.reason, build_s, comparison.max_abs_diff
-            )
-        wrong = self.probe_failure(runner)
-        if wrong is not None:
-            return CandidateRow(backend, Status.REJECTED, wrong, build_s, comparison.max_abs_diff)
+        """The row of a built candidate: rejected unless its outputs and probes match eager.
+
+        Under an accuracy budget a results-changing candidate matches when its error is within
+        the budget's module limit.
+        """
+        reason, max_diff, error = self.judge(backend, outputs)
+        if not reason:
+            reason = self.probe_failure(runner) or ""
+        if reason:
+            return CandidateRow(backend, Status.REJECTED, reason, build_s, max_diff, error=error)
         self.usable_built += 1
         return CandidateRow(
             backend,
             Status.OK,
             build_s=build_s,
-            max_abs_diff=comparison.max_abs_diff,
+            max_abs_diff=max_diff,
             batch=batch_size(self.graph.samples[0]),
             runner=runner,
+            error=error,
+        )
+
+    def judge(self, backend: Backend, outputs: list[Any]) -> tuple[str, float, float | None]:
+        """Whether ``backend``'s outputs of the graph's samples are acceptable.
+
+        Returns why not ("" when they are), the largest absolute difference from eager and,
+        under an accuracy budget, the error in its module metric.
+        """
+        error = None
+        if self.accuracy is not None:
+            error = output_error(self.graph.outputs, outputs, self.accuracy.module_metric)
+        if self._budgeted(backend):
+            return (
+                self._over_limit(error),
+                output_error(self.graph.outputs, outputs, "max_abs"),
+                error,
+            )
+        comparison = compare_all(self.graph.outputs, outputs, self._tolerances(backend))
+        return ("" if comparison.ok else comparison.reason), comparison.max_abs_diff, error
+
+    def _budgeted(self, backend: Backend) -> bool:
+        """Whether ``backend`` is admitted by the accuracy budget rather than by tolerances."""
+        return self.accuracy is not None and not backend.preserves_results
+
+    def _tolerances(self, backend: Backend) -> Tolerances:
+        return backend.tolerances() or self.tolerances
+
+    def _over_limit(self, error: float | None) -> str:
+        """Why ``error`` breaks the budget's module limit ("" when it does not)."""
+        assert self.accuracy is not None
+        limit = self.accuracy.module_limit
+        if error is not None and error <= limit:
+            return ""
+        return (
+            f"{self.accuracy.module_metric} error {error:.3g} on this module's outputs is over "
+            f"the budget's module limit {limit:g}"
         )
 
     def _build_and_run(self, backend: Backend) -> tuple[Runner, list[Any]] | CandidateRow:
@@ -210,20 +255,27 @@ class GraphSession:
         """Why ``runner`` is wrong on a probe call of this graph (:mod:`tunetree.probes`), or None.
 
         Probes are the range ends, an odd size between them and value probes; they are compared
-        with the runner's backend's tolerances. Eager is the reference and is not probed.
+        with the runner's backend's tolerances (under an accuracy budget, a results-changing
+        backend with the module limit). Eager is the reference and is not probed.
         """
         if runner.backend.kind == "eager":
             return None
-        tolerances = runner.backend.tolerances() or self.tolerances
         for label, sample, expected in checks(self.module, self.graph):
             try:
                 with torch.no_grad():
                     got = sample.run(runner)
             except Exception as exc:
                 return f"fails on {label}: {_short(exc, 200)}"
-            comparison = compare_all([expected], [got], tolerances)
-            if not comparison.ok:
-                return f"wrong on {label}: {comparison.reason}"
+            if self._budgeted(runner.backend):
+                assert self.accuracy is not None
+                wrong = self._over_limit(
+                    output_error([expected], [got], self.accuracy.module_metric)
+                )
+            else:
+                comparison = compare_all([expected], [got], self._tolerances(runner.backend))
+                wrong = "" if comparison.ok else comparison.reason
+            if wrong:
+                return f"wrong on {label}: {wrong}"
         return None
 
     def measure(self, rows: list[CandidateRow], screen: bool = False) -> None:

@@ -27,6 +27,8 @@ class Plan:
 
     entries: list[PlanEntry] = field(default_factory=list)
     depth: int | None = None
+    accuracy: dict[str, Any] | None = None
+    """Under an accuracy budget: the budget and the plan's measured error (JSON data)."""
 
     def runners(self) -> dict[str, dict[GraphKey, Runner]]:
         """Runners to install, by path.
@@ -55,3 +57,20 @@ class Plan:
             }
             for e in self.entries
         ]
+
+    def replaced(self, path: str, key: GraphKey, entry: PlanEntry | None) -> Plan:
+        """A copy with the entry of ``(path, key)`` replaced by ``entry`` (removed for None).
+
+        A removed entry's graph keeps the module's original forward.
+        """
+        entries = []
+        for e in self.entries:
+            if (e.path, e.key) != (path, key):
+                entries.append(e)
+            elif entry is not None:
+                entries.append(entry)
+        return Plan(entries, self.depth)
+
+    def changes_results(self) -> bool:
+        """Whether any entry's backend changes results (an opt-in, reduced-precision one)."""
+        return any(not e.backend.preserves_results for e in self.entries)

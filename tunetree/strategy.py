@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from ._table import format_table
-from .backends import Backend, default_backends, original_forward
+from .backends import Backend, default_backends, original_forward, reduced_precision_backends
 from .errors import InvalidInputError
 from .evaluate import CandidateRow, GraphSession, Status
 from .graph import Graph, Sample, flatten, unflatten
@@ -240,6 +240,30 @@ def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStr
             continue
         chosen.append(backend)
     return HighestThroughputStrategy(chosen)
+
+
+def accuracy_strategy(
+    device: torch.device | str = "cpu", quick: bool = False
+) -> HighestThroughputStrategy:
+    """:func:`default_strategy` plus the results-changing candidates an accuracy budget allows.
+
+    What ``auto_tune(accuracy=...)`` tries when no strategy is given: every default backend and
+    :func:`tunetree.backends.reduced_precision_backends` that run on ``device`` (with
+    ``quick``, only those that build quickly). Each candidate is admitted by its measured error
+    (see :class:`tunetree.AccuracyBudget`).
+    """
+    dev = torch.device(device)
+    base = quick_strategy(dev) if quick else default_strategy(dev)
+    extra = []
+    for backend in reduced_precision_backends(dev):
+        reason = backend.unavailable_reason(dev)
+        if reason:
+            log.info("accuracy strategy on %s leaves out %s: %s", dev, backend.name, reason)
+        elif backend.quick_build or not quick:
+            extra.append(backend)
+    others = [b for b in base.backends if b.kind != "eager"]
+    eager = [b for b in base.backends if b.kind == "eager"]
+    return HighestThroughputStrategy([*others, *extra, *eager])
 
 
 def quick_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:

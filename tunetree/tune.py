@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ._table import format_seconds, format_table
+from .accuracy import AccuracyBudget
 from .backends.base import Backend
 from .budget import CACHE, INSPECTION, TIME_BUDGET_ERROR, Deadline, Stopwatch, TimeBreakdown
 from .cache import open_cache
@@ -128,13 +129,15 @@ def tune_cut(
     cache: GraphCache | None = None,
     deadline: Deadline | None = None,
     clock: Stopwatch | None = None,
+    accuracy: AccuracyBudget | None = None,
 ) -> list[GraphResult]:
     """Run the strategy on every graph of every module in the cut at ``depth``.
 
     The model must be unwrapped; nothing is wrapped here. Once ``deadline`` has no time left but
     its reserve, graphs not started are skipped (their modules keep their forward); started
     graphs build no candidate expected to cross it but eager. ``clock`` is charged the builds,
-    checks, measurements and cache look-ups.
+    checks, measurements and cache look-ups. ``accuracy`` admits results-changing candidates
+    by their error (see :attr:`GraphSession.accuracy`).
     """
     base = strategy or default_strategy(info.device)
     clock = clock or Stopwatch()
@@ -164,6 +167,7 @@ def tune_cut(
             deadline=deadline,
             clock=clock,
             call_s=_call_s(info, path),
+            accuracy=accuracy,
         )
         result = _tune_graph(session, base, cache)
         if memo is not None and not _budget_cut(result):

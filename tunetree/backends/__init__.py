@@ -16,6 +16,7 @@ from .inductor import Inductor
 from .onnxruntime import OnnxRuntime
 from .openvino import OpenVINO, OpenVINOBf16
 from .registry import BUILTIN_BACKENDS, backend_type, libraries_of, registered_backends
+from .tf32 import Tf32
 from .torchao import TorchAO
 
 BACKEND_TYPES: tuple[type[Backend], ...] = BUILTIN_BACKENDS
@@ -45,6 +46,30 @@ def default_backends(device: torch.device) -> list[Backend]:
     return [Inductor(), OpenVINO(), OnnxRuntime(), Eager()]
 
 
+def reduced_precision_backends(device: torch.device) -> list[Backend]:
+    """The results-changing candidates an accuracy budget adds on ``device``, in order.
+
+    Each is checked by its measured error, never assumed: on a CPU OpenVINO in bf16 and
+    ``torch.autocast`` bf16 (both need a CPU with bf16 units, else they are left out); on CUDA
+    TF32 matmuls, bf16 and fp16 autocast, and bf16 autocast compiled by Inductor.
+    """
+    if device.type == "cuda":
+        return [Tf32(), Autocast("bf16"), Autocast("fp16"), Autocast("bf16", compile=True)]
+    if device.type == "cpu":
+        found: list[Backend] = [OpenVINOBf16()]
+        if _cpu_has_bf16():
+            found.append(Autocast("bf16"))
+        return found
+    return []
+
+
+def _cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX-512 bf16 or AMX): autocast pays there."""
+    cpu = getattr(torch, "cpu", None)
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+
+
 __all__ = [
     "BACKEND_TYPES",
     "Autocast",
@@ -57,10 +82,12 @@ __all__ = [
     "OpenVINO",
     "OpenVINOBf16",
     "Runner",
+    "Tf32",
     "TorchAO",
     "backend_type",
     "default_backends",
     "libraries_of",
     "original_forward",
+    "reduced_precision_backends",
     "registered_backends",
 ]

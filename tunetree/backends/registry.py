@@ -25,6 +25,7 @@ from .eager import Eager
 from .inductor import Inductor
 from .onnxruntime import OnnxRuntime
 from .openvino import OpenVINO, OpenVINOBf16
+from .tf32 import Tf32
 from .torchao import TorchAO
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ BUILTIN_BACKENDS: tuple[type[Backend], ...] = (
     OpenVINO,
     OpenVINOBf16,
     OnnxRuntime,
+    Tf32,
 )
 """The backend classes that ship with tunetree."""
 

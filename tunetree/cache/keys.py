@@ -13,7 +13,7 @@ An entry's key is a hash of everything that determines its result:
   serves only one of them, so each path has its own entry;
 * the graph (input structure, dtypes, shapes, constants);
 * the strategy: its type and options, and every candidate backend's kind and config;
-* the tolerances candidates are checked with;
+* the tolerances candidates are checked with (and an accuracy budget's module limit);
 * the *hard* environment fields (:func:`environment`): library versions, device and its
   capability, CPU instruction set.
 
@@ -388,6 +388,12 @@ def entry_identity(
     graph = hashlib.sha256(repr(session.graph.key).encode()).hexdigest()
     strat = strategy_record(strategy)
     tolerances = stable(session.tolerances.to_json())
+    if session.accuracy is not None:  # budget-admitted candidates differ: another entry
+        accuracy = session.accuracy
+        tolerances = {
+            "tolerances": tolerances,
+            "accuracy": [accuracy.module_metric, accuracy.module_limit],
+        }
     environment_ = env_fn(session.device, [b["kind"] for b in strat["backends"]])
     module_digest = digest(module)
     common = {

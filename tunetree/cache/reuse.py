@@ -20,7 +20,7 @@ from ..artifacts import (
     remove_with,
 )
 from ..backends.base import Backend, Runner
-from ..compare import Comparison, compare_all
+from ..compare import Comparison
 from ..errors import BackendError
 from ..evaluate import CandidateRow, GraphSession, Status
 from ..graph import detach_clone
@@ -87,7 +87,7 @@ def load_candidate(
         )
         if runner.served is not None and not runner.served.covers(key):
             raise BackendError(f"its artifact serves {runner.served} only, not {key}")
-        comparison = _validate(session, row.backend, runner)
+        comparison, error = _validate(session, row.backend, runner)
     except Exception as exc:
         remove_tree(directory)
         log.info("tuning cache: %s could not be loaded: %s", row.backend.name, exc)
@@ -99,14 +99,21 @@ def load_candidate(
         raise Unusable(f"{row.backend.name} no longer matches eager: {comparison.reason}")
     # The files live as long as the runner (a backend may read them lazily).
     remove_with(runner, directory)
-    row.max_abs_diff = comparison.max_abs_diff
+    row.max_abs_diff, row.error = comparison.max_abs_diff, error
     return runner
 
 
-def _validate(session: GraphSession, backend: Backend, runner: Runner) -> Comparison:
+def _validate(
+    session: GraphSession, backend: Backend, runner: Runner
+) -> tuple[Comparison, float | None]:
+    """The loaded runner judged on the graph's samples, as a fresh build would be.
+
+    Returns the comparison and the error in an accuracy budget's module metric (None without).
+    """
     with torch.no_grad():
         outputs = [detach_clone(s.run(runner)) for s in session.graph.samples]
-    return compare_all(session.graph.outputs, outputs, backend.tolerances() or session.tolerances)
+    reason, max_diff, error = session.judge(backend, outputs)
+    return Comparison(not reason, max_diff, reason), error
 
 
 def select(strategy: Strategy, measured: list[CandidateRow]) -> CandidateRow:

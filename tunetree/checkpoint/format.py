@@ -222,6 +222,8 @@ class Manifest:
     device: str = "cpu"
     depth: int | None = None
     weights_tensors: int = 0
+    accuracy: dict[str, Any] | None = None
+    """Set when the plan was tuned under an accuracy budget: the budget and measured error."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -241,6 +243,7 @@ class Manifest:
             },
             "entries": [e.to_json() for e in self.entries],
             "members": {name: m.to_json() for name, m in self.members.items()},
+            **({"accuracy": self.accuracy} if self.accuracy is not None else {}),
         }
 
     @classmethod
@@ -294,4 +297,50 @@ class Manifest:
             device,
             fields.optional("depth", int),
             weights.get("tensors", int, 0),
+            read_accuracy(fields),
         )
+
+
+def read_accuracy(fields: Fields) -> dict[str, Any] | None:
+    """The manifest's accuracy record, every field checked (None when tuned without a budget)."""
+    if fields.data.get("accuracy") is None:
+        return None
+    record = fields.child("accuracy")
+    budget = record.child("budget")
+    names = {"metric": str, "evaluate": str}
+    numbers = ("max_error", "max_drop", "module_max_error", "holdout")
+    checked_budget = {n: budget.optional(n, kind) for n, kind in names.items()}
+    checked_budget.update({n: budget.optional(n, float) for n in numbers})
+    for name in ("metric", "evaluate"):
+        value = checked_budget[name]
+        if value is not None and len(value) > 200:
+            raise budget.fail(name, "is longer than 200 characters")
+    return {
+        "budget": checked_budget,
+        **{n: record.optional(n, float) for n in ("error", "heldout_error", "score_drop")},
+        "changes_results": record.get("changes_results", bool, True),
+    }
+
+
+def accuracy_note(record: dict[str, Any]) -> str:
+    """One line: the checkpoint's plan was tuned under an accuracy budget, with its error."""
+    budget = record.get("budget", {})
+    bound = []
+    if budget.get("max_error") is not None:
+        bound.append(f"{budget.get('metric')} <= {budget['max_error']:g}")
+    if budget.get("max_drop") is not None:
+        bound.append(f"{budget.get('evaluate')} drop <= {budget['max_drop']:g}")
+    measured = [
+        f"{label} {record[name]:.3g}"
+        for name, label in (
+            ("error", "error"),
+            ("heldout_error", "held-out error"),
+            ("score_drop", "score drop"),
+        )
+        if record.get(name) is not None
+    ]
+    changes = "its outputs differ from eager's" if record.get("changes_results") else "results kept"
+    return (
+        f"tuned under an accuracy budget ({', '.join(bound) or 'unstated'}): {changes}; measured "
+        f"{', '.join(measured) or 'nothing'}"
+    )

@@ -66,6 +66,7 @@ class CheckpointInfo:
             "model_type": self.manifest.model_type,
             "created_utc": self.manifest.created_utc,
             "plan": self.plan_rows(),
+            "accuracy": self.manifest.accuracy,
         }
 
 

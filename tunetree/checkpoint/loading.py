@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -30,7 +31,7 @@ from .compat import (
     where,
 )
 from .environment import compare_records, environment_record
-from .format import RUNNERS, EntryRecord, Manifest
+from .format import RUNNERS, EntryRecord, Manifest, accuracy_note
 from .reader import (
     Budget,
     Source,
@@ -41,6 +42,8 @@ from .reader import (
     read_manifest,
 )
 from .writer import model_state
+
+log = logging.getLogger(__name__)
 
 
 def load(
@@ -81,7 +84,10 @@ def load(
         dev = _target_device(model, device, manifest)
         size = read_bytes(path, source, manifest)
         backends = check_plan(path, header.record, manifest, dev, size, trust_config)
-        return _load_from(model, source, manifest, dev, backends, size)
+        tuned = _load_from(model, source, manifest, dev, backends, size)
+    if manifest.accuracy is not None:
+        log.warning("%s: %s", path.name, accuracy_note(manifest.accuracy))
+    return tuned
 
 
 def _load_from(

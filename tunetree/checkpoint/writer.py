@@ -91,6 +91,7 @@ def save(
             device=str(device),
             depth=plan.depth,
             weights_tensors=tensors,
+            accuracy=plan.accuracy,
         )
         (staging / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
         if compress_checkpoint:
@@ -136,7 +137,7 @@ def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
     root_modules(obj)  # refuses what is neither a module nor a pipeline of modules
     entries: list[PlanEntry] = []
     seen: set[int] = set()
-    depth = None
+    depth, accuracy = None, None
     for path, module in module_paths(obj):
         dispatcher = dispatcher_of(module)
         if dispatcher is None or id(module) in seen:
@@ -144,7 +145,7 @@ def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
         seen.add(id(module))
         measured = {}
         if dispatcher.plan is not None:  # tuned by tunetree: keep the plan's measurements
-            depth = dispatcher.plan.depth
+            depth, accuracy = dispatcher.plan.depth, dispatcher.plan.accuracy
             measured = {e.key: e for e in dispatcher.plan.entries if e.path == dispatcher.path}
         for key, runner in dispatcher.runners.items():
             known = measured.get(key)
@@ -158,7 +159,7 @@ def _model_and_plan(obj: Any) -> tuple[Any, Plan, list[Any]]:
                     known.eager_latency_s if known else None,
                 )
             )
-    return obj, Plan(entries, depth), []
+    return obj, Plan(entries, depth, accuracy), []
 
 
 def _save_entry(n: int, entry: PlanEntry, staging: Path, graphs: list[Any]) -> EntryRecord:

@@ -1,0 +1,192 @@
+"""The end-to-end half of an accuracy budget: judge whole plans, fit each depth's plans into it.
+
+:class:`EndToEndCheck` holds fp32 eager's outputs of the tuning inputs and of the held-out
+inputs (not used to choose) and the untuned model's task score, all computed once; its
+:meth:`~EndToEndCheck.verdict` runs a tuned model on them. :meth:`~EndToEndCheck.fit` walks a
+depth's plan through the repair order of :func:`tunetree.accuracy.repair.repair`, and adds the
+plan that keeps every result, so a report shows what the budget bought.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..graph import Sample, as_samples, detach_clone
+from ..inspection import ModelInfo
+from ..modules import CallFn, run_model
+from ..plan import Plan, PlanEntry
+from ..results import GraphResult
+from ..wrap import wrap
+from .budget import AccuracyBudget
+from .metrics import output_error
+from .repair import GraphId, PlanStep, Verdict, repair, results_kept
+
+log = logging.getLogger(__name__)
+
+KEEPS_RESULTS = "every graph on a results-keeping backend"
+
+
+def plan_signature(plan: Plan) -> frozenset[tuple[str, Any, int]]:
+    """What a plan installs: (path, graph key, runner) triples; equal plans run the same code."""
+    return frozenset((e.path, e.key, id(e.runner)) for e in plan.entries)
+
+
+@dataclass
+class EndToEndCheck:
+    """A budget's end-to-end check, with every reference it needs computed once."""
+
+    budget: AccuracyBudget
+    samples: list[Sample]
+    references: list[Any]
+    heldout: list[Sample]
+    heldout_references: list[Any]
+    reference_score: float | None
+    call: CallFn | None
+
+    @classmethod
+    def prepare(
+        cls,
+        budget: AccuracyBudget,
+        model: Any,
+        info: ModelInfo,
+        held: Iterable[Any],
+        call: CallFn | None,
+    ) -> EndToEndCheck:
+        """References from the untuned ``model``.
+
+        The inspection's outputs, eager's outputs of the ``held`` dataset items and, with
+        ``evaluate``, the untuned score.
+        """
+        held_items = list(held)
+        heldout = [s.to(info.device) for s in as_samples(held_items)] if held_items else []
+        with torch.no_grad():
+            references = [detach_clone(run_model(model, s, call)) for s in heldout]
+        score = _score(budget, model) if budget.evaluate is not None else None
+        return cls(budget, info.samples, info.outputs, heldout, references, score, call)
+
+    def verdict(self, tuned: Any) -> Verdict:
+        """Whether ``tuned`` holds the budget: tuning inputs, then held-out ones, then the score."""
+        budget = self.budget
+        try:
+            error = self._error(tuned, self.samples, self.references)
+            if budget.max_error is not None and error > budget.max_error:
+                return Verdict(False, error, reason=f"{error:.3g} > {budget.max_error:g}")
+            held = (
+                self._error(tuned, self.heldout, self.heldout_references) if self.heldout else None
+            )
+            if held is not None and budget.max_error is not None and held > budget.max_error:
+                return Verdict(
+                    False, error, held, reason=f"held-out {held:.3g} > {budget.max_error:g}"
+                )
+            if budget.evaluate is None or self.reference_score is None:
+                return Verdict(True, error, held)
+            drop = self.reference_score - _score(budget, tuned)
+        except Exception as exc:  # a plan that cannot run is outside any budget
+            log.info("accuracy check of a plan failed: %s", exc)
+            return Verdict(False, reason=f"fails: {type(exc).__name__}: {exc}"[:200])
+        assert budget.max_drop is not None
+        if not drop <= budget.max_drop:
+            return Verdict(False, error, held, drop, f"score drop {drop:.3g} > {budget.max_drop:g}")
+        return Verdict(True, error, held, drop)
+
+    def _error(self, tuned: Any, samples: list[Sample], references: list[Any]) -> float:
+        with torch.no_grad():
+            outputs = [run_model(tuned, s, self.call) for s in samples]
+        return output_error(references, outputs, self.budget.metric)
+
+    def fit(
+        self, model: Any, depth: int, plans: Mapping[str, Plan], graphs: list[GraphResult]
+    ) -> list[PlanStep]:
+        """Every plan step of the depth, in the order checked.
+
+        Each named plan is repaired until within the budget, then the plan that keeps every
+        result is added (when it differs from the steps before).
+        """
+        fallback = _fallbacks(graphs)
+        steps: list[PlanStep] = []
+        seen: set[frozenset[tuple[str, Any, int]]] = set()
+
+        def check(plan: Plan) -> Verdict:
+            return self.verdict(wrap(model, plan.runners(), in_place=False))
+
+        for name, plan in plans.items():
+            if plan_signature(plan) in seen:
+                continue
+            impact = _impacts(plan, graphs, self.budget)
+            for step in repair(depth, name, plan, impact, fallback, check):
+                if plan_signature(step.plan) not in seen:
+                    seen.add(plan_signature(step.plan))
+                    steps.append(step)
+        for plan in plans.values():
+            kept = results_kept(plan, fallback)
+            if plan_signature(kept) not in seen and kept.runners():
+                seen.add(plan_signature(kept))
+                steps.append(PlanStep(depth, KEEPS_RESULTS, kept, check(kept)))
+        return steps
+
+
+def _score(budget: AccuracyBudget, model: Any) -> float:
+    assert budget.evaluate is not None
+    with torch.no_grad():
+        score = float(budget.evaluate(model))
+    return score if not math.isnan(score) else -math.inf
+
+
+def _impacts(plan: Plan, graphs: list[GraphResult], budget: AccuracyBudget) -> dict[GraphId, float]:
+    """The error of each results-changing entry of ``plan`` on its own graph's outputs.
+
+    The candidate's row records it when it was built under the budget; otherwise (a row from an
+    older cache entry) it is measured now on the graph's samples.
+    """
+    by_graph = {(g.path, g.graph.key): g for g in graphs}
+    found: dict[GraphId, float] = {}
+    for entry in plan.entries:
+        graph = by_graph.get((entry.path, entry.key))
+        if entry.backend.preserves_results or graph is None:
+            continue
+        row = next((r for r in graph.rows if r.runner is entry.runner), None)
+        if row is not None and row.error is not None:
+            found[(entry.path, entry.key)] = row.error
+            continue
+        with torch.no_grad():
+            outputs = [s.run(entry.runner) for s in graph.graph.samples]
+        found[(entry.path, entry.key)] = output_error(
+            graph.graph.outputs, outputs, budget.module_metric
+        )
+    return found
+
+
+def _fallbacks(graphs: list[GraphResult]) -> dict[GraphId, PlanEntry | None]:
+    """What each graph returns to when its results-changing candidate is given back.
+
+    Its fastest usable results-keeping candidate other than eager, when faster than eager
+    (None: the module's forward).
+
+    A candidate the screening dropped counts: it is correct, and its screening timing ranks it.
+    """
+    found: dict[GraphId, PlanEntry | None] = {}
+    for g in graphs:
+        keeping = [
+            r
+            for r in g.rows
+            if r.usable
+            and r.backend.preserves_results
+            and r.backend.kind != "eager"
+            and r.latency_s is not None
+            and not r.screened_out
+        ]
+        eager = g.eager_latency_s
+        best = min(keeping, key=lambda r: r.latency_s or math.inf, default=None)
+        if best is None or best.runner is None or (eager is not None and best.latency_s >= eager):  # type: ignore[operator]
+            found[(g.path, g.graph.key)] = None
+        else:
+            found[(g.path, g.graph.key)] = PlanEntry(
+                g.path, g.graph.key, best.backend, best.runner, best.latency_s, eager
+            )
+    return found
