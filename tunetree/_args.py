@@ -20,7 +20,7 @@ def budget_argument(text: str) -> float | Literal["default"] | None:
 
 
 def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``--time-budget`` and ``--quick`` options of the demo."""
+    """The ``--time-budget``, ``--quick`` and ``--accuracy`` options of the demo."""
     parser.add_argument(
         "--time-budget",
         type=budget_argument,
@@ -29,4 +29,12 @@ def add_budget_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quick", action="store_true", help="a first look: quick backends, shorter measurements"
+    )
+    parser.add_argument(
+        "--accuracy",
+        type=float,
+        default=1e-2,
+        metavar="MAX_ERROR",
+        help="also tune under an accuracy budget of this relative L2 error (results change; "
+        "default 1e-2, 0 to skip)",
     )

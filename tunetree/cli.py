@@ -151,7 +151,7 @@ def demo_command(args: argparse.Namespace) -> int:
     """Run the demo with the parsed arguments; returns the exit status."""
     from .demo import run_demo
 
-    return run_demo(args.max_depth, args.time_budget, args.quick)
+    return run_demo(args.max_depth, args.time_budget, args.quick, args.accuracy)
 
 
 COMMANDS: list[Callable[[Any], None]] = [add_info_command, add_cache_commands, add_demo_command]

@@ -59,10 +59,12 @@ class TuneResult:
     def table(self) -> str:
         """Every candidate of every graph as a table; the winner's backend is marked with ``*``.
 
-        Columns: module, graph, backend, status, latency, speed-up over eager, build time and the
-        largest absolute difference from eager.
+        Columns: module, graph, backend, status, latency, speed-up over eager, build time, the
+        largest absolute difference from eager and, under an accuracy budget, the error in its
+        module metric.
         """
         rows = []
+        with_error = any(r.error is not None for g in self.graphs for r in g.rows)
         for g in self.graphs:
             eager = g.eager_latency_s
             for row in g.rows:
@@ -83,11 +85,10 @@ class TuneResult:
                         format_seconds(row.build_s),
                         "-" if row.max_abs_diff is None else f"{row.max_abs_diff:.2g}",
                     ]
+                    + ([] if not with_error else ["-" if row.error is None else f"{row.error:.2g}"])
                 )
-        return format_table(
-            ["module", "graph", "backend", "status", "latency", "vs eager", "build", "max diff"],
-            rows,
-        )
+        headers = ["module", "graph", "backend", "status", "latency", "vs eager", "build"]
+        return format_table(headers + ["max diff"] + (["error"] if with_error else []), rows)
 
     def shapes(self) -> str:
         """Per recorded shape, the latency of each ranged graph's winner and of eager."""

@@ -179,11 +179,11 @@ def _fallbacks(graphs: list[GraphResult]) -> dict[GraphId, PlanEntry | None]:
             and r.backend.preserves_results
             and r.backend.kind != "eager"
             and r.latency_s is not None
-            and not r.screened_out
         ]
         eager = g.eager_latency_s
         best = min(keeping, key=lambda r: r.latency_s or math.inf, default=None)
-        if best is None or best.runner is None or (eager is not None and best.latency_s >= eager):  # type: ignore[operator]
+        slower = best is not None and eager is not None and (best.latency_s or 0.0) >= eager
+        if best is None or best.runner is None or slower:
             found[(g.path, g.graph.key)] = None
         else:
             found[(g.path, g.graph.key)] = PlanEntry(
