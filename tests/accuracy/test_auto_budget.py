@@ -81,7 +81,7 @@ def test_an_error_only_held_out_inputs_show_is_caught_and_repaired() -> None:
     # The stages are exact on inputs below 50 in magnitude: the tuning inputs; the held-out
     # input (the dataset's last quarter) is 100 times larger and shows the error.
     model = Chain([0.003, 0.004])
-    dataset = data(3) + [torch.randn(4, 16) * 100]
+    dataset = [*data(3), torch.randn(4, 16) * 100]
     result = budgeted(model, dataset, tt.AccuracyBudget(max_error=0.005), Lossy(above=50.0))
     row = result.selected_row
     assert row is not None
