@@ -30,6 +30,9 @@ from .repair import GraphId, PlanStep, Verdict, repair, results_kept
 log = logging.getLogger(__name__)
 
 KEEPS_RESULTS = "every graph on a results-keeping backend"
+MAX_ALONE_CHECKS = 16
+"""Most results-changing graphs whose impact is measured on the model's outputs one by one
+(each costs a run over the failing inputs); with more, their own modules' errors rank them."""
 
 
 def plan_signature(plan: Plan) -> frozenset[tuple[str, Any, int]]:
@@ -81,9 +84,8 @@ class EndToEndCheck:
                 self._error(tuned, self.heldout, self.heldout_references) if self.heldout else None
             )
             if held is not None and budget.max_error is not None and held > budget.max_error:
-                return Verdict(
-                    False, error, held, reason=f"held-out {held:.3g} > {budget.max_error:g}"
-                )
+                reason = f"held-out {held:.3g} > {budget.max_error:g}"
+                return Verdict(False, error, held, reason=reason, heldout_only=True)
             if budget.evaluate is None or self.reference_score is None:
                 return Verdict(True, error, held)
             drop = self.reference_score - _score(budget, tuned)
@@ -118,8 +120,9 @@ class EndToEndCheck:
         for name, plan in plans.items():
             if plan_signature(plan) in seen:
                 continue
-            impact = _impacts(plan, graphs, self.budget)
-            for step in repair(depth, name, plan, impact, fallback, check):
+            first = check(plan)
+            impact = {} if first.within else self.impacts(model, plan, graphs, first)
+            for step in repair(depth, name, plan, impact, fallback, check, first):
                 if plan_signature(step.plan) not in seen:
                     seen.add(plan_signature(step.plan))
                     steps.append(step)
@@ -130,6 +133,38 @@ class EndToEndCheck:
                 steps.append(PlanStep(depth, KEEPS_RESULTS, kept, check(kept)))
         return steps
 
+    def impacts(
+        self, model: Any, plan: Plan, graphs: list[GraphResult], failed: Verdict
+    ) -> dict[GraphId, float]:
+        """Each results-changing graph's measured impact on a plan that broke the budget.
+
+        Up to :data:`MAX_ALONE_CHECKS` graphs: the model's output error with that graph alone on
+        its candidate, on the inputs where the plan failed (the held-out ones when only they
+        showed it): errors of one module can grow or vanish downstream, so the model's output is
+        what ranks them. With more graphs, each candidate's error on its own module's outputs.
+        """
+        own = _module_errors(plan, graphs, self.budget)
+        if len(own) > MAX_ALONE_CHECKS:
+            return own
+        samples, references = (
+            (self.heldout, self.heldout_references)
+            if failed.heldout_only
+            else (self.samples, self.references)
+        )
+        found = {}
+        for entry in plan.entries:
+            graph = (entry.path, entry.key)
+            if graph not in own:
+                continue
+            alone = Plan([entry], plan.depth)
+            try:
+                tuned = wrap(model, alone.runners(), in_place=False)
+                found[graph] = self._error(tuned, samples, references)
+            except Exception as exc:  # it cannot run alone: give it back first
+                log.info("impact of %s alone could not be measured: %s", entry.path, exc)
+                found[graph] = math.inf
+        return found
+
 
 def _score(budget: AccuracyBudget, model: Any) -> float:
     assert budget.evaluate is not None
@@ -138,7 +173,9 @@ def _score(budget: AccuracyBudget, model: Any) -> float:
     return score if not math.isnan(score) else -math.inf
 
 
-def _impacts(plan: Plan, graphs: list[GraphResult], budget: AccuracyBudget) -> dict[GraphId, float]:
+def _module_errors(
+    plan: Plan, graphs: list[GraphResult], budget: AccuracyBudget
+) -> dict[GraphId, float]:
     """The error of each results-changing entry of ``plan`` on its own graph's outputs.
 
     The candidate's row records it when it was built under the budget; otherwise (a row from an

@@ -32,6 +32,8 @@ class Verdict:
     """How much the task metric fell (None: no ``evaluate``, or not reached)."""
     reason: str = ""
     """Why the plan is outside the budget ("" when within)."""
+    heldout_only: bool = False
+    """The plan held the budget on the tuning inputs and broke it on the held-out ones."""
 
 
 @dataclass
@@ -55,14 +57,16 @@ def repair(
     impact: Mapping[GraphId, float],
     fallback: Mapping[GraphId, PlanEntry | None],
     check: Callable[[Plan], Verdict],
+    first: Verdict | None = None,
 ) -> list[PlanStep]:
     """Check ``plan``, then give its graphs back in order of impact until one plan is within.
 
-    ``impact`` holds the results-changing graphs of the plan with their error on their own
-    outputs; ``fallback`` what each returns to (None: the module's forward). Returns every step,
-    the last one within the budget when any is.
+    ``impact`` holds the results-changing graphs of the plan with their measured impact (larger
+    goes back first); ``fallback`` what each returns to (None: the module's forward); ``first``
+    the plan's own verdict when already checked. Returns every step, the last one within the
+    budget when any is.
     """
-    steps = [PlanStep(depth, name, plan, check(plan))]
+    steps = [PlanStep(depth, name, plan, first if first is not None else check(plan))]
     current = plan
     for graph in sorted(impact, key=lambda g: -impact[g]):
         if steps[-1].verdict.within:
@@ -70,7 +74,7 @@ def repair(
         back = fallback.get(graph)
         current = current.replaced(*graph, back)
         to = back.backend.name if back is not None else "its forward"
-        label = f"{name}: {graph[0] or '<model>'} back to {to} (its error {impact[graph]:.2g})"
+        label = f"{name}: {graph[0] or '<model>'} back to {to} (impact {impact[graph]:.2g})"
         steps.append(PlanStep(depth, label, current, check(current)))
     return steps
 
