@@ -176,3 +176,24 @@ def test_budget_admitted_candidates_are_cached_apart_from_default_ones(tmp_path)
     )
     assert not any("(cached)" in g.strategy for g in plain.graphs[1])
     assert lossy_paths(plain) == {}
+
+
+def test_the_cache_key_holds_the_budget_module_limit() -> None:
+    from tunetree.cache import keys
+    from tunetree.evaluate import GraphSession
+
+    model = Chain([0.001])
+    info = tt.inspect(model, data())
+    graph = next(iter(info.modules["stages.0"].graphs.values()))
+    strategy = tt.HighestThroughputStrategy([Lossy(), Eager()])
+
+    def key(accuracy) -> str:
+        session = GraphSession(
+            model.stages[0], "stages.0", graph, torch.device("cpu"), accuracy=accuracy
+        )
+        return keys.entry_identity(session, strategy).key
+
+    plain, loose = key(None), key(tt.AccuracyBudget(max_error=0.01))
+    assert plain != loose
+    assert loose != key(tt.AccuracyBudget(max_error=0.02))
+    assert loose == key(tt.AccuracyBudget(max_error=0.01, holdout=0.5))  # end to end only
