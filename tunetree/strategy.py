@@ -66,6 +66,15 @@ class Strategy:
         """Pick the winner among measured, correct rows (in backend order)."""
         raise NotImplementedError
 
+    def for_twin(self, winner: Backend) -> Strategy | None:
+        """The strategy for a graph whose twin (same structure, same graph) ``winner`` won.
+
+        None: tune it in full. Strategies where the fastest wins narrow the race to the twin's
+        winner and eager, which are built, checked and measured on this graph as always: the
+        same computation on other weights is not worth every candidate's build again.
+        """
+        return None
+
     def describe(self) -> str:
         """The strategy's name as reports show it."""
         return type(self).__name__
@@ -113,26 +122,54 @@ class OneBackendStrategy(FirstWinsStrategy):
         super().__init__([backend])
 
 
-class MinLatencyStrategy(Strategy):
-    """Measure every candidate; the lowest median latency wins."""
+class _TwinsNarrowed(Strategy):
+    """A strategy where the fastest wins, so a twin's race can be narrowed to its winner.
+
+    ``share_twins=False`` tunes every graph in full.
+    """
 
     fastest_wins: ClassVar[bool] = True
+    share_twins: bool = True
+
+    def for_twin(self, winner: Backend) -> Strategy | None:
+        """A copy racing ``winner`` against eager only (None with ``share_twins=False``)."""
+        if not self.share_twins:
+            return None
+        narrowed = self.copy()
+        eager = [b for b in self.backends if b.kind == "eager" and b != winner]
+        narrowed.backends = [winner, *eager]
+        return narrowed
+
+
+class MinLatencyStrategy(_TwinsNarrowed):
+    """Measure every candidate; the lowest median latency wins.
+
+    Modules with the same structure and graph as one already tuned (the layers of a stack)
+    race only that one's winner against eager (see :meth:`Strategy.for_twin`); pass
+    ``share_twins=False`` to tune each in full.
+    """
+
+    def __init__(self, backends: Sequence[Backend], *, share_twins: bool = True) -> None:
+        super().__init__(backends)
+        self.share_twins = share_twins
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
         """The measured candidate with the lowest median latency."""
         return min(measured, key=lambda r: r.latency_s or float("inf"))
 
 
-class HighestThroughputStrategy(Strategy):
+class HighestThroughputStrategy(_TwinsNarrowed):
     """Measure every candidate; the highest throughput (samples per second) wins.
 
     With ``search_max_batch_size=True`` each usable candidate is also rebuilt at doubled
     batch sizes (along axis 0) until throughput grows by less than 5 % or memory runs
     out; the largest useful batch is reported per row and throughput is compared there.
     The tuned plan still serves the graph that was recorded. Off by default.
-    """
 
-    fastest_wins: ClassVar[bool] = True
+    Modules with the same structure and graph as one already tuned (the layers of a stack)
+    race only that one's winner against eager (see :meth:`Strategy.for_twin`); pass
+    ``share_twins=False`` to tune each in full.
+    """
 
     def __init__(
         self,
@@ -140,10 +177,16 @@ class HighestThroughputStrategy(Strategy):
         *,
         search_max_batch_size: bool = False,
         max_batch_size: int = 1024,
+        share_twins: bool = True,
     ) -> None:
         super().__init__(backends)
         self.search_max_batch_size = search_max_batch_size
         self.max_batch_size = max_batch_size
+        self.share_twins = share_twins
+
+    def for_twin(self, winner: Backend) -> Strategy | None:
+        """As for every strategy where the fastest wins; None with the batch size search."""
+        return None if self.search_max_batch_size else super().for_twin(winner)
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
         """The measured candidate with the highest throughput."""

@@ -16,6 +16,7 @@ from .accuracy import AccuracyBudget
 from .backends.base import Backend
 from .budget import CACHE, INSPECTION, TIME_BUDGET_ERROR, Deadline, Stopwatch, TimeBreakdown
 from .cache import open_cache
+from .cache.keys import structure_digest
 from .compare import Tolerances
 from .errors import InvalidInputError
 from .evaluate import CandidateRow, GraphSession, Status
@@ -144,6 +145,7 @@ def tune_cut(
     clock = clock or Stopwatch()
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
     results = []
+    twins: dict[tuple[str, Any], GraphResult] = {}
     started = time.perf_counter()
     for done, (path, key, graph) in enumerate(todo):
         where = path or "<model>"
@@ -170,7 +172,7 @@ def tune_cut(
             call_s=_call_s(info, path),
             accuracy=accuracy,
         )
-        result = _tune_graph(session, base, cache)
+        result = _tune_graph(session, base, cache, twins)
         if memo is not None and not _budget_cut(result):
             memo[(path, key)] = result
         results.append(result)
@@ -185,8 +187,39 @@ def _call_s(info: ModelInfo, path: str) -> float:
     return record.total_s / record.calls if record.calls else 0.0
 
 
-def _tune_graph(session: GraphSession, base: Strategy, cache: GraphCache | None) -> GraphResult:
-    """One graph: the cached result, else the strategy's (stored unless the budget cut it)."""
+def _tune_graph(
+    session: GraphSession,
+    base: Strategy,
+    cache: GraphCache | None,
+    twins: dict[tuple[str, Any], GraphResult],
+) -> GraphResult:
+    """One graph: the cached result, else the strategy's (stored unless the budget cut it).
+
+    A graph whose twin (a module of the same structure called with the same graph, see
+    :func:`~tunetree.cache.keys.structure_digest`) was tuned before in this cut races what
+    :meth:`Strategy.for_twin` leaves: usually the twin's winner against eager.
+    """
+    twin_key = (structure_digest(session.module), session.graph.key)
+    twin = twins.get(twin_key)
+    narrowed = base.for_twin(twin.winner.backend) if twin and twin.winner else None
+    if twin is not None and narrowed is not None:
+        result = _tune_with(session, narrowed, cache)
+        note = f"not built: twin of {twin.path or '<model>'}, where {twin.winner.backend.name} won"  # type: ignore[union-attr]
+        result.rows += [
+            CandidateRow(b, Status.SKIPPED, note)
+            for b in base.backends
+            if b not in narrowed.backends
+        ]
+        result.strategy = f"{base.describe()} (twin of {twin.path or '<model>'})"
+        return result
+    result = _tune_with(session, base, cache)
+    if result.winner is not None and not _budget_cut(result):
+        twins.setdefault(twin_key, result)
+    return result
+
+
+def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) -> GraphResult:
+    """The cached result for ``base``, else a fresh run of it (stored unless the budget cut it)."""
     own = base.copy()
     if cache is not None:
         with session.clock.phase(CACHE):
