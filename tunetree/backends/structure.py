@@ -171,10 +171,16 @@ def _type_names(node: list[Any]) -> Iterator[str]:
 
 
 def _module_present(top: str) -> bool:
-    """Whether the top-level module ``top`` is imported or importable here (nothing is run)."""
+    """Whether the top-level module ``top`` is imported or importable here (nothing is run).
+
+    The standard library's names are taken as present without asking the import system's
+    finders (some installed finders import on a lookup: setuptools' for ``distutils``).
+    """
     if not top.isidentifier():
         return False
-    return sys.modules.get(top) is not None or not missing_packages(top)
+    if top in sys.stdlib_module_names or sys.modules.get(top) is not None:
+        return True
+    return not missing_packages(top)
 
 
 def build(node: list[Any], learn: Callable[[], pytree.TreeSpec]) -> pytree.TreeSpec:
