@@ -50,7 +50,8 @@ def test_info_text(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "format version: 1" in out
     assert f"versions.torch: {torch.__version__}" in out and "host: " in out
-    assert "identical; the plan passes every check tt.load makes" in out
+    assert "identical; the plan and its members pass every check tt.load makes" in out
+    assert "members: verified: the weights against their SHA-256;" in out
     assert "plan (3 entries)" in out
     for path in ("0 ", "1 ", "2 "):
         assert f"\n{path}" in out
@@ -95,6 +96,7 @@ def test_info_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_info_loads_no_weights(
     saved: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The weights member is read to verify its checksum, as tt.load does; no tensor is made."""
     opened: list[str] = []
     real_open = zipfile.ZipFile.open
 
@@ -108,8 +110,9 @@ def test_info_loads_no_weights(
     monkeypatch.setattr(zipfile.ZipFile, "open", spy)
     monkeypatch.setattr(loading, "_apply_weights", forbidden)
     monkeypatch.setattr("safetensors.torch.load_file", forbidden)
+    monkeypatch.setattr("safetensors.safe_open", forbidden)
     assert main(["info", str(saved)]) == EXIT_OK
-    assert opened == ["manifest.json"]
+    assert opened == ["manifest.json", "weights.safetensors"]  # read to verify its checksum
 
 
 def test_directory_checkpoint_info(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

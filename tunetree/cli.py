@@ -5,7 +5,9 @@ arguments and sets ``func``, a function of the parsed arguments that returns the
 status. New subcommands append their adder to :data:`COMMANDS`.
 
 Exit status of ``tunetree info``: 0 when the checkpoint would load here, 1 when it was
-tuned in another environment, 2 when it cannot be read (damaged, another format version).
+tuned in another environment (or needs what this one lacks), 2 when it cannot be read
+(damaged or altered, another format version); ``--json`` says ``"compatible": false`` for
+both.
 """
 
 from __future__ import annotations
@@ -39,6 +41,33 @@ def _flat_lines(record: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _members_lines(info: CheckpointInfo) -> list[str]:
+    """What ``tunetree info`` verified of the members, or why it did not read them."""
+    check = info.verified
+    if check is None:
+        why = "the environment differs" if info.differences else "tt.load refuses the plan here"
+        return [f"members: not verified ({why}, before reading them)"]
+    files = check.members - 1
+    read = "the weights" + (f" and {files} runner files" if files else "")
+    artifacts = (
+        f"; the artifacts of {check.runners} runners read and checked against their records "
+        "(element types, fixed sizes, ranges)"
+        if check.runners
+        else ""
+    )
+    lines = [
+        f"members: verified: {read} against their SHA-256{artifacts}; left to tt.load, which "
+        "needs the model: the weights' fit to it and named output containers"
+    ]
+    e, entries = escape_controls, info.manifest.entries
+    lines += [
+        f"  {e(entries[n].path or '<model>')} {e(entries[n].graph_text)}: its artifact serves "
+        f"{e(graph)} only (other calls run the original forward)"
+        for n, graph in sorted(check.narrowed.items())
+    ]
+    return lines
+
+
 def _print_info(info: CheckpointInfo) -> None:
     m = info.manifest
     e = escape_controls
@@ -50,16 +79,13 @@ def _print_info(info: CheckpointInfo) -> None:
         from .checkpoint.format import accuracy_note
 
         print(f"accuracy: {e(accuracy_note(m.accuracy))}")
-    print(
-        "members: not verified (info reads the header and the manifest only; tt.load "
-        "verifies every member it uses against its SHA-256 and refuses a damaged file)"
-    )
+    print("\n".join(_members_lines(info)))
     print("environment record (where it was tuned):")
     print("\n".join(_flat_lines(info.record)))
     if info.compatible:
         print(
-            "comparison with this environment: identical; the plan passes every check "
-            "tt.load makes before it reads members (members' contents: tt.load checks them)"
+            "comparison with this environment: identical; the plan and its members pass "
+            "every check tt.load makes without the model"
         )
     elif not info.differences:
         print(
@@ -94,7 +120,7 @@ def _print_info(info: CheckpointInfo) -> None:
 
 
 def info_command(args: argparse.Namespace) -> int:
-    """``tunetree info PATH``: describe a checkpoint without loading any weights."""
+    """``tunetree info PATH``: describe and check a checkpoint without loading any weights."""
     from .checkpoint import read_info
     from .errors import TunetreeError
 
@@ -102,7 +128,8 @@ def info_command(args: argparse.Namespace) -> int:
         info = read_info(args.path, ignore=tuple(args.ignore or ()))
     except TunetreeError as exc:  # a damaged or hostile file: the error tt.load raises
         if args.json:
-            print(json.dumps({"path": args.path, "error": str(exc)}, indent=2))
+            document = {"path": args.path, "compatible": False, "error": str(exc)}
+            print(json.dumps(document, indent=2))
         else:
             print(f"tunetree info: {escape_controls(exc)}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -117,11 +144,14 @@ def add_info_command(subparsers: Any) -> None:
     """Add the ``info`` subcommand: a checkpoint's version, environment and plan."""
     parser = subparsers.add_parser(
         "info",
-        help="show a checkpoint's version, environment and plan (loads no weights)",
+        help="show a checkpoint's version, environment and plan, checked as tt.load does",
         description=(
             "Print a .tt checkpoint's format version, its environment record, how it compares "
             "with this environment, and its plan (module path, graph, backend, latency). "
-            "Exit status: 0 loads here, 1 tuned elsewhere, 2 unreadable."
+            "Where the environment matches, the members tt.load reads are verified and the "
+            "runners' artifacts checked, without the model and without loading any weights. "
+            "Exit status: 0 loads here, 1 tuned elsewhere or needs what this environment "
+            "lacks, 2 unreadable or altered."
         ),
     )
     parser.add_argument("path", help="a .tt file or a checkpoint directory")

@@ -179,6 +179,21 @@ def _huge_learnt_graph(m: dict[str, Any]) -> None:
     _no_structure(m)
 
 
+ABSENT_MODULE_SPEC = (
+    '[1, {"type": "tt_hostile_absent.X", "context": "null", '
+    '"children_spec": [{"type": null, "context": null, "children_spec": []}]}]'
+)
+"""An output tree spec (first release's pytree JSON) naming a type of a module that does not
+exist."""
+
+
+def _wrong_checksum(member: str) -> Callable[[dict[str, Any]], None]:
+    def edit(m: dict[str, Any]) -> None:
+        m["members"][member]["sha256"] = "0" * 64
+
+    return edit
+
+
 def _zip(**patch: int) -> Callable[[Path], Path]:
     def build(target: Path) -> Path:
         path = rewrite(target)
@@ -247,11 +262,7 @@ SUITE: dict[str, Callable[[Path], Path]] = {
         f"input path: {name}": _edited(manifest=set_input_paths(*paths))
         for name, paths in INPUT_PATHS.items()
     },
-}
-"""Every hostile file of the suite: a name and how to build it from :data:`SOURCE`."""
-
-
-LOAD_ONLY: dict[str, Callable[[Path], Path]] = {
+    # Refused from the members' contents: the artifacts' element types and static shapes.
     "output dtype changed": _edited(
         manifest=_entry(lambda e: e["runner"]["outputs"].update(dtypes=["int64"]))
     ),
@@ -259,14 +270,12 @@ LOAD_ONLY: dict[str, Callable[[Path], Path]] = {
         manifest=_entry(lambda e: e["graph"]["args"][0].update(shape=[3, 8]))
     ),
     "output structure naming a module": _edited(
-        manifest=_entry(
-            lambda e: e["runner"]["outputs"].update(
-                spec='[1, {"type": "tt_hostile_absent.X", "context": "null", '
-                '"children_spec": [{"type": null, "context": null, "children_spec": []}]}]'
-            )
-        )
+        manifest=_entry(lambda e: e["runner"]["outputs"].update(spec=ABSENT_MODULE_SPEC))
     ),
+    "artifact fails its checksum": _edited(manifest=_wrong_checksum("runners/0/model.bin")),
+    "weights fail their checksum": _edited(manifest=_wrong_checksum("weights.safetensors")),
 }
-"""Hostile files only a load can refuse: the refusal needs the artifacts' contents (a model
-file's element types and static shapes) or the model (an output structure learnt by running
-it), which ``tunetree info`` does not read (it says "members: not verified")."""
+"""Every hostile file of the suite: a name and how to build it from :data:`SOURCE`.
+
+``tunetree info`` must refuse each as ``tt.load`` does, including those refused for what
+the members hold (read by info too, without the model)."""

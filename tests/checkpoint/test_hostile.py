@@ -151,6 +151,33 @@ def test_output_structure_never_imports(
     sys.modules.pop(name, None)
 
 
+@pytest.mark.parametrize(
+    ("name", "refused"),
+    [
+        ("tt_hostile_absent.X", True),
+        ("9x.Y", True),
+        ("collections.namedtuple", False),
+        ("torch.return_types.max", False),
+        ("__main__.Out", False),
+        ("distutils.X", False),
+        ("NO_SERIALIZED_TYPE_NAME_FOUND", False),
+    ],
+)
+def test_named_types_of_modules_absent_here_are_refused(name: str, refused: bool) -> None:
+    """Looked up by the top-level name only, the standard library's without any finder (the
+    setuptools finder imports on a lookup of ``distutils``); a name without a dot is left to
+    the match against the model's output."""
+    from tunetree.backends import structure
+
+    before = set(sys.modules)
+    if refused:
+        with pytest.raises(tt.BackendError, match="not installed here"):
+            structure.check_modules_present(["tuple", [["named", name, [["leaf"]]]]])
+    else:
+        structure.check_modules_present(["tuple", [["named", name, [["leaf"]]]]])
+    assert set(sys.modules) == before
+
+
 def test_saved_structure_round_trips_in_the_closed_vocabulary() -> None:
     import torch.utils._pytree as pytree
 

@@ -22,10 +22,11 @@ import pytest
 import torch
 
 import tunetree as tt
+from tests.backends.export_models import hide_packages
 from tests.checkpoint.fixtures.make_fixtures import model
 from tests.checkpoint.hostile import (
+    ABSENT_MODULE_SPEC,
     INPUT_PATHS,
-    LOAD_ONLY,
     SUITE,
     as_recorded,
     rewrite,
@@ -56,7 +57,33 @@ def _load(path: Path) -> Any:
     return tt.load(model(), path)
 
 
+def _tuned_checkpoint(path: Path, backend: Any, shapes: list[tuple[int, ...]]) -> Path:
+    """``path``: the fixture's model tuned whole with ``backend`` on random calls of ``shapes``."""
+    result = tt.tune(
+        model(),
+        [torch.randn(shape) for shape in shapes],
+        depth=0,
+        strategy=tt.OneBackendStrategy(backend),
+        measure_config=tt.MeasureConfig.quick(),
+        verbose=False,
+        cache=False,
+    )
+    tt.save(result, path)
+    return path
+
+
 # --- every hostile file: info never says "loads here" where load refuses ---------------------
+
+
+def _refusal(path: Path) -> tt.TunetreeError | None:
+    """Why ``tt.load`` refuses ``path`` (typed), or None when it loads and serves a call."""
+    try:
+        tuned = _load(path)
+    except tt.TunetreeError as exc:
+        return exc
+    with torch.no_grad():
+        tuned(torch.zeros(2, 8))
+    return None
 
 
 @pytest.mark.parametrize("name", sorted(SUITE))
@@ -66,34 +93,185 @@ def test_info_never_reports_compatible_where_load_refuses(
     path = SUITE[name](tmp_path / "hostile.tt")
     as_recorded(path, monkeypatch)  # the environment matches: only the file's content counts
     status, document = _info(path)
-    try:
-        tuned = _load(path)
-    except tt.TunetreeError as exc:
-        refusal: tt.TunetreeError | None = exc
-    else:
-        refusal = None
-        with torch.no_grad():
-            tuned(torch.zeros(2, 8))
-    if refusal is not None:
-        assert status != 0 and document.get("compatible") is not True, (name, refusal)
-    else:
-        assert status == 0 and document["compatible"] is True, (name, document)
+    refusal = _refusal(path)
+    assert refusal is not None, name  # every file of the suite is hostile
+    assert status != 0 and document["compatible"] is False, (name, refusal, document)
+    assert document.get("members_verified") is not True
 
 
-@pytest.mark.parametrize("name", sorted(LOAD_ONLY))
-def test_what_only_a_load_can_refuse_is_refused_typed_and_info_says_unverified(
+def test_info_and_load_both_accept_the_untouched_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file every hostile one is made from: both say it loads, and info read and checked
+    its members (the weights and three OpenVINO runners of two files each)."""
+    path = rewrite(tmp_path / "source.tt")
+    as_recorded(path, monkeypatch)
+    assert _refusal(path) is None
+    status, document = _info(path)
+    assert status == 0 and document["compatible"] is True and document["members_verified"]
+    assert document["verified"] == {"members": 7, "runners": 3, "narrowed": []}
+
+
+ARTIFACT_REFUSALS = {
+    "output dtype changed": "OpenVINO model's 'linear:0' is float32, the saved record says "
+    "torch.int64",
+    "fixed size the artifact does not take": "input 0 takes sizes 2..2 on axis 0, where the "
+    "graph's f32[3,8] has 3",
+    "output structure naming a module": "names the type 'tt_hostile_absent.X', of a module "
+    "'tt_hostile_absent' that is not installed here",
+    "artifact fails its checksum": "'runners/0/model.bin' fails its checksum",
+    "weights fail their checksum": "'weights.safetensors' fails its checksum",
+}
+"""Files of the suite refused for what their members hold (or, for the output structure, for
+a type no model here returns), and the reason both give."""
+
+
+@pytest.mark.parametrize("name", sorted(ARTIFACT_REFUSALS))
+def test_info_refuses_what_the_members_contradict_with_loads_reason(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = LOAD_ONLY[name](tmp_path / "hostile.tt")
+    """Before, info said "compatible", exit 0, ``members_verified: false`` for the first three
+    (and the checksums were load's alone): it read the header and the manifest only."""
+    path = SUITE[name](tmp_path / "hostile.tt")
     as_recorded(path, monkeypatch)
+    refusal = _refusal(path)
+    assert isinstance(refusal, tt.CheckpointError | tt.BackendError)
+    assert ARTIFACT_REFUSALS[name] in str(refusal)
     status, document = _info(path)
-    assert status == 0 and document["members_verified"] is False
-    with pytest.raises(tt.BackendError):
+    assert status == 2 and document["compatible"] is False
+    assert document["error"] == str(refusal)
+
+
+def test_info_reads_artifacts_into_a_private_directory_it_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def spy(*args: Any, **kwargs: Any) -> str:
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    path = rewrite(tmp_path / "a.tt")
+    as_recorded(path, monkeypatch)
+    monkeypatch.setattr(tempfile, "mkdtemp", spy)
+    assert _info(path)[0] == 0
+    assert made and all("tunetree-info-" in d and not os.path.exists(d) for d in made)
+
+
+def test_info_names_no_module_of_the_file_to_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An output structure naming a type of a module that is there: info looks the module up
+    by its top-level name without running it (whether the model returns that type is for
+    tt.load, which has the model, to say)."""
+    marker = tmp_path / "imported"
+    package = tmp_path / "tt_hostile_present"
+    package.mkdir()
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (package / "sub.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = ABSENT_MODULE_SPEC.replace("tt_hostile_absent.X", "tt_hostile_present.sub.X")
+    path = rewrite(
+        tmp_path / "a.tt",
+        manifest=lambda m: m["entries"][0]["runner"]["outputs"].update(spec=spec),
+    )
+    as_recorded(path, monkeypatch)
+    _info(path)
+    assert not marker.exists() and "tt_hostile_present" not in sys.modules
+    with pytest.raises(tt.BackendError, match="output structure differs"):
+        _load(path)
+    assert not marker.exists()
+
+
+def test_info_without_the_package_the_artifacts_need_claims_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """openvino not installed: info cannot read the OpenVINO models, and says so."""
+    path = rewrite(tmp_path / "a.tt")
+    as_recorded(path, monkeypatch)
+    hide_packages(monkeypatch, "openvino")
+    status, document = _info(path)
+    assert status == 1 and document["compatible"] is False
+    assert document["members_verified"] is False and document["verified"] is None
+    assert "openvino is not installed" in document["refusal"]
+    with pytest.raises(tt.IncompatibleCheckpointError, match="openvino is not installed"):
         _load(path)
 
 
+def test_a_package_missing_while_reading_artifacts_is_a_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should reading an artifact still need a package this environment lacks, info and load
+    both call the file incompatible here, not damaged."""
+    from tunetree.backends import openvino as ov_backend
+
+    def missing() -> Any:
+        raise ModuleNotFoundError("No module named 'openvino'", name="openvino")
+
+    path = rewrite(tmp_path / "a.tt")
+    as_recorded(path, monkeypatch)
+    monkeypatch.setattr(ov_backend, "_core", missing)
+    monkeypatch.setattr(ov_backend.OpenVINO, "unavailable_reason", lambda self, device: None)
+    status, document = _info(path)
+    assert status == 1 and document["compatible"] is False and not document["members_verified"]
+    assert "needs a package this environment lacks" in document["refusal"]
+    with pytest.raises(tt.IncompatibleCheckpointError, match="needs a package"):
+        _load(path)
+
+
+# --- the same over an ONNX Runtime checkpoint ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def onnx_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real checkpoint of the fixture's model, one ONNX Runtime runner for the whole model."""
+    pytest.importorskip("onnxruntime")
+    directory = tmp_path_factory.mktemp("onnx")
+    return _tuned_checkpoint(directory / "onnx.tt", tt.backends.OnnxRuntime(), [(2, 8)])
+
+
+ONNX_EDITS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "output dtype changed": lambda e: e["runner"]["outputs"].update(dtypes=["int64"]),
+    "fixed size the artifact does not take": lambda e: e["graph"]["args"][0].update(shape=[3, 8]),
+    "output structure naming a module": lambda e: e["runner"]["outputs"].update(
+        structure=None, spec=ABSENT_MODULE_SPEC
+    ),
+}
+"""The three edits refused from what the artifact (or the environment) holds, applied to the
+ONNX checkpoint's entry, and the reason both give."""
+ONNX_REFUSALS = {
+    "output dtype changed": "ONNX model's 'output_0' is float32, the saved record says torch.int64",
+    "fixed size the artifact does not take": "input 0 takes sizes 2..2 on axis 0",
+    "output structure naming a module": "of a module 'tt_hostile_absent' that is not installed",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONNX_EDITS))
+def test_info_checks_onnx_artifacts_as_load_does(
+    name: str, onnx_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    untouched = rewrite(tmp_path / "untouched.tt", source=onnx_source)
+    as_recorded(untouched, monkeypatch)
+    assert _refusal(untouched) is None
+    status, document = _info(untouched)
+    assert status == 0 and document["verified"] == {"members": 3, "runners": 1, "narrowed": []}
+    hostile = rewrite(
+        tmp_path / "hostile.tt",
+        source=onnx_source,
+        manifest=lambda m: ONNX_EDITS[name](m["entries"][0]),
+    )
+    as_recorded(hostile, monkeypatch)
+    refusal = _refusal(hostile)
+    assert refusal is not None and ONNX_REFUSALS[name] in str(refusal)
+    status, document = _info(hostile)
+    assert status == 2 and document["compatible"] is False and document["error"] == str(refusal)
+
+
 def test_the_suite_is_refused_by_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every file of the suite is hostile: load refuses each (typed), else the test above
+    """Every file of the suite is hostile: load refuses each (typed), else the tests above
     would prove nothing for it."""
     loaded = []
     for number, (name, build) in enumerate(SUITE.items()):
@@ -124,7 +302,7 @@ def test_info_refuses_a_record_that_does_not_list_what_the_plan_needs(
         _load(path)
     status, document = _info(path)
     assert status == 2
-    assert "compatible" not in document and "does not list" in document["error"]
+    assert document["compatible"] is False and "does not list" in document["error"]
 
 
 def test_info_reports_a_backend_unavailable_here_as_incompatible(
@@ -173,19 +351,8 @@ def test_input_paths_that_fit_the_graph_still_load(
 @pytest.fixture(scope="module")
 def ranged(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real checkpoint of the fixture's model tuned with OpenVINO for batch 2..8."""
-    data = [torch.randn(b, 8) for b in (2, 5, 8)]
-    result = tt.tune(
-        model(),
-        data,
-        depth=0,
-        strategy=tt.OneBackendStrategy(tt.backends.OpenVINO()),
-        measure_config=tt.MeasureConfig.quick(),
-        verbose=False,
-        cache=False,
-    )
     path = tmp_path_factory.mktemp("ranged") / "ranged.tt"
-    tt.save(result, path)
-    return path
+    return _tuned_checkpoint(path, tt.backends.OpenVINO(), [(b, 8) for b in (2, 5, 8)])
 
 
 def _set_range(low: int, high: int) -> Callable[[dict[str, Any]], None]:
@@ -215,7 +382,10 @@ def test_a_range_wider_than_the_artifact_is_narrowed(
     assert "outside the tuned range" in caplog.text
     (key,) = dispatcher.runners
     assert str(key) == "(f32[batch 2..8, 8])"
-    assert _info(path)[0] == 0  # a narrowed range loads: info and load agree
+    status, document = _info(path)  # a narrowed range loads: info and load agree
+    assert status == 0 and document["verified"]["narrowed"] == [
+        {"entry": 0, "serves": "(f32[batch 2..8, 8])"}
+    ]
 
 
 def test_a_fixed_size_the_artifact_does_not_take_is_refused(

@@ -150,6 +150,20 @@ class Backend(ABC):
         """
         return None
 
+    def check_saved_artifacts(
+        self, key: GraphKey, directory: Path, saved: dict[str, Any]
+    ) -> GraphKey | None:
+        """Read the saved runner's artifacts in ``directory`` and check them, without the module.
+
+        The very checks :meth:`load` makes of them (element types, fixed sizes and ranges the
+        artifacts declare against the record ``saved`` and ``key``), with the backend's own
+        reader, importing and unpickling nothing the files name, so ``tunetree info`` runs
+        them too. Returns the part of ``key`` the artifacts serve, or None for a backend
+        that reads no artifact (it rebuilds from the module). Raises
+        :class:`~tunetree.errors.BackendError` on a mismatch.
+        """
+        return None
+
     def load(
         self,
         module: nn.Module,

@@ -6,6 +6,7 @@ possible.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,12 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype[Any]:
             "needs graph inputs and outputs of numpy-compatible dtypes (cast the model or "
             "use another backend)"
         ) from exc
+
+
+def check_numpy_dtypes(dtypes: Iterable[torch.dtype]) -> None:
+    """Refuse dtypes that cannot cross numpy (bfloat16): BackendError, see :func:`numpy_dtype`."""
+    for dtype in dtypes:
+        numpy_dtype(dtype)
 
 
 def carries(declared: Any, dtype: torch.dtype, *, exact: bool) -> bool:

@@ -27,7 +27,7 @@ from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, 
 from ..hf import loaded_cache_class, spec_holds_state, to_data, updated_in_place
 from . import structure
 from .base import original_forward
-from .dtypes import dtype_from_name, dtype_from_short_name, dtype_to_name, numpy_dtype
+from .dtypes import check_numpy_dtypes, dtype_from_name, dtype_from_short_name, dtype_to_name
 from .ranges import check_placeholders, example_sample
 
 MAX_SAVED_TENSORS = 100_000
@@ -248,7 +248,7 @@ class FlatOutputs:
         deserialiser that imports); named containers, or a structure that was not saved, are
         learnt again by running ``module`` once on zeros shaped like ``key``.
         """
-        num_leaves, positions, constants, dtypes, shapes = _saved_outputs(data, max_elements)
+        num_leaves, positions, constants, dtypes, shapes = saved_outputs(data, max_elements)
         spec = _saved_spec(data, module, key, device)
         if spec.num_leaves != num_leaves:
             raise BackendError(
@@ -265,8 +265,12 @@ SavedOutputs = tuple[
 """Leaf count, tensor positions, constants, dtypes and shapes of a saved output record."""
 
 
-def _saved_outputs(data: Any, max_elements: int) -> SavedOutputs:
-    """The output record's fields but its structure, checked as untrusted input."""
+def saved_outputs(data: Any, max_elements: int = MAX_SAVED_ELEMENTS) -> SavedOutputs:
+    """The output record's fields but its structure, checked as untrusted input.
+
+    Needs no module: loaders check artifacts against the dtypes and shapes it holds before
+    they learn the structure.
+    """
     if not isinstance(data, dict):
         raise BackendError("saved runner record has no outputs object")
     num_leaves = data.get("num_leaves")
@@ -287,7 +291,8 @@ def check_saved_io(key: GraphKey, saved: Any, max_elements: int) -> None:
     """Refuse a flat runner's saved input and output records before anything is built.
 
     Inputs checked against ``key`` (:meth:`FlatInputs.check_against`), outputs as untrusted
-    records with a closed-vocabulary structure, tensors of both together of at most
+    records with a closed-vocabulary structure naming no type of a module absent here
+    (:func:`.structure.check_modules_present`), tensors of both together of at most
     ``max_elements`` elements. Needs neither the module nor the artifacts (``tunetree info``
     runs it too). BackendError when a record does not fit.
     """
@@ -297,11 +302,11 @@ def check_saved_io(key: GraphKey, saved: Any, max_elements: int) -> None:
     inputs.check_against(key)
     left = max_elements - sum(math.prod(s) for s in inputs.shapes)
     outputs: dict[str, Any] = saved.get("outputs")  # type: ignore[assignment]
-    _saved_outputs(outputs, left)  # refuses anything but an object
+    saved_outputs(outputs, left)  # refuses anything but an object
     if outputs.get("structure") is not None:
-        structure.check(outputs["structure"])
+        structure.check_modules_present(structure.check(outputs["structure"]))
     elif outputs.get("spec") is not None:
-        structure.from_pytree_json(outputs["spec"])
+        structure.check_modules_present(structure.from_pytree_json(outputs["spec"]))
     else:  # the structure is learnt by running the module on placeholders
         check_placeholders(key, left)
 
@@ -495,8 +500,7 @@ class FlatGraph:
 
     def check_numpy_dtypes(self) -> None:
         """Refuse dtypes numpy cannot carry (bfloat16) before any time goes into exporting."""
-        for dtype in (*self.inputs.dtypes, *self.outputs.dtypes):
-            numpy_dtype(dtype)
+        check_numpy_dtypes((*self.inputs.dtypes, *self.outputs.dtypes))
 
 
 def _varying_axes(graph: Graph, outputs: FlatOutputs) -> tuple[tuple[int, ...], ...]:

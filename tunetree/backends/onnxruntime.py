@@ -14,6 +14,7 @@ import dataclasses
 import shutil
 import tempfile
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -23,10 +24,10 @@ from torch import nn
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner
-from .dtypes import as_numpy, as_torch, carries, numpy_dtype
+from .dtypes import as_numpy, as_torch, carries, check_numpy_dtypes, numpy_dtype
 from .export_context import attention_as_eager, describe_error, exporting, quiet
 from .files import artifact_file, copy_files
-from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io
+from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io, saved_outputs
 from .packages import not_installed_reason
 from .ranges import AxisBounds, axis_dims, export_dynamic_shapes, narrowed_to_artifact
 from .safe_config import check_choice, check_count, check_fields, refuse
@@ -344,16 +345,11 @@ class OnnxRuntime(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        """Check the saved files and records, copy the files to its own directory and open them."""
-        files = saved.get("files")
-        if not isinstance(files, list) or not 0 < len(files) <= 4096:
-            raise BackendError("saved ONNX Runtime runner record lists no files")
-        paths = [artifact_file(directory, name) for name in files]
-        if _MODEL_FILE not in files:
-            raise BackendError(f"saved ONNX Runtime runner lists no {_MODEL_FILE}")
-        check_external_data(paths[files.index(_MODEL_FILE)], set(files))
-        inputs = FlatInputs.from_json(saved.get("inputs"))
-        inputs.check_against(key)
+        """Check the saved files and records (:func:`_read_saved`), then open a copy of them.
+
+        The copy lives in the runner's own directory.
+        """
+        files, inputs, served = _read_saved(directory, saved, key)
         outputs = FlatOutputs.from_json(saved.get("outputs"), module, key, device)
         # The runner owns a copy (hard links where possible): the checkpoint's directory may
         # be temporary, and the runner can save itself again later.
@@ -361,7 +357,6 @@ class OnnxRuntime(Backend):
         try:
             copy_files(directory, own, files)
             runner = OnnxRuntimeRunner(self, own, inputs, outputs, device, key.is_dynamic)
-            served = _served_by(runner, key)
         except BaseException:
             shutil.rmtree(own, ignore_errors=True)
             raise
@@ -373,60 +368,121 @@ class OnnxRuntime(Backend):
         """The I/O records against ``key`` (:func:`.check_saved_io`)."""
         check_saved_io(key, saved, max_elements)
 
+    def check_saved_artifacts(
+        self, key: GraphKey, directory: Path, saved: dict[str, Any]
+    ) -> GraphKey | None:
+        """The part of ``key`` the saved model serves: :func:`_read_saved`, as ``load`` runs it."""
+        return _read_saved(directory, saved, key)[2]
+
 
 _ONNX_TYPES = {
-    "tensor(float)": "float32",
-    "tensor(double)": "float64",
-    "tensor(float16)": "float16",
-    "tensor(int64)": "int64",
-    "tensor(int32)": "int32",
-    "tensor(int16)": "int16",
-    "tensor(int8)": "int8",
-    "tensor(uint8)": "uint8",
-    "tensor(bool)": "bool",
+    1: "float32",
+    11: "float64",
+    10: "float16",
+    7: "int64",
+    6: "int32",
+    5: "int16",
+    3: "int8",
+    2: "uint8",
+    9: "bool",
 }
-"""ONNX Runtime's element type names, as numpy names."""
+"""ONNX element types (``onnx.TensorProto.DataType`` numbers), as numpy names."""
+
+PortShape = list[int | str | None] | None
+"""An ONNX value's declared shape: per axis a size, a symbolic name or None (unknown); None
+for an unknown rank."""
 
 
-def _served_by(runner: OnnxRuntimeRunner, key: GraphKey) -> GraphKey:
-    """The part of ``key`` the session serves, checked against what its model declares.
+def _read_saved(
+    directory: Path, saved: dict[str, Any], key: GraphKey
+) -> tuple[list[str], FlatInputs, GraphKey]:
+    """The saved files, the input record and the part of ``key`` the model serves.
 
-    Every session input and output of the element type its record says, outputs of the
-    recorded ranks and fixed sizes; the inputs' fixed sizes narrow ``key``'s ranges (a
-    symbolic axis takes any size). BackendError on a mismatch.
+    Read without the module: the file names are checked (:func:`.artifact_file`), the model's
+    graph is parsed without its weights (:func:`read_graph`), the input record is checked
+    against ``key`` and the graph against both records (:func:`_served_by`). Both ``load``
+    and ``tunetree info`` (through :meth:`OnnxRuntime.check_saved_artifacts`) run this.
+    BackendError on a mismatch.
     """
-    inputs, outputs = runner.inputs, runner.outputs
-    session_inputs = runner.session.get_inputs()
-    session_outputs = runner.session.get_outputs()
-    ports = [
-        (p, inputs.dtypes[i], True) for p, (_, i) in zip(session_inputs, runner.feeds, strict=True)
-    ]
-    ports += [(p, dtype, False) for p, dtype in zip(session_outputs, outputs.dtypes, strict=True)]
+    files = saved.get("files")
+    if not isinstance(files, list) or not 0 < len(files) <= 4096:
+        raise BackendError("saved ONNX Runtime runner record lists no files")
+    paths = [artifact_file(directory, name) for name in files]
+    if _MODEL_FILE not in files:
+        raise BackendError(f"saved ONNX Runtime runner lists no {_MODEL_FILE}")
+    graph = read_graph(paths[files.index(_MODEL_FILE)], set(files))
+    inputs = FlatInputs.from_json(saved.get("inputs"))
+    inputs.check_against(key)
+    _, _, _, dtypes, shapes = saved_outputs(saved.get("outputs"))
+    check_numpy_dtypes((*inputs.dtypes, *dtypes))
+    return files, inputs, _served_by(graph, inputs, dtypes, shapes, key)
+
+
+def _served_by(
+    graph: Any,
+    inputs: FlatInputs,
+    output_dtypes: Sequence[torch.dtype],
+    output_shapes: Sequence[tuple[int, ...]],
+    key: GraphKey,
+) -> GraphKey:
+    """The part of ``key`` an ONNX graph serves, checked against what it declares.
+
+    Its inputs (those a session takes: the graph's inputs but initializers) must be named in
+    the input record, its outputs as many as the output record's; every one of the element
+    type its record says, outputs of the recorded ranks and fixed sizes; the inputs' fixed
+    sizes narrow ``key``'s ranges (a symbolic axis takes any size). BackendError on a
+    mismatch.
+    """
+    initializers = {t.name for t in graph.initializer}
+    ports_in = [p for p in graph.input if p.name not in initializers]
+    index = {name: i for i, name in enumerate(inputs.names)}
+    unexpected = [p.name for p in ports_in if p.name not in index]
+    if unexpected:
+        raise BackendError(f"ONNX model has an unexpected input {unexpected[0][:80]!r}")
+    if len(graph.output) != len(output_dtypes):
+        raise BackendError(
+            f"ONNX model has {len(graph.output)} outputs, the saved record {len(output_dtypes)}"
+        )
+    feeds = [index[p.name] for p in ports_in]
+    ports = [(p, inputs.dtypes[i], True) for p, i in zip(ports_in, feeds, strict=True)]
+    ports += [(p, d, False) for p, d in zip(graph.output, output_dtypes, strict=True)]
     for port, dtype, exact in ports:
-        declared = _ONNX_TYPES.get(port.type)
+        declared = _ONNX_TYPES.get(port.type.tensor_type.elem_type)
         if declared is not None and not carries(declared, dtype, exact=exact):
             raise BackendError(
-                f"ONNX model's {port.name!r} is {port.type}, the saved record says {dtype}: "
-                "the saved runner does not fit its graph"
+                f"ONNX model's {port.name[:80]!r} is {declared}, the saved record says "
+                f"{dtype}: the saved runner does not fit its graph"
             )
-    for port, shape in zip(session_outputs, outputs.shapes, strict=True):
-        fixed = port.shape if isinstance(port.shape, list) else None
+    for port, shape in zip(graph.output, output_shapes, strict=True):
+        fixed = _port_shape(port)
         if fixed is not None and (
             len(fixed) != len(shape)
             or any(isinstance(d, int) and d != n for d, n in zip(fixed, shape, strict=True))
         ):
             raise BackendError(
-                f"ONNX model's output {port.name!r} has shape {fixed}, the saved record "
+                f"ONNX model's output {port.name[:80]!r} has shape {fixed}, the saved record "
                 f"{list(shape)}: the saved runner does not fit its graph"
             )
     bounds: list[list[AxisBounds] | None] = []
-    for port in session_inputs:
-        if not isinstance(port.shape, list):
-            bounds.append(None)
-            continue
-        bounds.append([(d, d) if isinstance(d, int) else (1, None) for d in port.shape])
-    specs = [inputs.specs(key)[i] for _, i in runner.feeds]
+    for port in ports_in:
+        declared_shape = _port_shape(port)
+        bounds.append(
+            None
+            if declared_shape is None
+            else [(d, d) if isinstance(d, int) else (1, None) for d in declared_shape]
+        )
+    specs = [inputs.specs(key)[i] for i in feeds]
     return narrowed_to_artifact(key, specs, bounds, "the saved ONNX model")
+
+
+def _port_shape(port: Any) -> PortShape:
+    """The shape an ONNX graph input or output declares (see :data:`PortShape`)."""
+    tensor = port.type.tensor_type
+    if not port.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return None
+    return [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
+    ]
 
 
 def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
@@ -484,10 +540,11 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
         raise BackendError("torch.onnx.export wrote no model file")
 
 
-def check_external_data(model_file: Path, files: set[str]) -> None:
-    """Refuse a saved ONNX model whose tensors name external data files other than the runner's.
+def read_graph(model_file: Path, files: set[str]) -> Any:
+    """The graph of a saved ONNX model, parsed with ``onnx.load`` without its external data.
 
-    A path in the model could point anywhere on the disk.
+    Refuses a model whose tensors name external data files other than the runner's
+    ``files``: a path in the model could point anywhere on the disk.
     """
     import onnx
     from onnx.external_data_helper import _get_all_tensors
@@ -503,6 +560,7 @@ def check_external_data(model_file: Path, files: set[str]) -> None:
                     f"saved ONNX model names external data {entry.value[:80]!r}, not one of "
                     "the runner's own files: refusing to read outside the checkpoint"
                 )
+    return model.graph
 
 
 def _empty(directory: Path) -> None:

@@ -31,7 +31,7 @@ from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey
 from .base import Backend, Runner
-from .dtypes import as_numpy, as_torch, carries, numpy_dtype
+from .dtypes import as_numpy, as_torch, carries, check_numpy_dtypes
 from .export_context import (
     attention_as_eager,
     describe_error,
@@ -40,7 +40,7 @@ from .export_context import (
     quiet,
 )
 from .files import artifact_file
-from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io, used_inputs
+from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io, saved_outputs, used_inputs
 from .packages import not_installed_reason
 from .ranges import AxisBounds, AxisDims, axis_dims, export_dynamic_shapes, narrowed_to_artifact
 from .safe_config import check_choice, check_count, check_fields, check_pattern, check_scalar
@@ -103,9 +103,10 @@ def _core() -> Any:
 class OpenVINORunner(Runner):
     """A compiled OpenVINO model with one infer request.
 
-    Inputs are shared with OpenVINO (no copy on the CPU); every call returns freshly allocated
-    outputs, so a later call never overwrites what an earlier one returned. Calls are
-    serialised by a lock (one request).
+    Its inputs' and outputs' dtypes must cross numpy (checked by ``build`` and ``load``
+    before a model is made or read). Inputs are shared with OpenVINO (no copy on the CPU);
+    every call returns freshly allocated outputs, so a later call never overwrites what an
+    earlier one returned. Calls are serialised by a lock (one request).
     """
 
     def __init__(
@@ -126,8 +127,6 @@ class OpenVINORunner(Runner):
             raise BackendError(
                 f"OpenVINO model has {len(model.outputs)} outputs, eager {len(outputs.positions)}"
             )
-        for dtype in (*inputs.dtypes, *outputs.dtypes):
-            numpy_dtype(dtype)  # refuses dtypes that cannot cross numpy (bfloat16)
         self.model = model
         self.inputs = inputs
         self.outputs = outputs
@@ -285,19 +284,25 @@ class OpenVINO(Backend):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        """Read the saved model (checked file names) and rebuild the runner with its I/O records."""
-        model_file = artifact_file(directory, saved.get("model"), ".xml")
-        artifact_file(directory, model_file.with_suffix(".bin").name)
-        inputs = FlatInputs.from_json(saved.get("inputs"))
-        inputs.check_against(key)
+        """Read and check the saved model (:func:`_read_saved`), then rebuild the runner."""
+        model, inputs, served = _read_saved(directory, saved, key)
         outputs = FlatOutputs.from_json(saved.get("outputs"), module, key, device)
-        with private_home():
-            model = _core().read_model(str(model_file))
-        served = _served_by(model, inputs, outputs, key)
         runner = OpenVINORunner(self, model, inputs, outputs, device)
         if served is not key:
+            log.warning(
+                "the saved OpenVINO model serves %s only, not all of %s (the file's ranges "
+                "were wider than its model): calls outside run the original forward",
+                served,
+                key,
+            )
             runner.served = served
         return runner
+
+    def check_saved_artifacts(
+        self, key: GraphKey, directory: Path, saved: dict[str, Any]
+    ) -> GraphKey | None:
+        """The part of ``key`` the saved model serves: :func:`_read_saved`, as ``load`` runs it."""
+        return _read_saved(directory, saved, key)[2]
 
     def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
         """The model's file name and the I/O records against ``key`` (:func:`.check_saved_io`)."""
@@ -307,21 +312,44 @@ class OpenVINO(Backend):
         check_saved_io(key, saved, max_elements)
 
 
-def _served_by(model: Any, inputs: FlatInputs, outputs: FlatOutputs, key: GraphKey) -> GraphKey:
+def _read_saved(
+    directory: Path, saved: dict[str, Any], key: GraphKey
+) -> tuple[Any, FlatInputs, GraphKey]:
+    """The saved model, its input record and the part of ``key`` it serves, without the module.
+
+    The model file's name is checked (:func:`.artifact_file`), the input record against
+    ``key``, the model is read with OpenVINO's own reader and checked against the records
+    (:func:`_served_by`). Both ``load`` and ``tunetree info`` (through
+    :meth:`OpenVINO.check_saved_artifacts`) run this. BackendError on a mismatch.
+    """
+    model_file = artifact_file(directory, saved.get("model"), ".xml")
+    artifact_file(directory, model_file.with_suffix(".bin").name)
+    inputs = FlatInputs.from_json(saved.get("inputs"))
+    inputs.check_against(key)
+    output_dtypes = saved_outputs(saved.get("outputs"))[3]
+    check_numpy_dtypes((*inputs.dtypes, *output_dtypes))
+    with private_home():
+        model = _core().read_model(str(model_file))
+    return model, inputs, _served_by(model, inputs, output_dtypes, key)
+
+
+def _served_by(
+    model: Any, inputs: FlatInputs, output_dtypes: tuple[torch.dtype, ...], key: GraphKey
+) -> GraphKey:
     """The part of ``key`` a saved OpenVINO model serves, checked against what it declares.
 
     Its inputs and outputs must be as many as the records say, of their element types; its
     inputs' partial shapes narrow ``key``'s ranges (:func:`.narrowed_to_artifact`), so a call
     the model would refuse takes the original forward. BackendError on a mismatch.
     """
-    if len(model.inputs) != len(inputs.paths) or len(model.outputs) != len(outputs.positions):
+    if len(model.inputs) != len(inputs.paths) or len(model.outputs) != len(output_dtypes):
         raise BackendError(
             f"OpenVINO model has {len(model.inputs)} inputs and {len(model.outputs)} outputs, "
-            f"the saved records {len(inputs.paths)} and {len(outputs.positions)}"
+            f"the saved records {len(inputs.paths)} and {len(output_dtypes)}"
         )
     ports = [
         *((port, dtype, True) for port, dtype in zip(model.inputs, inputs.dtypes, strict=True)),
-        *((port, dtype, False) for port, dtype in zip(model.outputs, outputs.dtypes, strict=True)),
+        *((port, dtype, False) for port, dtype in zip(model.outputs, output_dtypes, strict=True)),
     ]
     for port, dtype, exact in ports:
         try:
@@ -347,15 +375,7 @@ def _served_by(model: Any, inputs: FlatInputs, outputs: FlatOutputs, key: GraphK
                 high = dim.get_max_length()
                 axes.append((max(dim.get_min_length(), 0), high if high >= 0 else None))
         bounds.append(axes)
-    served = narrowed_to_artifact(key, inputs.specs(key), bounds, "the saved OpenVINO model")
-    if served is not key:
-        log.warning(
-            "the saved OpenVINO model serves %s only, not all of %s (the file's ranges were "
-            "wider than its model): calls outside run the original forward",
-            served,
-            key,
-        )
-    return served
+    return narrowed_to_artifact(key, inputs.specs(key), bounds, "the saved OpenVINO model")
 
 
 @dataclasses.dataclass(frozen=True)

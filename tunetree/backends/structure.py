@@ -20,12 +20,14 @@ here as plain data (:func:`from_pytree_json`) into the same nodes.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.utils._pytree as pytree
 
 from ..errors import BackendError
+from .packages import missing_packages
 
 MAX_DEPTH = 32
 """Deepest nesting of containers a saved structure may have."""
@@ -132,6 +134,53 @@ def _context_keys(context: Any) -> list[Any]:
     if not isinstance(keys, list):
         raise BackendError("saved output structure has a dict without its keys")
     return keys
+
+
+def check_modules_present(node: list[Any]) -> None:
+    """Refuse a checked structure naming a type whose module this environment lacks.
+
+    A named container is matched against the output of the user's own model, whose class comes
+    from a module present here: a type of a module that is not (``tt_absent.Out``) names an
+    output no model built here returns. Only the top-level name is looked up, in
+    ``sys.modules`` and with ``importlib.util.find_spec``, which searches the paths and runs
+    nothing (a dotted name would import its parents). A name without a dot (a pytree
+    serialisation name) names no module and is left to the match. Raises
+    :class:`BackendError`.
+    """
+    looked_up: set[str] = set()
+    for name in _type_names(node):
+        top = name.split(".", 1)[0]
+        if "." not in name or top in looked_up:
+            continue
+        looked_up.add(top)
+        if not _module_present(top):
+            raise BackendError(
+                f"the saved output structure names the type {name[:120]!r}, of a module "
+                f"{top[:60]!r} that is not installed here: no model built here returns it "
+                "(install what the tuned model imports, or the file was altered)"
+            )
+
+
+def _type_names(node: list[Any]) -> Iterator[str]:
+    """The type name of every named node of a checked structure."""
+    if node[0] == "named":
+        yield node[1]
+    if node[0] != "leaf":
+        for child in node[-1]:
+            yield from _type_names(child)
+
+
+def _module_present(top: str) -> bool:
+    """Whether the top-level module ``top`` is imported or importable here (nothing is run).
+
+    The standard library's names are taken as present without asking the import system's
+    finders (some installed finders import on a lookup: setuptools' for ``distutils``).
+    """
+    if not top.isidentifier():
+        return False
+    if top in sys.stdlib_module_names or sys.modules.get(top) is not None:
+        return True
+    return not missing_packages(top)
 
 
 def build(node: list[Any], learn: Callable[[], pytree.TreeSpec]) -> pytree.TreeSpec:

@@ -1,13 +1,19 @@
-"""What ``tt.load`` checks of a plan before it touches the model or any member.
+"""What ``tt.load`` checks of a checkpoint without the model, shared with ``tunetree info``.
 
-``tunetree info`` runs the very same checks (:func:`check_plan`), so it never says a
-checkpoint loads where ``tt.load`` refuses it for its record, its backends or its runner
-records. What only a load can see (members' checksums and contents, the model's weights)
-is left to the load; ``info`` says so.
+The plan (:func:`check_plan`: record, backends, runner records), then the members: each
+read within one byte budget and verified against its SHA-256 (:func:`extract_runners`), and
+each runner's artifacts read by its backend and checked against its records
+(:meth:`~tunetree.backends.base.Backend.check_saved_artifacts`, which the backend's ``load``
+runs too), every failure named the same way (:func:`rebuilding`). So ``info`` never says a
+checkpoint loads where ``tt.load`` refuses it without the model; what only the model can
+show (its weights' shapes, a named output container) is left to the load, and ``info``
+says so.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +29,8 @@ from ..errors import (
     UntrustedConfigError,
 )
 from .environment import unrecorded_libraries
-from .format import EntryRecord, Manifest
-from .reader import Source
+from .format import RUNNERS, EntryRecord, Manifest
+from .reader import Budget, Source, extract
 
 
 def needed_entries(manifest: Manifest) -> list[int]:
@@ -133,3 +139,41 @@ def check_plan(
             ) from exc
         backends[n] = backend
     return backends
+
+
+def extract_runners(source: Source, manifest: Manifest, workdir: Path, budget: Budget) -> None:
+    """Extract the needed entries' members into ``workdir``, each verified (:func:`.extract`).
+
+    Entry ``n``'s files land in :func:`runner_directory` of ``n``.
+    """
+    for n in needed_entries(manifest):
+        for name in manifest.entries[n].members:
+            extract(source, name, manifest, workdir, budget)
+
+
+def runner_directory(workdir: Path, n: int) -> Path:
+    """Where entry ``n``'s members are extracted under ``workdir`` (made when missing)."""
+    directory = workdir.joinpath(RUNNERS, str(n))
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@contextlib.contextmanager
+def rebuilding(backend: Backend, entry: EntryRecord) -> Iterator[None]:
+    """Name any failure of reading or rebuilding ``entry``'s saved runner, typed.
+
+    A missing package is an :class:`IncompatibleCheckpointError` (the file may be sound),
+    anything else a :class:`BackendError`, each with the module path and graph.
+    """
+    try:
+        yield
+    except ImportError as exc:
+        raise IncompatibleCheckpointError(
+            f"reading the saved {backend.name} runner of {where(entry)} needs a package this "
+            f"environment lacks ({type(exc).__name__}: {exc})"
+        ) from exc
+    except Exception as exc:
+        raise BackendError(
+            f"could not rebuild the saved {backend.name} runner of {where(entry)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc

@@ -15,7 +15,6 @@ import torch
 from ..artifacts import SavedRunner, allowed_elements, load_runner, remove_with
 from ..backends.base import Backend, Runner
 from ..errors import (
-    BackendError,
     CheckpointError,
     IncompatibleCheckpointError,
     InvalidInputError,
@@ -25,13 +24,15 @@ from ..modules import find_module, resolve_device, root_modules
 from ..wrap import wrap, wrapped_paths
 from .compat import (
     check_plan,
+    extract_runners,
     needed_entries,
     read_bytes,
+    rebuilding,
+    runner_directory,
     tuned_device,
-    where,
 )
 from .environment import compare_records, environment_record
-from .format import RUNNERS, EntryRecord, Manifest, accuracy_note
+from .format import EntryRecord, Manifest, accuracy_note
 from .reader import (
     Budget,
     Source,
@@ -105,9 +106,7 @@ def _load_from(
     try:
         budget = Budget()
         weights_file = extract(source, manifest.weights_member, manifest, workdir, budget)
-        for n in needed:
-            for name in manifest.entries[n].members:
-                extract(source, name, manifest, workdir, budget)
+        extract_runners(source, manifest, workdir, budget)
         _apply_weights(model, weights_file, dev)
         weights_file.unlink()
         max_elements = allowed_elements(size)
@@ -193,8 +192,7 @@ def _load_runners(
     runners: dict[str, dict[GraphKey, Runner]] = {}
     for n, backend in backends.items():
         entry = manifest.entries[n]
-        directory = workdir.joinpath(RUNNERS, str(n))
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = runner_directory(workdir, n)
         runner = _load_entry(model, entry, backend, directory, device, max_elements)
         runners.setdefault(entry.path, {})[runner.served or entry.graph] = runner
     return runners
@@ -217,12 +215,7 @@ def _load_entry(
             f"the model has no module at {path!r}: build the same architecture that was tuned"
         ) from exc
     saved = SavedRunner(entry.backend, entry.runner)
-    try:
+    with rebuilding(backend, entry):
         return load_runner(
             saved, module, key, directory, device, backend=backend, max_elements=max_elements
         )
-    except Exception as exc:
-        raise BackendError(
-            f"could not rebuild the saved {backend.name} runner of {where(entry)}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc

@@ -37,6 +37,7 @@ from .format import (
     EnvironmentMismatchError,
     Manifest,
     ManifestError,
+    MemberRecord,
     check_member_name,
     check_no_file_dir_clash,
 )
@@ -370,6 +371,22 @@ class Budget:
 
 def extract(source: Source, name: str, manifest: Manifest, root: Path, budget: Budget) -> Path:
     """Copy one member into ``root``, verifying its size and SHA-256 on the way."""
+    meta = _member_to_read(source, name, manifest, budget)
+    dest = root.joinpath(*name.split("/"))
+    if not dest.resolve().is_relative_to(root.resolve()):
+        raise CheckpointError(f"member {name!r} would be written outside its directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _read_verified(source, name, meta, dest)
+    return dest
+
+
+def verify(source: Source, name: str, manifest: Manifest, budget: Budget) -> None:
+    """Read one member as :func:`extract` does (same checks and budget), writing nothing."""
+    _read_verified(source, name, _member_to_read(source, name, manifest, budget), None)
+
+
+def _member_to_read(source: Source, name: str, manifest: Manifest, budget: Budget) -> MemberRecord:
+    """Member ``name``'s record, once its name, size and compression ratio pass (zip bombs)."""
     check_member_name(name)
     meta = manifest.members.get(name)
     if meta is None:
@@ -388,30 +405,34 @@ def extract(source: Source, name: str, manifest: Manifest, root: Path, budget: B
             f"member {name!r} expands {size / max(packed, 1):.0f}x ({packed} -> {size} "
             "bytes): refusing a possible zip bomb"
         )
-    dest = root.joinpath(*name.split("/"))
-    if not dest.resolve().is_relative_to(root.resolve()):
-        raise CheckpointError(f"member {name!r} would be written outside its directory")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    return meta
+
+
+def _read_verified(source: Source, name: str, meta: MemberRecord, dest: Path | None) -> None:
+    """Stream member ``name`` (into a new file ``dest`` unless None) against its record."""
     h = hashlib.sha256()
     written = 0
     try:
-        with source.open(name) as src, open(dest, "xb") as out:
+        with (
+            source.open(name) as src,
+            open(dest, "xb") if dest is not None else contextlib.nullcontext() as out,
+        ):
             while chunk := src.read(CHUNK):
                 written += len(chunk)
-                if written > size:
+                if written > meta.size:
                     raise CheckpointError(f"member {name!r} holds more bytes than declared")
                 h.update(chunk)
-                out.write(chunk)
+                if out is not None:
+                    out.write(chunk)
     except (zipfile.BadZipFile, zlib.error, OSError, EOFError, NotImplementedError) as exc:
         raise CheckpointError(
             f"member {name!r} is damaged ({exc}): copy the checkpoint again or save a new one"
         ) from exc
-    if written != size or h.hexdigest() != meta.sha256:
+    if written != meta.size or h.hexdigest() != meta.sha256:
         raise CheckpointError(
             f"member {name!r} fails its checksum (SHA-256 differs from the manifest's): the "
             "file is damaged or was altered. Copy it again or save a new checkpoint."
         )
-    return dest
 
 
 @contextlib.contextmanager
