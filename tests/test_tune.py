@@ -187,3 +187,58 @@ def test_ranged_graph_is_measured_over_the_mix_with_per_shape_figures() -> None:
     assert "batch=8" in table and "latency per recorded shape" in table
     # an exact-shape tune has no per-shape figures
     assert tune(mlp(), data[:1], [tt.backends.Eager()]).shapes() == ""
+
+
+def _stack(n: int = 3) -> nn.Module:
+    from tests.fakes import Busy
+
+    torch.manual_seed(0)
+    return Busy(0.0, 0.0, [Busy(2e-3, 0.0) for _ in range(n)]).eval()
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_twins_race_only_the_first_ones_winner_against_eager(share: bool) -> None:
+    from tests.fakes import Shortcut
+
+    model = _stack(3)
+    fast, slow = Shortcut(), Delayed(0.004, "slow")
+    strategy = tt.HighestThroughputStrategy([slow, fast, tt.backends.Eager()], share_twins=share)
+    result = tt.tune(
+        model,
+        [torch.randn(2, 4)],
+        depth=1,
+        strategy=strategy,
+        measure_config=QUICK,
+        verbose=False,
+        cache=False,
+    )
+    winners = {g.path: g.winner.backend.kind for g in result.graphs if g.winner}
+    assert winners == {f"kids.{i}": "fake-shortcut" for i in range(3)}
+    assert len(fast.builds) == 3  # every kid's winner is built and checked on its own weights
+    assert len(slow.builds) == (1 if share else 3)
+    if share:
+        twin = result.graphs[2]
+        assert "twin of kids.0" in twin.strategy
+        skipped = [r for r in twin.rows if r.status is tt.Status.SKIPPED]
+        assert [r.backend.kind for r in skipped] == ["fake-delayed"]
+        assert "kids.0, where fake-shortcut won" in skipped[0].reason
+        assert all(r.timing is not None for r in twin.rows if r.status is tt.Status.OK)
+
+
+def test_modules_that_differ_in_structure_are_no_twins() -> None:
+    from tests.fakes import Busy, Shortcut
+
+    torch.manual_seed(0)
+    model = Busy(0.0, 0.0, [Busy(2e-3, 0.0), Busy(3e-3, 0.0)]).eval()  # another delay_s
+    slow = Delayed(0.004, "slow")
+    strategy = tt.HighestThroughputStrategy([slow, Shortcut(), tt.backends.Eager()])
+    tt.tune(
+        model,
+        [torch.randn(2, 4)],
+        depth=1,
+        strategy=strategy,
+        measure_config=QUICK,
+        verbose=False,
+        cache=False,
+    )
+    assert len(slow.builds) == 2
