@@ -221,3 +221,17 @@ def test_depth_statuses_print_as_before() -> None:
     skipped = tt.DepthRow(1, 2, 2, tt.DepthStatus.SKIPPED, error=TIME_BUDGET_ERROR)
     assert skipped.status_text == f"skipped: {TIME_BUDGET_ERROR}"
     assert tt.DepthRow(0, 1, 1).status_text == "not started"
+
+
+def test_nothing_is_tuned_or_measured_when_no_candidate_but_eager_can_run() -> None:
+    model = two_level()
+    strategy = tt.HighestThroughputStrategy([tt.backends.Tf32(), tt.backends.Eager()])
+    started = time.perf_counter()
+    result = tt.auto_tune(
+        model, [torch.randn(2, 4)], strategy=strategy, verbose=False, measure_config=QUICK
+    )
+    assert time.perf_counter() - started < 5  # no depth tuned, nothing measured end to end
+    assert result.depth is None and result.model is model and result.untuned is None
+    assert all(r.status is tt.DepthStatus.SKIPPED for r in result.rows)
+    assert "tf32: TF32 is a CUDA feature" in result.rows[0].error
+    assert "no candidate but eager can run on cpu" in str(result)

@@ -509,6 +509,14 @@ def auto_tune(
                 deadline=None if budget is None else Deadline.after(budget, start),
                 clock=clock,
             )
+            nothing = _nothing_to_try(run.strategy, dev)
+            if nothing:
+                log.warning("auto_tune leaves the model untuned: %s", nothing)
+                for row in rows:
+                    row.status, row.error = DepthStatus.SKIPPED, nothing
+                return AutoTuneResult(
+                    model, None, rows, None, info=info, original=model, tuning_s=now() - start
+                )
             if accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(accuracy, model, info, held, call)
@@ -524,6 +532,24 @@ def auto_tune(
     result.time_budget = budget
     result.accuracy = accuracy
     return result
+
+
+def _nothing_to_try(strategy: Strategy, dev: torch.device) -> str:
+    """Why no candidate but eager can run on ``dev`` ("" when one can).
+
+    Tuning would then only measure eager, so it is not started.
+    """
+    reasons = []
+    for backend in strategy.backends:
+        if backend.kind == "eager":
+            continue
+        reason = backend.unavailable_reason(dev)
+        if reason is None:
+            return ""
+        reasons.append(f"{backend.name}: {reason}")
+    if not reasons:
+        return ""  # an eager-only strategy is asked for: it is measured as asked
+    return f"no candidate but eager can run on {dev} ({'; '.join(reasons)})"
 
 
 def _strategy(dev: torch.device, quick: bool, accuracy: AccuracyBudget | None) -> Strategy:
