@@ -24,6 +24,7 @@ from .device_graph import DeviceGraph
 from .eager import Eager
 from .inductor import Inductor
 from .onnxruntime import OnnxRuntime
+from .onnxruntime_int8 import OnnxRuntimeInt8
 from .openvino import OpenVINO, OpenVINOBf16
 from .torchao import TorchAO
 
@@ -43,6 +44,7 @@ BUILTIN_BACKENDS: tuple[type[Backend], ...] = (
     OpenVINO,
     OpenVINOBf16,
     OnnxRuntime,
+    OnnxRuntimeInt8,
 )
 """The backend classes that ship with tunetree."""
 
