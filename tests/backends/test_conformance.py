@@ -32,6 +32,7 @@ BUILTIN_KINDS = (
     "openvino",
     "openvino-bf16",
     "onnxruntime",
+    "onnxruntime-int8",
 )
 SLOW_KINDS = {"inductor"}  # a real compile; tests/backends/test_inductor.py covers it fast
 

@@ -14,6 +14,7 @@ from .device_graph import DeviceGraph
 from .eager import Eager
 from .inductor import Inductor
 from .onnxruntime import OnnxRuntime
+from .onnxruntime_int8 import OnnxRuntimeInt8
 from .openvino import OpenVINO, OpenVINOBf16
 from .registry import BUILTIN_BACKENDS, backend_type, libraries_of, registered_backends
 from .tf32 import Tf32
@@ -79,6 +80,7 @@ __all__ = [
     "Eager",
     "Inductor",
     "OnnxRuntime",
+    "OnnxRuntimeInt8",
     "OpenVINO",
     "OpenVINOBf16",
     "Runner",

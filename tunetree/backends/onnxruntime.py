@@ -33,7 +33,8 @@ from .ranges import AxisBounds, axis_dims, export_dynamic_shapes, narrowed_to_ar
 from .safe_config import check_choice, check_count, check_fields, refuse
 from .value_dependence import ValueDependentError, data_dependent_reason, traced_values_checked
 
-_MODEL_FILE = "model.onnx"
+MODEL_FILE = "model.onnx"
+"""The model file a session opens, in the runner's directory (weights in data files beside it)."""
 PROVIDERS = (
     "CPUExecutionProvider",
     "CUDAExecutionProvider",
@@ -128,7 +129,7 @@ class OnnxRuntimeRunner(Runner):
         backend = self.backend
         assert isinstance(backend, OnnxRuntime)
         return onnxruntime.InferenceSession(
-            str(self.directory / _MODEL_FILE),
+            str(self.directory / MODEL_FILE),
             sess_options=options,
             providers=backend.session_providers(self.device),
         )
@@ -208,7 +209,7 @@ class OnnxRuntimeRunner(Runner):
         files = sorted(p.name for p in self.directory.iterdir() if p.is_file())
         copy_files(self.directory, directory, files)
         return {
-            "model": _MODEL_FILE,
+            "model": MODEL_FILE,
             "files": files,
             "inputs": self.inputs.to_json(),
             "outputs": self.outputs.to_json(),
@@ -329,13 +330,21 @@ class OnnxRuntime(Backend):
         flat.check_numpy_dtypes()
         directory = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
         try:
-            _export(flat, module, directory)
+            self.write_model(flat, module, directory)
             return OnnxRuntimeRunner(
                 self, directory, flat.inputs, flat.outputs, device, flat.key.is_dynamic
             )
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
+
+    def write_model(self, flat: FlatGraph, module: nn.Module, directory: Path) -> None:
+        """Write the model the session opens: ``directory/model.onnx`` and its data files.
+
+        Here the flat graph as exported; a variant may transform the export (see
+        :class:`~tunetree.backends.onnxruntime_int8.OnnxRuntimeInt8`).
+        """
+        _export(flat, module, directory)
 
     def load(
         self,
@@ -408,9 +417,9 @@ def _read_saved(
     if not isinstance(files, list) or not 0 < len(files) <= 4096:
         raise BackendError("saved ONNX Runtime runner record lists no files")
     paths = [artifact_file(directory, name) for name in files]
-    if _MODEL_FILE not in files:
-        raise BackendError(f"saved ONNX Runtime runner lists no {_MODEL_FILE}")
-    graph = read_graph(paths[files.index(_MODEL_FILE)], set(files))
+    if MODEL_FILE not in files:
+        raise BackendError(f"saved ONNX Runtime runner lists no {MODEL_FILE}")
+    graph = read_graph(paths[files.index(MODEL_FILE)], set(files))
     inputs = FlatInputs.from_json(saved.get("inputs"))
     inputs.check_against(key)
     _, _, _, dtypes, shapes = saved_outputs(saved.get("outputs"))
@@ -494,7 +503,7 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
     dimensions; a module that converts a tensor to a Python value fails, see
     :mod:`.value_dependence`).
     """
-    path = str(directory / _MODEL_FILE)
+    path = str(directory / MODEL_FILE)
     output_names = [f"output_{i}" for i in range(len(flat.outputs.positions))]
     input_names = list(flat.inputs.names)
     with exporting(module), attention_as_eager(), quiet():
@@ -536,7 +545,7 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
                     f"{describe_error(dynamo_error)}, the TorchScript exporter with "
                     f"{describe_error(legacy_error)}"
                 ) from dynamo_error
-    if not (directory / _MODEL_FILE).is_file():
+    if not (directory / MODEL_FILE).is_file():
         raise BackendError("torch.onnx.export wrote no model file")
 
 

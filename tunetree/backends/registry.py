@@ -24,6 +24,7 @@ from .device_graph import DeviceGraph
 from .eager import Eager
 from .inductor import Inductor
 from .onnxruntime import OnnxRuntime
+from .onnxruntime_int8 import OnnxRuntimeInt8
 from .openvino import OpenVINO, OpenVINOBf16
 from .tf32 import Tf32
 from .torchao import TorchAO
@@ -45,6 +46,7 @@ BUILTIN_BACKENDS: tuple[type[Backend], ...] = (
     OpenVINOBf16,
     OnnxRuntime,
     Tf32,
+    OnnxRuntimeInt8,
 )
 """The backend classes that ship with tunetree."""
 
