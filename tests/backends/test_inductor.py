@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import tunetree as tt
 from tunetree.backends import Inductor
 from tunetree.errors import InvalidInputError
 
@@ -138,3 +139,40 @@ def test_a_ranged_runner_never_compiles_while_serving() -> None:
         assert compare_all([module(x) for x in calls], got).ok
     assert runner.compiles == 1
     assert runner.eager_calls <= 1  # at most the transposed input, never a compile
+
+
+@pytest.mark.slow
+def test_a_ranged_runner_serves_batch_one_compiled_where_its_graph_guards_it_out() -> None:
+    """Issue 22: BERT's graph compiled at batch >= 2 guards ``2 <= batch``, so every batch-1
+    call ran the original forward (1240 calls while tuning this graph). A second graph compiled
+    for batch 1 while building serves them."""
+    transformers = pytest.importorskip("transformers")
+    from tunetree.compare import compare_all
+
+    cfg = transformers.BertConfig(
+        hidden_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=128,
+        vocab_size=100,
+    )
+    model = transformers.BertModel(cfg).eval()
+
+    def call(b: int, t: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, 100, (b, t))
+        return {"input_ids": ids, "attention_mask": torch.ones(b, t, dtype=torch.long)}
+
+    data = [call(1, 16), call(4, 32), call(2, 24), call(3, 20)]
+    result = tt.tune(
+        model, data, strategy=tt.OneBackendStrategy(Inductor()), verbose=False, cache=False
+    )
+    (entry,) = result.plan.entries
+    runner = entry.runner
+    assert runner.compiles == 2
+    before = runner.eager_calls
+    calls = [call(1, 18), call(1, 30), call(3, 17)]
+    with torch.no_grad():
+        got = [result.model(**c) for c in calls]
+        assert compare_all([model(**c) for c in calls], got).ok
+    assert runner.eager_calls == before
+    assert runner.compiles == 2

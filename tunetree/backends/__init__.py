@@ -51,7 +51,8 @@ def reduced_precision_backends(device: torch.device) -> list[Backend]:
     """The results-changing candidates an accuracy budget adds on ``device``, in order.
 
     Each is checked by its measured error, never assumed: on a CPU OpenVINO in bf16 and
-    ``torch.autocast`` bf16 (both need a CPU with bf16 units, else they are left out); on CUDA
+    ``torch.autocast`` bf16 (both need a CPU with bf16 units, else they are left out) and ONNX
+    Runtime with int8 weights (dynamic quantization, any x86 CPU); on CUDA
     TF32 matmuls, bf16 and fp16 autocast, and bf16 autocast compiled by Inductor.
     """
     if device.type == "cuda":
@@ -60,7 +61,7 @@ def reduced_precision_backends(device: torch.device) -> list[Backend]:
         found: list[Backend] = [OpenVINOBf16()]
         if _cpu_has_bf16():
             found.append(Autocast("bf16"))
-        return found
+        return [*found, OnnxRuntimeInt8()]
     return []
 
 

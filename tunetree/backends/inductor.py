@@ -112,7 +112,8 @@ class InductorRunner(Runner):
     For a ranged graph the first compile is of the first call resized to sizes of 2 or more
     (:func:`.ranges.example_sizes`), with every dynamic axis marked with its dimension's min
     and max and backed sizes treated size-obliviously, so that one compiled graph serves the
-    whole range, sizes 1 included. :attr:`compiles` counts the graphs compiled so far.
+    whole range; when it guards size 1 out, a second graph is compiled for it while building
+    (:meth:`_compile_size_one`). :attr:`compiles` counts the graphs compiled so far.
     """
 
     def __init__(self, backend: Inductor, module: nn.Module, key: GraphKey | None = None) -> None:
@@ -198,6 +199,7 @@ class InductorRunner(Runner):
         try:
             with _size_oblivious(), _quiet_constraint_errors():
                 self.compiled(*example.args, **example.kwargs)
+            self._compile_size_one(Sample(args, kwargs), key, dims, sizes)
             return
         except Exception as exc:
             if "ConstraintViolation" not in f"{type(exc).__name__}: {exc}":
@@ -216,6 +218,39 @@ class InductorRunner(Runner):
         _mark_axes(example, dims, soft=True)
         with _size_oblivious():
             self.compiled(*example.args, **example.kwargs)
+
+    def _compile_size_one(
+        self, call: Sample, key: GraphKey, dims: list[AxisDims], sizes: dict[str, int]
+    ) -> None:
+        """Compile a second graph for size 1 of each dimension whose range starts at 1.
+
+        Dynamo specializes sizes 0 and 1, so a graph compiled at sizes of 2 or more may guard
+        ``2 <= batch`` (BERT does): batch-1 calls, common in serving, would then run the
+        original forward. One more compile while building, with that dimension at 1 and the
+        others still dynamic, serves them compiled. Skipped when the graph serves size 1
+        already; a failed compile leaves such calls to the original forward, as before.
+        """
+        starting_at_one = {d.name for axes in dims for d in axes.values() if d.min == 1}
+        for name in sorted(starting_at_one)[:MAX_SIZE_ONE_VARIANTS]:
+            example = resize_sample(call, key, {**sizes, name: 1})
+            try:
+                with torch.compiler.set_stance("fail_on_recompile"), _size_oblivious():
+                    self.compiled(*example.args, **example.kwargs)
+                continue  # the graph compiled for the range serves size 1 already
+            except RuntimeError as exc:
+                if "fail_on_recompile" not in str(exc):
+                    raise
+            others = [{a: d for a, d in axes.items() if d.name != name} for axes in dims]
+            _mark_axes(example, others, soft=False)
+            try:
+                with _size_oblivious(), _quiet_constraint_errors():
+                    self.compiled(*example.args, **example.kwargs)
+            except Exception as exc:
+                log.info("Inductor: no compiled graph for %s=1 (%s)", name, str(exc)[:200])
+
+
+MAX_SIZE_ONE_VARIANTS = 2
+"""Most dimensions a ranged Inductor runner compiles a size-1 graph for (one compile each)."""
 
 
 def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
