@@ -9,7 +9,7 @@ sample; measured last, so Inductor caches warmed by tunetree's builds favour tor
 each default backend's build time alone (``tt.tune`` at depth 0 with that backend
 only), and ``tt.auto_tune``'s wall time with its default settings and with ``quick=True``
 (``--with-old`` adds a run with the issue's savings switched off: no screening, no early stop,
-no budget), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
+no budget, no twins' narrowed races), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
 model and every tuned model are measured end to end in one interleaved ``tunetree.measure``
 call, so the speed-ups are side-by-side ratios ("speed-up here"; beside OpenVINO or ONNX
 Runtime runners in one process eager can be slowed many times over by their spinning thread
@@ -201,9 +201,11 @@ def auto_runs(entry: models.ZooModel, args: Any) -> dict[str, tuple[Any, dict[st
         "auto_tune quick": {"quick": True},
     }
     if args.with_old:
+        every = tt.default_strategy(args.device).backends
         settings["auto_tune savings off"] = {
             "measure_config": tt.MeasureConfig(screen=False, stop_when_clear=False),
             "time_budget": None,
+            "strategy": tt.HighestThroughputStrategy(every, share_twins=False),
         }
     runs = {}
     for label, kw in settings.items():
@@ -375,7 +377,7 @@ def main() -> None:
     p.add_argument(
         "--with-old",
         action="store_true",
-        help="also auto_tune with the savings off (no screening, no early stop, no budget)",
+        help="also auto_tune with the savings off (no screening, early stop, budget, twins)",
     )
     args = p.parse_args()
     common.cuda_setup(args.device)
