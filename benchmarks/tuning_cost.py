@@ -9,8 +9,8 @@ sample; measured last, so Inductor caches warmed by tunetree's builds favour tor
 each default backend's build time alone (``tt.tune`` at depth 0 with that backend
 only), and ``tt.auto_tune``'s wall time with its default settings and with ``quick=True``
 (``--with-old`` adds a run with the issue's savings switched off: no screening, no early stop,
-no budget, no twins' narrowed races), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
-model and every tuned model are measured end to end in one interleaved ``tunetree.measure``
+no budget, no twins' narrowed races), each with its per-phase breakdown and the depth it kept.
+Then eager, the compiled model and every tuned model are measured end to end in one interleaved ``tunetree.measure``
 call, so the speed-ups are side-by-side ratios ("speed-up here"; beside OpenVINO or ONNX
 Runtime runners in one process eager can be slowed many times over by their spinning thread
 pools, so also compare auto_tune's own end-to-end ratio, measured beside the untuned model
