@@ -4,21 +4,21 @@
     python -m benchmarks.tuning_cost --device cuda --models llama,t5-encoder,gpt2 --max-depth 1
     python -m benchmarks.tuning_cost --quick --models mlp --budget 20      # seconds: a smoke run
 
-Per model, in one run: ``torch.compile``'s first pass (compiling and calling it on every
-sample; measured last, so Inductor caches warmed by tunetree's builds favour torch.compile),
-each default backend's build time alone (``tt.tune`` at depth 0 with that backend
-only), and ``tt.auto_tune``'s wall time with its default settings and with ``quick=True``
-(``--with-old`` adds a run with the issue's savings switched off: no screening, no early stop,
-no budget, no twins' narrowed races), each with its per-phase breakdown and the depth it kept.
-Then eager, the compiled model and every tuned model are measured end to end in one interleaved ``tunetree.measure``
-call, so the speed-ups are side-by-side ratios ("speed-up here"; beside OpenVINO or ONNX
-Runtime runners in one process eager can be slowed many times over by their spinning thread
-pools, so also compare auto_tune's own end-to-end ratio, measured beside the untuned model
-only). The load average is printed before and after
-every model: a busy machine slows tuning and moves every number. Models are built from configs
-with random weights (nothing is downloaded): the encoder of ``make demo``, BERT-4L, the small
-CNN, GPT-2 prefill, and Llama, T5 encoder and RoBERTa called with six different shapes.
-Results go to ``--out`` as JSON and markdown.
+Per model, in one run: ``torch.compile``'s first pass (compiling and calling it on every sample;
+measured last, so Inductor caches warmed by tunetree's builds favour torch.compile), each
+default backend's build time alone (``tt.tune`` at depth 0 with that backend only), and
+``tt.auto_tune``'s wall time with its default settings and with ``quick=True`` (``--with-old``
+adds a run with the issue's savings switched off: no screening, no early stop, no budget, no
+twins' narrowed races), each with its per-phase breakdown and the depth it kept. Then eager, the
+compiled model and every tuned model are measured end to end in one interleaved
+``tunetree.measure`` call, so the speed-ups are side-by-side ratios ("speed-up here"; beside
+OpenVINO or ONNX Runtime runners in one process eager can be slowed many times over by their
+spinning thread pools, so also compare auto_tune's own end-to-end ratio, measured beside the
+untuned model only). The load average is printed before and after every model: a busy machine
+slows tuning and moves every number. Models are built from configs with random weights (nothing
+is downloaded): the encoder of ``make demo``, BERT-4L, the small CNN, GPT-2 prefill, and Llama,
+T5 encoder and RoBERTa called with six different shapes. Results go to ``--out`` as JSON and
+markdown.
 """
 
 from __future__ import annotations
