@@ -88,6 +88,20 @@ class MeasureConfig:
             stop_when_clear=False,
         )
 
+    def confirming(self) -> MeasureConfig:
+        """A race whose outcome a twin already decided: at most five blocks, half the time.
+
+        The blocks keep their length (unlike :meth:`screening`), so the spread stays honest;
+        no rematch.
+        """
+        return dataclasses.replace(
+            self,
+            trials=min(self.trials, 5),
+            min_trials=min(self.min_trials, 3),
+            max_s_per_candidate=self.max_s_per_candidate / 2,
+            rematch=False,
+        )
+
     def least_s(self, candidates: int, call_s: float = 0.0, cycle: int = 1) -> float:
         """About the shortest measurement of ``candidates``: warm-up and ``min_trials`` blocks.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -197,13 +198,17 @@ def _tune_graph(
 
     A graph whose twin (a module of the same structure called with the same graph, see
     :func:`~tunetree.cache.keys.structure_digest`) was tuned before in this cut races what
-    :meth:`Strategy.for_twin` leaves: usually the twin's winner against eager.
+    :meth:`Strategy.for_twin` leaves: usually the twin's winner against eager, measured with
+    :meth:`MeasureConfig.confirming`.
     """
     twin_key = (structure_digest(session.module), session.graph.key)
     twin = twins.get(twin_key)
     narrowed = base.for_twin(twin.winner.backend) if twin and twin.winner else None
     if twin is not None and narrowed is not None:
-        result = _tune_with(session, narrowed, cache)
+        confirming = dataclasses.replace(
+            session, measure_config=session.measure_config.confirming()
+        )
+        result = _tune_with(confirming, narrowed, cache)
         note = f"not built: twin of {twin.path or '<model>'}, where {twin.winner.backend.name} won"  # type: ignore[union-attr]
         result.rows += [
             CandidateRow(b, Status.SKIPPED, note)
