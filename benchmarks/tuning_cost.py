@@ -6,18 +6,19 @@
 
 Per model, in one run: ``torch.compile``'s first pass (compiling and calling it on every
 sample; measured last, so Inductor caches warmed by tunetree's builds favour torch.compile),
-each default backend's build time alone (``tt.tune`` at depth 0 with that backend
-only), and ``tt.auto_tune``'s wall time with its default settings and with ``quick=True``
-(``--with-old`` adds a run with the issue's savings switched off: no screening, no early stop,
-no budget), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
-model and every tuned model are measured end to end in one interleaved ``tunetree.measure``
-call, so the speed-ups are side-by-side ratios ("speed-up here"; beside OpenVINO or ONNX
-Runtime runners in one process eager can be slowed many times over by their spinning thread
-pools, so also compare auto_tune's own end-to-end ratio, measured beside the untuned model
-only). The load average is printed before and after
-every model: a busy machine slows tuning and moves every number. Models are built from configs
-with random weights (nothing is downloaded): the encoder of ``make demo``, BERT-4L, the small
-CNN, GPT-2 prefill, and Llama, T5 encoder and RoBERTa called with six different shapes.
+each default backend's build time alone (``tt.tune`` at depth 0 with that backend only), and
+``tt.auto_tune``'s wall time with its default settings and with ``quick=True`` (``--with-old``
+adds a run with the issue's savings switched off: no screening, no early stop, no budget;
+``--settings default`` runs the default one alone, ``--no-backend-builds`` skips the builds
+alone: both save device time), each with its per-phase breakdown and the depth it kept. Then
+eager, the compiled model and every tuned model are measured end to end in one interleaved
+``tunetree.measure`` call, so the speed-ups are side-by-side ratios ("speed-up here"; beside
+OpenVINO or ONNX Runtime runners in one process eager can be slowed many times over by their
+spinning thread pools, so also compare auto_tune's own end-to-end ratio, measured beside the
+untuned model only). The load average is printed before and after every model: a busy machine
+slows tuning and moves every number. Models are built from configs with random weights (nothing
+is downloaded): the encoder of ``make demo``, BERT-4L, the small CNN, GPT-2 prefill, and Llama,
+T5 encoder and RoBERTa called with six different shapes.
 Results go to ``--out`` as JSON and markdown.
 """
 
@@ -147,8 +148,13 @@ def _caller(model: Any) -> Callable[..., Any]:
 
 
 def compile_first_pass(entry: models.ZooModel) -> tuple[Callable[..., Any] | None, float, str]:
-    """``torch.compile``'s first pass: compile and call once on every sample."""
-    torch._dynamo.reset()
+    """``torch.compile``'s first pass: compile and call once on every sample.
+
+    No ``torch._dynamo.reset()`` first: it would empty the compiled-code caches of the models
+    auto_tune tuned a moment ago, and their ranged Inductor runners would then serve the
+    end-to-end measurement with the original forward. The deep copy's compile starts from an
+    empty cache of its own anyway (tunetree compiles fresh entry functions).
+    """
     start = time.perf_counter()
     try:
         compiled = torch.compile(copy.deepcopy(entry.model))
@@ -196,10 +202,11 @@ def backend_builds(entry: models.ZooModel, device: str) -> list[dict[str, Any]]:
 
 def auto_runs(entry: models.ZooModel, args: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
     """``tt.auto_tune`` cold, per setting: the tuned model and what the run cost."""
-    settings: dict[str, dict[str, Any]] = {
-        "auto_tune": {},
-        "auto_tune quick": {"quick": True},
-    }
+    settings: dict[str, dict[str, Any]] = {}
+    if "default" in args.settings:
+        settings["auto_tune"] = {}
+    if "quick" in args.settings:
+        settings["auto_tune quick"] = {"quick": True}
     if args.with_old:
         settings["auto_tune savings off"] = {
             "measure_config": tt.MeasureConfig(screen=False, stop_when_clear=False),
@@ -239,8 +246,10 @@ def run(name: str, args: Any, started: float) -> dict[str, Any]:
     # Inductor builds can only make torch.compile's first pass look cheaper, never tunetree.
     progress(f"{name}: tt.auto_tune", started)
     autos = auto_runs(entry, args)
-    progress(f"{name}: each default backend alone", started)
-    builds = backend_builds(entry, args.device)
+    builds: list[dict[str, Any]] = []
+    if not args.no_backend_builds:
+        progress(f"{name}: each default backend alone", started)
+        builds = backend_builds(entry, args.device)
     progress(f"{name}: torch.compile first pass", started)
     compiled, compile_s, compile_note = compile_first_pass(entry)
     calls: dict[str, Callable[..., Any]] = {"eager": _caller(entry.model)}
@@ -377,7 +386,20 @@ def main() -> None:
         action="store_true",
         help="also auto_tune with the savings off (no screening, no early stop, no budget)",
     )
+    p.add_argument(
+        "--settings",
+        default="default,quick",
+        help="comma-separated auto_tune settings to run: default, quick (default: both)",
+    )
+    p.add_argument(
+        "--no-backend-builds",
+        action="store_true",
+        help="skip timing each default backend's build alone (saves device time)",
+    )
     args = p.parse_args()
+    args.settings = set(args.settings.split(","))
+    if not args.settings <= {"default", "quick"}:
+        p.error(f"--settings takes default and/or quick, not {sorted(args.settings)}")
     common.cuda_setup(args.device)
     info = common.header(common.command_line())
     results, failed = [], []
