@@ -1,7 +1,8 @@
 """What a tuned runner costs beside the same backend used by hand (issue 22).
 
 Run: ``python -m benchmarks.runner_overhead [--device cuda] [--models mlp,bert,cnn]
-[--backends openvino,onnxruntime,inductor] [--quick] [--out DIR]``.
+[--backends openvino,onnxruntime,inductor,device-graph] [--quick] [--out DIR]`` (default
+backends: OpenVINO, ONNX Runtime and Inductor on the CPU; Inductor and CUDA graphs on CUDA).
 
 For every model and backend, tunetree tunes the model at depth 0 with only that backend
 (``OneBackendStrategy``) on six calls of varying shape; beside it the same backend is set up
@@ -15,7 +16,23 @@ the ranges:
 - ``runner``: tunetree's runner for each call's graph, called with the already bound
   arguments (no binding, keying or routing);
 - ``artifact``: the backend call on tunetree's own artifact (its OpenVINO model, ONNX session,
-  compiled function) with inputs converted beforehand: no tunetree code at all.
+  captured CUDA graph) with inputs converted beforehand: no tunetree code at all. For a CUDA
+  graph that is the by-hand call made on tunetree's capture: copy the inputs into its static
+  buffers, replay, clone the outputs into a tuple (none for Inductor).
+
+CUDA graphs by hand (``device-graph``, CUDA only) are what a careful user writes with
+``torch.cuda.CUDAGraph``: per input shape, static input buffers cloned from a call, three warm-up
+calls on a side stream, then a capture under ``torch.no_grad()``; each call looks its shapes up
+in a dict, copies its inputs into that capture's buffers, replays and clones the outputs (the
+next replay overwrites them, and a caller keeps its results), returned as a tensor or a tuple
+of tensors like the other by-hand paths (no ``ModelOutput`` rebuilt). One graph is captured
+per recorded shape at setup; an unseen shape is **captured on its first call**, which happens
+in the measurement's untimed warm-up. That is what tunetree's ``DeviceGraph()`` does inside
+the tuned range (up to ``max_shapes`` = 16 captures per graph; this benchmark's 12 shapes fit)
+and what ``torch.compile(mode="reduce-overhead")`` does; the other choice a user has, eager for
+shapes not captured up front, would make the by-hand side the eager model on unseen calls and
+say nothing about tunetree's runner. tunetree's side is ``tt.tune`` at depth 0 with
+``OneBackendStrategy(DeviceGraph())``, whose runner also clones every output.
 
 ``by hand`` and ``tunetree`` are timed in one run of their own, alternating; ``runner`` and
 ``artifact`` in a second run beside ``tunetree`` (all on tunetree's artifact, so no block
@@ -49,10 +66,11 @@ import torch
 from torch import nn
 
 import tunetree as tt
-from tunetree.backends import Inductor, OnnxRuntime, OpenVINO
+from tunetree.backends import DeviceGraph, Inductor, OnnxRuntime, OpenVINO
 from tunetree.backends.base import Backend, Runner
+from tunetree.backends.device_graph import DeviceGraphRunner, _shape_key
 from tunetree.backends.dtypes import as_numpy
-from tunetree.graph import GraphKey, Sample
+from tunetree.graph import GraphKey, Sample, flatten
 from tunetree.wrap import Dispatcher, dispatcher_of
 
 from . import common
@@ -187,16 +205,85 @@ def onnxruntime_by_hand(
 
 
 def inductor_by_hand(work: Workload, calls: list[Sample]) -> Callable[[Sample], Any]:
-    """``torch.compile(model, dynamic=True)``: one graph for the varying trace."""
-    torch._dynamo.reset()
+    """``torch.compile(model, dynamic=True)``: one graph for the varying trace.
+
+    No ``torch._dynamo.reset()`` first: it empties every compiled-code cache in the process,
+    tunetree's too, and a ranged Inductor runner that finds its graph gone serves every later
+    call with the original forward (it never compiles while serving).
+    """
     compiled = torch.compile(work.model, dynamic=True)
     return lambda sample: sample.run(compiled)
+
+
+def _output_tensors(out: Any) -> list[torch.Tensor]:
+    """A forward's output tensors in eager's order (a ``ModelOutput``'s fields, a tuple's items)."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if hasattr(out, "to_tuple"):  # transformers' ModelOutput
+        out = out.to_tuple()
+    return [t for t in flatten(out)[0] if isinstance(t, torch.Tensor)]
+
+
+def _cloned(outs: list[torch.Tensor]) -> Any:
+    """The caller's copies of a replay's outputs: one tensor, or a tuple of them."""
+    if len(outs) == 1:
+        return outs[0].clone()
+    return tuple(t.clone() for t in outs)
+
+
+class CudaGraphsByHand:
+    """CUDA graphs as a careful user writes them: one capture per input shape.
+
+    A capture clones the call's tensors into static buffers, warms the model up three times on
+    a side stream (cuBLAS handles and lazy initialisation must not happen inside the capture),
+    then captures one forward under ``torch.no_grad()``. A call copies its inputs into the
+    capture for its shapes (captured now when there is none: see the module docstring), replays
+    and clones the outputs.
+    """
+
+    def __init__(self, model: nn.Module, calls: list[Sample], warmup: int = 3) -> None:
+        self.model, self.warmup = model, warmup
+        self.graphs: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor], list[torch.Tensor]]] = {}
+        for sample in calls:
+            self(sample)
+
+    @staticmethod
+    def _inputs(sample: Sample) -> list[torch.Tensor]:
+        return [*sample.args, *sample.kwargs.values()]
+
+    def _capture(self, sample: Sample) -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
+        args = [a.clone() for a in sample.args]
+        kwargs = {k: v.clone() for k, v in sample.kwargs.items()}
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad():
+            with torch.cuda.stream(side):
+                for _ in range(self.warmup):
+                    self.model(*args, **kwargs)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self.model(*args, **kwargs)
+        return graph, [*args, *kwargs.values()], _output_tensors(out)
+
+    def __call__(self, sample: Sample) -> Any:
+        inputs = self._inputs(sample)
+        shapes = tuple(t.shape for t in inputs)
+        entry = self.graphs.get(shapes)
+        if entry is None:
+            entry = self.graphs[shapes] = self._capture(sample)
+        graph, static, outs = entry
+        for buffer, value in zip(static, inputs, strict=True):
+            buffer.copy_(value)
+        graph.replay()
+        return _cloned(outs)
 
 
 BACKENDS: dict[str, Callable[[], Backend]] = {
     "openvino": OpenVINO,
     "onnxruntime": OnnxRuntime,
     "inductor": Inductor,
+    "device-graph": DeviceGraph,
 }
 
 
@@ -207,11 +294,35 @@ def by_hand(
         return openvino_by_hand(work, calls)
     if name == "onnxruntime":
         return onnxruntime_by_hand(work, calls, folder)
+    if name == "device-graph":
+        return CudaGraphsByHand(work.model, calls)
     return inductor_by_hand(work, calls)
 
 
-def artifact_call(runner: Any, bound: Sample) -> Call:
+def device_graph_call(runner: Any, bound: Sample) -> Call:
+    """Copy in, replay, clone out on tunetree's own capture for this call (no tunetree code)."""
+    capture = runner
+    if not isinstance(runner, DeviceGraphRunner):  # a ranged graph's ShapeSetRunner
+        capture = runner.captures[_shape_key(tuple(bound.args), bound.kwargs)]
+    leaves, _ = flatten((bound.args, dict(sorted(bound.kwargs.items()))))
+    pairs = [(static, leaves[i]) for i, static in capture.tensor_slots]
+    graph, outs = capture.graph, _output_tensors(capture.static_out)
+
+    def call() -> Any:
+        for static, value in pairs:
+            static.copy_(value)
+        graph.replay()
+        return _cloned(outs)
+
+    return call
+
+
+def artifact_call(runner: Any, bound: Sample) -> Call | None:
     """The backend call on tunetree's artifact, inputs converted beforehand (None: no such call)."""
+    if hasattr(runner, "captures") or isinstance(runner, DeviceGraphRunner):
+        return device_graph_call(runner, bound)
+    if not hasattr(runner, "inputs"):  # Inductor: the compiled function is the runner's call
+        return None
     arrays = [as_numpy(t) for t in runner.inputs.pick(bound.args, bound.kwargs)]
     if hasattr(runner, "request"):  # OpenVINO, inputs by port index as the runner passes them
         request, by_port = runner.request, dict(enumerate(arrays))
@@ -220,7 +331,7 @@ def artifact_call(runner: Any, bound: Sample) -> Call:
         session, names = runner.session, runner.output_names
         feeds = {name: arrays[i] for name, i in runner.feeds}
         return lambda: session.run(names, feeds)
-    raise TypeError(type(runner).__name__)
+    return None
 
 
 class Cycle:
@@ -256,6 +367,11 @@ class Row:
         return None
 
 
+def runner_eager_calls(runners: list[Any]) -> int:
+    """Calls the runners served with the original forward so far (their own count)."""
+    return sum(getattr(r, "eager_calls", 0) for r in runners)
+
+
 def run_pair(
     work: Workload,
     backend: str,
@@ -285,21 +401,33 @@ def run_pair(
     for calls_name, samples in (("recorded", recorded), ("unseen", unseen)):
         routed = [bound_sample(dispatcher, s) for s in samples]
         tuned = Cycle([lambda s=s: s.run(result.model) for s in samples])
+        # Every shape once on both sides before timing, as measure runs them (without
+        # autograd): first-call work (a CUDA graph captured for an unseen shape, a compile)
+        # must not land in a warm-up estimate or a timed block.
+        with torch.no_grad():
+            for s in samples:
+                hand(s)
+                s.run(result.model)
         # Two runs: a block that follows another runtime's block starts with colder caches
         # (and, for ONNX Runtime, beside its spinning threads), so the headline pair alternates
         # by hand and tunetree only, and the split is timed on tunetree's artifact alone.
-        before = dispatcher.fallback_calls
+        # Calls a runner serves with the original forward itself (an Inductor graph's guards
+        # refuse the shape, a ShapeSetRunner is full) are not in the dispatcher's fallbacks.
+        runners = list({id(r): r for r, _ in routed if r is not None}.values())
+        before, eager_before = dispatcher.fallback_calls, runner_eager_calls(runners)
         pair = tt.measure(
             {"by hand": Cycle([lambda s=s: hand(s) for s in samples]), "tunetree": tuned},
             device,
             config,
         )
         fallbacks = dispatcher.fallback_calls - before
+        runner_eager = runner_eager_calls(runners) - eager_before
         split_candidates: dict[str, Call] = {"tunetree": tuned}
         if all(r is not None for r, _ in routed):
             split_candidates["runner"] = Cycle([lambda r=r, b=b: b.run(r) for r, b in routed])
-            if backend != "inductor":
-                split_candidates["artifact"] = Cycle([artifact_call(r, b) for r, b in routed])
+            artifacts = [artifact_call(r, b) for r, b in routed]
+            if all(a is not None for a in artifacts):
+                split_candidates["artifact"] = Cycle(artifacts)  # type: ignore[arg-type]
         split = tt.measure(split_candidates, device, config)
         scale = pair["tunetree"].median_s / split["tunetree"].median_s
         ms = {
@@ -309,9 +437,13 @@ def run_pair(
         ms |= {k: t.median_s * scale * 1e3 for k, t in split.items() if k != "tunetree"}
         spread = {k: t.spread for k, t in pair.items()}
         spread |= {k: t.spread for k, t in split.items() if k != "tunetree"}
-        rows.append(
-            Row(work.name, backend, calls_name, ms, spread, fallbacks, f"tuned in {tune_s:.0f} s")
-        )
+        note = f"tuned in {tune_s:.0f} s"
+        note += f"; runner eager calls {runner_eager}"
+        captures = sum(len(getattr(r, "captures", ())) for r in runners)
+        if backend == "device-graph":
+            hand_graphs = len(getattr(hand, "graphs", {}))
+            note += f"; captures {captures}, by hand {hand_graphs}"
+        rows.append(Row(work.name, backend, calls_name, ms, spread, fallbacks, note))
         print(format_row(rows[-1]), flush=True)
     return rows
 
@@ -370,10 +502,16 @@ def main() -> None:
     common.cuda_setup(args.device)
     info = common.header(common.command_line())
     device = torch.device(args.device)
-    default = "inductor" if device.type == "cuda" else "openvino,onnxruntime,inductor"
+    cuda = device.type == "cuda"
+    default = "inductor,device-graph" if cuda else "openvino,onnxruntime,inductor"
     backends = (args.backends or default).split(",")
-    # Long blocks: a block that starts beside the previous runtime's busy threads weighs little.
-    long = tt.MeasureConfig(trials=15, block_s=0.2, max_s_per_candidate=6.0)
+    # Long blocks on the CPU: a block that starts beside the previous runtime's busy threads
+    # weighs little. On the GPU no thread pools spin between blocks: shorter blocks will do.
+    long = (
+        tt.MeasureConfig(trials=15, block_s=0.1, max_s_per_candidate=3.0)
+        if cuda
+        else tt.MeasureConfig(trials=15, block_s=0.2, max_s_per_candidate=6.0)
+    )
     config = tt.MeasureConfig.quick() if args.quick else long
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:

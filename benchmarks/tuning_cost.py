@@ -9,16 +9,18 @@ measured last, so Inductor caches warmed by tunetree's builds favour torch.compi
 default backend's build time alone (``tt.tune`` at depth 0 with that backend only), and
 ``tt.auto_tune``'s wall time with its default settings and with ``quick=True`` (``--with-old``
 adds a run with the issue's savings switched off: no screening, no early stop, no budget, no
-twins' narrowed races), each with its per-phase breakdown and the depth it kept. Then eager, the
-compiled model and every tuned model are measured end to end in one interleaved
-``tunetree.measure`` call, so the speed-ups are side-by-side ratios ("speed-up here"; beside
-OpenVINO or ONNX Runtime runners in one process eager can be slowed many times over by their
-spinning thread pools, so also compare auto_tune's own end-to-end ratio, measured beside the
-untuned model only). The load average is printed before and after every model: a busy machine
-slows tuning and moves every number. Models are built from configs with random weights (nothing
-is downloaded): the encoder of ``make demo``, BERT-4L, the small CNN, GPT-2 prefill, and Llama,
-T5 encoder and RoBERTa called with six different shapes. Results go to ``--out`` as JSON and
-markdown.
+twins' narrowed races; ``--settings default`` runs the default one alone,
+``--no-backend-builds`` skips the builds alone: both save device time; ``--cold-compile`` adds
+torch.compile's first pass in a fresh process with empty Inductor and Triton caches, what a user
+sees first), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
+model and every tuned model are measured end to end in one interleaved ``tunetree.measure``
+call, so the speed-ups are side-by- side ratios ("speed-up here"; beside OpenVINO or ONNX
+Runtime runners in one process eager can be slowed many times over by their spinning thread
+pools, so also compare auto_tune's own end- to-end ratio, measured beside the untuned model
+only). The load average is printed before and after every model: a busy machine slows tuning and
+moves every number. Models are built from configs with random weights (nothing is downloaded):
+the encoder of ``make demo``, BERT-4L, the small CNN, GPT-2 prefill, and Llama, T5 encoder and
+RoBERTa called with six different shapes. Results go to ``--out`` as JSON and markdown.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
+import argparse
 import copy
 import os
 import sys
@@ -147,8 +150,13 @@ def _caller(model: Any) -> Callable[..., Any]:
 
 
 def compile_first_pass(entry: models.ZooModel) -> tuple[Callable[..., Any] | None, float, str]:
-    """``torch.compile``'s first pass: compile and call once on every sample."""
-    torch._dynamo.reset()
+    """``torch.compile``'s first pass: compile and call once on every sample.
+
+    No ``torch._dynamo.reset()`` first: it would empty the compiled-code caches of the models
+    auto_tune tuned a moment ago, and their ranged Inductor runners would then serve the
+    end-to-end measurement with the original forward. The deep copy's compile starts from an
+    empty cache of its own anyway (tunetree compiles fresh entry functions).
+    """
     start = time.perf_counter()
     try:
         compiled = torch.compile(copy.deepcopy(entry.model))
@@ -158,6 +166,51 @@ def compile_first_pass(entry: models.ZooModel) -> tuple[Callable[..., Any] | Non
     except Exception as exc:  # a compile failure is a row, not the end of the run
         return None, time.perf_counter() - start, f"failed: {type(exc).__name__}: {exc}"[:120]
     return _caller(compiled), time.perf_counter() - start, ""
+
+
+def cold_compile_s(name: str, args: Any) -> tuple[float | None, str]:
+    """``torch.compile``'s first pass in a fresh process with empty Inductor and Triton caches.
+
+    What a user sees the first time: nothing compiled before on the machine. The in-process
+    first pass (measured after auto_tune) can reuse the graphs tunetree compiled a moment ago
+    from Inductor's caches; this one cannot. Process start and imports are not counted.
+    """
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor"),
+            "TRITON_CACHE_DIR": str(Path(tmp) / "triton"),
+        }
+        command = [sys.executable, "-m", "benchmarks.tuning_cost", "--compile-only"]
+        command += ["--device", args.device, "--models", name]
+        command += ["--quick"] if args.quick else []
+        done = subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+            check=False,
+        )
+    for line in done.stdout.splitlines():
+        if line.startswith("COMPILE_ONLY "):
+            row = json.loads(line.removeprefix("COMPILE_ONLY "))
+            return row["seconds"], row["note"]
+    return None, f"cold compile failed: {done.stderr.strip()[-200:]}"
+
+
+def compile_only(args: Any) -> None:
+    """The child of :func:`cold_compile_s`: one first pass per model, one JSON line each."""
+    import json
+
+    for name in args.models.split(","):
+        entry = build(name, common.size_for(args), args.device)
+        _, seconds, note = compile_first_pass(entry)
+        print("COMPILE_ONLY " + json.dumps({"model": name, "seconds": seconds, "note": note}))
 
 
 def backend_builds(entry: models.ZooModel, device: str) -> list[dict[str, Any]]:
@@ -196,10 +249,11 @@ def backend_builds(entry: models.ZooModel, device: str) -> list[dict[str, Any]]:
 
 def auto_runs(entry: models.ZooModel, args: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
     """``tt.auto_tune`` cold, per setting: the tuned model and what the run cost."""
-    settings: dict[str, dict[str, Any]] = {
-        "auto_tune": {},
-        "auto_tune quick": {"quick": True},
-    }
+    settings: dict[str, dict[str, Any]] = {}
+    if "default" in args.settings:
+        settings["auto_tune"] = {}
+    if "quick" in args.settings:
+        settings["auto_tune quick"] = {"quick": True}
     if args.with_old:
         every = tt.default_strategy(args.device).backends
         settings["auto_tune savings off"] = {
@@ -239,10 +293,16 @@ def run(name: str, args: Any, started: float) -> dict[str, Any]:
     load_before = load()
     # tunetree first, torch.compile last: Inductor's on-disk caches warmed by tunetree's
     # Inductor builds can only make torch.compile's first pass look cheaper, never tunetree.
+    cold_s, cold_note = None, ""
+    if args.cold_compile:
+        progress(f"{name}: torch.compile first pass, cold, in a fresh process", started)
+        cold_s, cold_note = cold_compile_s(name, args)
     progress(f"{name}: tt.auto_tune", started)
     autos = auto_runs(entry, args)
-    progress(f"{name}: each default backend alone", started)
-    builds = backend_builds(entry, args.device)
+    builds: list[dict[str, Any]] = []
+    if not args.no_backend_builds:
+        progress(f"{name}: each default backend alone", started)
+        builds = backend_builds(entry, args.device)
     progress(f"{name}: torch.compile first pass", started)
     compiled, compile_s, compile_note = compile_first_pass(entry)
     calls: dict[str, Callable[..., Any]] = {"eager": _caller(entry.model)}
@@ -264,6 +324,15 @@ def run(name: str, args: Any, started: float) -> dict[str, Any]:
             "note": compile_note,
         }
     ]
+    if args.cold_compile:
+        approaches.append(
+            {
+                "approach": "torch.compile cold",
+                "cost_s": cold_s,
+                "speedup": None,
+                "note": cold_note or "fresh process, empty Inductor and Triton caches",
+            }
+        )
     for label, (_, info) in autos.items():
         approaches.append(
             {
@@ -271,6 +340,7 @@ def run(name: str, args: Any, started: float) -> dict[str, Any]:
                 "cost_s": info["wall_s"],
                 "speedup": eager / timings[label].median_s,
                 "vs_compile_cost": info["wall_s"] / compile_s if compile_s else None,
+                "vs_cold_compile_cost": info["wall_s"] / cold_s if cold_s else None,
                 **info,
             }
         )
@@ -295,6 +365,7 @@ def print_model(result: dict[str, Any]) -> None:
                 "approach",
                 "cost s",
                 "x compile cost",
+                "x cold compile",
                 "speed-up here",
                 "auto_tune's own",
                 "depth",
@@ -306,6 +377,7 @@ def print_model(result: dict[str, Any]) -> None:
                     a["approach"],
                     f(a.get("cost_s"), ".1f"),
                     f(a.get("vs_compile_cost"), ".2f"),
+                    f(a.get("vs_cold_compile_cost"), ".2f"),
                     f(a.get("speedup"), ".2f"),
                     f(a.get("speedup_measured_by_auto_tune"), ".2f"),
                     "-" if a.get("depth") is None else a["depth"],
@@ -343,8 +415,9 @@ def markdown(payload: dict[str, Any]) -> str:
         f"{run['date']}, `{run['command']}`, torch {run['torch']}, {run['cpu_count']} CPUs, "
         f"GPU {run['gpu']}, load average {run['load_average_1m']}",
         "",
-        "| model | approach | cost s | x torch.compile | speed-up | depth | largest phases |",
-        "|---|---|---|---|---|---|---|",
+        "| model | approach | cost s | x torch.compile | x cold compile | speed-up | depth "
+        "| largest phases |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for result in payload["results"]:
         for a in result["approaches"]:
@@ -355,11 +428,13 @@ def markdown(payload: dict[str, Any]) -> str:
                 for p in top
             )
             cost, speedup, depth = a.get("vs_compile_cost"), a.get("speedup"), a.get("depth")
+            cold = a.get("vs_cold_compile_cost")
             cells = [
                 result["model"],
                 a["approach"],
-                f"{a['cost_s']:.1f}",
+                "-" if a["cost_s"] is None else f"{a['cost_s']:.1f}",
                 "-" if cost is None else f"{cost:.2f}",
+                "-" if cold is None else f"{cold:.2f}",
                 "-" if speedup is None else f"{speedup:.2f}x",
                 "-" if depth is None else str(depth),
                 text,
@@ -379,7 +454,30 @@ def main() -> None:
         action="store_true",
         help="also auto_tune with the savings off (no screening, early stop, budget, twins)",
     )
+    p.add_argument(
+        "--settings",
+        default="default,quick",
+        help="comma-separated auto_tune settings to run: default, quick (default: both)",
+    )
+    p.add_argument(
+        "--no-backend-builds",
+        action="store_true",
+        help="skip timing each default backend's build alone (saves device time)",
+    )
+    p.add_argument(
+        "--cold-compile",
+        action="store_true",
+        help="also time torch.compile's first pass in a fresh process with empty caches",
+    )
+    p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.compile_only:
+        common.cuda_setup(args.device)
+        compile_only(args)
+        return
+    args.settings = set(args.settings.split(","))
+    if not args.settings <= {"default", "quick"}:
+        p.error(f"--settings takes default and/or quick, not {sorted(args.settings)}")
     common.cuda_setup(args.device)
     info = common.header(common.command_line())
     results, failed = [], []
