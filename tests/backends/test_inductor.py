@@ -176,3 +176,25 @@ def test_a_ranged_runner_serves_batch_one_compiled_where_its_graph_guards_it_out
         assert compare_all([model(**c) for c in calls], got).ok
     assert runner.eager_calls == before
     assert runner.compiles == 2
+
+
+@pytest.mark.slow
+def test_a_ranged_runner_compiles_again_after_a_dynamo_reset() -> None:
+    """A user's ``torch._dynamo.reset()`` emptied the runner's cache, and every later call ran
+    the original forward. It now compiles for its range once more."""
+    from tunetree.graph import Sample
+    from tunetree.shapes import group_graphs
+
+    module, _ = mlp(width=16, depth=2)
+    samples = [Sample((torch.randn(b, 16),)) for b in (3, 8, 2)]
+    with torch.no_grad():
+        (graph,) = group_graphs([(s, module(*s.args)) for s in samples]).values()
+    runner = Inductor().build(module, graph, CPU)
+    with torch.no_grad():
+        runner(torch.randn(4, 16))
+        runner(torch.randn(4, 16))  # a layout served compiled before skips the stance
+        assert runner.compiles >= 1 and runner.eager_calls == 0
+        torch._dynamo.reset()
+        got = runner(torch.randn(5, 16))
+        assert got.shape == (5, 16)
+        assert runner.compiles >= 1 and runner.eager_calls == 0

@@ -123,7 +123,10 @@ class InductorRunner(Runner):
         # Modes that replay CUDA graphs hand back outputs that the next replay overwrites.
         self.clone_outputs = backend.mode in ("reduce-overhead", "max-autotune")
         self.key = key if key is not None and key.is_dynamic else None
+        self.range_key = self.key
+        """The ranged graph this runner compiles for (None: a graph of fixed sizes)."""
         self.ranged = self.key is not None
+        self._accepted: set[tuple[Any, ...]] = set()
         self.eager_calls = 0
         """Calls served by the original forward because serving them would have compiled."""
         self.soft_axes: list[AxisDims] | None = None
@@ -158,26 +161,50 @@ class InductorRunner(Runner):
         its guards exclude, another layout) runs the original forward instead (counted in
         :attr:`eager_calls`, logged once), since a compile takes seconds.
         """
-        with torch.no_grad():
-            if self.key is not None:
-                self._compile_for_range(args, kwargs)
-            if self.soft_axes is not None:
-                _mark_axes(Sample(args, kwargs), self.soft_axes, soft=True)
-                with _size_oblivious():
-                    out = self.compiled(*args, **kwargs)
-            elif self.ranged:
-                out = self._without_recompiles(args, kwargs)
-            else:
-                out = self.compiled(*args, **kwargs)
+        if torch.is_grad_enabled():  # entering no_grad costs a microsecond: only when needed
+            with torch.no_grad():
+                out = self._call(args, kwargs)
+        else:
+            out = self._call(args, kwargs)
         return detach_clone(out) if self.clone_outputs else out
 
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self.key is not None:
+            self._compile_for_range(args, kwargs)
+        if self.soft_axes is not None:
+            _mark_axes(Sample(args, kwargs), self.soft_axes, soft=True)
+            with _size_oblivious():
+                return self.compiled(*args, **kwargs)
+        if self.ranged:
+            return self._without_recompiles(args, kwargs)
+        return self.compiled(*args, **kwargs)
+
     def _without_recompiles(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The compiled call, or the original forward where it would compile.
+
+        A layout of top-level tensors served compiled once is served again without the
+        ``fail_on_recompile`` stance (about 5 us a call): Dynamo's guards on it passed, and
+        they read nothing else that changes between calls of one graph.
+        """
+        layout = _layout(args, kwargs)
+        if layout is not None and layout in self._accepted:
+            return self.compiled(*args, **kwargs)
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
-                return self.compiled(*args, **kwargs)
+                out = self.compiled(*args, **kwargs)
         except RuntimeError as exc:
             if "fail_on_recompile" not in str(exc):
                 raise
+        else:
+            if layout is not None and len(self._accepted) < MAX_ACCEPTED_LAYOUTS:
+                self._accepted.add(layout)
+            return out
+        if self.compiles == 0 and self.range_key is not None:
+            # torch._dynamo.reset() emptied the cache: compile for the range again, once.
+            log.info("Inductor: Dynamo's cache was reset; compiling for %s again", self.range_key)
+            self.key, self._accepted = self.range_key, set()
+            self._compile_for_range(args, kwargs)
+            return self._without_recompiles(args, kwargs)
         if not self.eager_calls:
             log.info(
                 "Inductor: a call its compiled graph does not accept (%s) runs the original "
@@ -248,6 +275,26 @@ class InductorRunner(Runner):
             except Exception as exc:
                 log.info("Inductor: no compiled graph for %s=1 (%s)", name, str(exc)[:200])
 
+
+def _layout(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    """Shapes, strides and grad flags of a call's top-level tensors, with its constants.
+
+    None when an argument is anything else (a container, a cache object): such calls always
+    take the stance.
+    """
+    found: list[Any] = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append((value.shape, value.stride(), value.requires_grad))
+        elif value is None or isinstance(value, bool | int | float | str):
+            found.append((type(value), value))
+        else:
+            return None
+    return (*found, *kwargs)
+
+
+MAX_ACCEPTED_LAYOUTS = 4096
+"""Most call layouts a ranged runner remembers as served compiled."""
 
 MAX_SIZE_ONE_VARIANTS = 2
 """Most dimensions a ranged Inductor runner compiles a size-1 graph for (one compile each)."""
