@@ -33,6 +33,7 @@ BUILTIN_KINDS = (
     "openvino-bf16",
     "onnxruntime",
     "onnxruntime-int8",
+    "tf32",
 )
 SLOW_KINDS = {"inductor"}  # a real compile; tests/backends/test_inductor.py covers it fast
 

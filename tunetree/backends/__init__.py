@@ -53,10 +53,17 @@ def reduced_precision_backends(device: torch.device) -> list[Backend]:
     Each is checked by its measured error, never assumed: on a CPU OpenVINO in bf16 and
     ``torch.autocast`` bf16 (both need a CPU with bf16 units, else they are left out) and ONNX
     Runtime with int8 weights (dynamic quantization, any x86 CPU); on CUDA
-    TF32 matmuls, bf16 and fp16 autocast, and bf16 autocast compiled by Inductor.
+    TF32 matmuls, bf16 and fp16 autocast, and bf16 autocast compiled by Inductor (also with
+    CUDA graphs: at small batch a launch-bound model gains from bf16 only without launches).
     """
     if device.type == "cuda":
-        return [Tf32(), Autocast("bf16"), Autocast("fp16"), Autocast("bf16", compile=True)]
+        return [
+            Tf32(),
+            Autocast("bf16"),
+            Autocast("fp16"),
+            Autocast("bf16", compile=True),
+            Autocast("bf16", compile=True, compile_mode="reduce-overhead"),
+        ]
     if device.type == "cpu":
         found: list[Backend] = [OpenVINOBf16()]
         if _cpu_has_bf16():

@@ -19,9 +19,12 @@ from torch import nn
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey, dtype_name, flatten, unflatten
 from .base import ChangesResults, Runner, original_forward
-from .inductor import compile_unavailable_reason, fresh_entry
+from .inductor import MODES, compile_unavailable_reason, fresh_entry
+from .safe_config import check_choice
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""``torch.compile`` modes that replay CUDA graphs."""
 
 
 def _output_dtypes(output: Any) -> list[str | None]:
@@ -49,8 +52,12 @@ class AutocastRunner(Runner):
         self.dtype = _DTYPES[backend.dtype]
         forward: Callable[..., Any] = original_forward(module)
         self.forward = (
-            torch.compile(fresh_entry(forward), dynamic=False) if backend.compile else forward
+            torch.compile(fresh_entry(forward), dynamic=False, mode=backend.compile_mode)
+            if backend.compile
+            else forward
         )
+        # CUDA graph replays overwrite their outputs: hand back copies.
+        self.clone_outputs = backend.compile_mode in CUDA_GRAPH_MODES
         self.output_dtypes = output_dtypes
         by_name = {dtype_name(dt): dt for dt in (torch.float64, torch.float32, *_DTYPES.values())}
         self._targets = [by_name.get(name) if name else None for name in output_dtypes]
@@ -68,7 +75,7 @@ class AutocastRunner(Runner):
         cast = [
             x.to(target)
             if isinstance(x, torch.Tensor) and target is not None and x.dtype != target
-            else x
+            else (x.clone() if self.clone_outputs and isinstance(x, torch.Tensor) else x)
             for x, target in zip(leaves, self._targets, strict=True)
         ]
         return unflatten(cast, spec)
@@ -91,12 +98,26 @@ class Autocast(ChangesResults):
     kind: ClassVar[str] = "autocast"
     dtype: str = "bf16"
     compile: bool = False
+    compile_mode: str | None = None
+    """``torch.compile``'s mode with ``compile=True`` (``"reduce-overhead"``: CUDA graphs)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise InvalidInputError(
                 f"Autocast dtype must be one of {', '.join(_DTYPES)}, not {self.dtype!r}"
             )
+        if self.compile_mode not in MODES or (self.compile_mode and not self.compile):
+            raise InvalidInputError(
+                f"Autocast compile_mode must be one of {MODES} and needs compile=True, "
+                f"not {self.compile_mode!r}"
+            )
+
+    @classmethod
+    def check_saved_config(cls, config: Any) -> None:
+        """Plain fields, a known dtype and a known compile mode."""
+        super().check_saved_config(config)
+        check_choice(cls.kind, "dtype", config.get("dtype", "bf16"), tuple(_DTYPES))
+        check_choice(cls.kind, "compile_mode", config.get("compile_mode"), MODES)
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why autocast in this dtype (and compile, if asked) cannot run on ``device``, or None."""
@@ -110,6 +131,8 @@ class Autocast(ChangesResults):
                 return "fp16 autocast is offered on CUDA only; use Autocast(dtype='bf16') on CPU"
         elif not torch.amp.is_autocast_available(device.type):
             return f"torch.autocast does not support device type {device.type!r}"
+        if self.compile_mode in CUDA_GRAPH_MODES and device.type != "cuda":
+            return f"compile_mode={self.compile_mode!r} uses CUDA graphs and needs a CUDA device"
         if self.compile:
             return compile_unavailable_reason(device)
         return None
