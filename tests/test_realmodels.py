@@ -269,7 +269,7 @@ class PerPath(tt.MinLatencyStrategy):
 def test_mixed_plan_is_measured_against_the_single_runtime_plan() -> None:
     torch.manual_seed(0)
     model = Busy(0.0, 0.0, [Busy(1 * MS, 0.0) for _ in range(3)]).eval()
-    strategy = PerPath([Shortcut(), Delayed(0.0)])
+    strategy = PerPath([Shortcut(), Delayed(0.0)], share_twins=False)  # every kid races both
     result = tt.auto_tune(
         model,
         [torch.randn(2, 4)],
