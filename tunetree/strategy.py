@@ -66,12 +66,14 @@ class Strategy:
         """Pick the winner among measured, correct rows (in backend order)."""
         raise NotImplementedError
 
-    def for_twin(self, winner: Backend) -> Strategy | None:
-        """The strategy for a graph whose twin (same structure, same graph) ``winner`` won.
+    def for_twin(self, winners: Sequence[Backend]) -> Strategy | None:
+        """The strategy for a graph whose twin (same structure, same graph) ``winners`` won.
 
-        None: tune it in full. Strategies where the fastest wins narrow the race to the twin's
-        winner and eager, which are built, checked and measured on this graph as always: the
-        same computation on other weights is not worth every candidate's build again.
+        ``winners`` is the twin's winner, then (when the winner changes results) its fastest
+        results-keeping candidate, which an accuracy budget's repair returns to. None: tune it
+        in full. Strategies where the fastest wins narrow the race to those and eager, which
+        are built, checked and measured on this graph as always: the same computation on other
+        weights is not worth every candidate's build again.
         """
         return None
 
@@ -131,13 +133,13 @@ class _TwinsNarrowed(Strategy):
     fastest_wins: ClassVar[bool] = True
     share_twins: bool = True
 
-    def for_twin(self, winner: Backend) -> Strategy | None:
-        """A copy racing ``winner`` against eager only (None with ``share_twins=False``)."""
+    def for_twin(self, winners: Sequence[Backend]) -> Strategy | None:
+        """A copy racing ``winners`` against eager only (None with ``share_twins=False``)."""
         if not self.share_twins:
             return None
         narrowed = self.copy()
-        eager = [b for b in self.backends if b.kind == "eager" and b != winner]
-        narrowed.backends = [winner, *eager]
+        eager = [b for b in self.backends if b.kind == "eager" and b not in winners]
+        narrowed.backends = [*winners, *eager]
         return narrowed
 
 
@@ -184,9 +186,9 @@ class HighestThroughputStrategy(_TwinsNarrowed):
         self.max_batch_size = max_batch_size
         self.share_twins = share_twins
 
-    def for_twin(self, winner: Backend) -> Strategy | None:
+    def for_twin(self, winners: Sequence[Backend]) -> Strategy | None:
         """As for every strategy where the fastest wins; None with the batch size search."""
-        return None if self.search_max_batch_size else super().for_twin(winner)
+        return None if self.search_max_batch_size else super().for_twin(winners)
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
         """The measured candidate with the highest throughput."""

@@ -203,7 +203,7 @@ def _tune_graph(
     """
     twin_key = (structure_digest(session.module), session.graph.key)
     twin = twins.get(twin_key)
-    narrowed = base.for_twin(twin.winner.backend) if twin and twin.winner else None
+    narrowed = base.for_twin(_twin_winners(twin)) if twin and twin.winner else None
     if twin is not None and narrowed is not None:
         confirming = dataclasses.replace(
             session, measure_config=session.measure_config.confirming()
@@ -221,6 +221,28 @@ def _tune_graph(
     if result.winner is not None and not _budget_cut(result):
         twins.setdefault(twin_key, result)
     return result
+
+
+def _twin_winners(twin: GraphResult) -> list[Backend]:
+    """The backends a twin's race keeps: the twin's winner, and its fallback.
+
+    The fallback, when the winner changes results, is the twin's fastest usable results-keeping
+    candidate other than eager: what an accuracy budget's repair returns to.
+    """
+    assert twin.winner is not None
+    winners = [twin.winner.backend]
+    if not twin.winner.backend.preserves_results:
+        keeping = [
+            r
+            for r in twin.rows
+            if r.usable
+            and r.backend.preserves_results
+            and r.backend.kind != "eager"
+            and r.latency_s is not None
+        ]
+        if keeping:
+            winners.append(min(keeping, key=lambda r: r.latency_s or 0.0).backend)
+    return winners
 
 
 def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) -> GraphResult:

@@ -197,3 +197,28 @@ def test_the_cache_key_holds_the_budget_module_limit() -> None:
     assert plain != loose
     assert loose != key(tt.AccuracyBudget(max_error=0.02))
     assert loose == key(tt.AccuracyBudget(max_error=0.01, holdout=0.5))  # end to end only
+
+
+def test_twin_layers_give_precision_back_to_a_results_keeping_candidate() -> None:
+    from tests.accuracy.lossy import Exact
+
+    model = Chain([0.004, 0.004, 0.004])  # three twins: the same structure and graph
+    exact = Exact()
+    strategy = tt.HighestThroughputStrategy([Lossy(), exact, Eager()])
+    result = tt.auto_tune(
+        model,
+        data(),
+        min_depth=1,
+        max_depth=1,
+        strategy=strategy,
+        accuracy=tt.AccuracyBudget(max_error=0.005),
+        measure_config=QUICK,
+        verbose=False,
+        cache=False,
+        time_budget=None,
+    )
+    assert len(exact.builds) == 3  # the twins race the first stage's fallback too
+    assert "twin of stages.0" in result.graphs[1][1].strategy
+    kinds = sorted(e.backend.kind for e in result.plan.entries)
+    assert kinds == ["fake-exact", "fake-exact", "fake-lossy"]
+    assert result.selected_row.output_error == pytest.approx(0.004, rel=0.05)
