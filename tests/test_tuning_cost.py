@@ -365,3 +365,35 @@ def test_a_depth_with_the_plan_of_a_measured_depth_is_not_measured_again() -> No
     assert result.breakdown is not None
     measured = {p.detail for p in result.breakdown.phases if p.phase == budget.END_TO_END}
     assert "depth 2" not in measured
+
+
+def test_stopped_after_interrupts_a_long_block_and_nothing_else() -> None:
+    start = time.perf_counter()
+    with pytest.raises(budget.BuildStopped), budget.stopped_after(0.2):
+        spin(5.0)
+    assert time.perf_counter() - start < 2.0
+    with budget.stopped_after(5.0):
+        spin(0.05)
+    spin(0.3)  # nothing is raised after a block that ended in time
+    for _ in range(20):  # a block ending as the watcher fires never leaks the exception
+        try:
+            with budget.stopped_after(0.01):
+                spin(0.01)
+        except budget.BuildStopped:
+            pass
+        spin(0.02)
+
+
+def test_a_build_still_running_when_the_budget_ends_is_stopped() -> None:
+    torch.manual_seed(0)
+    model = Busy(0.0, 1 * MS, [Busy(1 * MS, 1 * MS) for _ in range(2)]).eval()
+    strategy = tt.HighestThroughputStrategy([SlowBuild(build_s=60.0), tt.backends.Eager()])
+    start = time.perf_counter()
+    result = tt.auto_tune(
+        model, [torch.randn(2, 4)], strategy=strategy, time_budget=4.0, verbose=False, cache=False
+    )
+    wall = time.perf_counter() - start
+    assert wall <= 1.1 * 4.0, result.timing()
+    stopped = [s for s in result.skipped() if s.backend.startswith("fake-slow-build")]
+    assert stopped and stopped[0].what == "build"
+    assert result.depth is None  # eager only was measured

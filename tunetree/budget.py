@@ -12,6 +12,8 @@ a tune to exactly one phase (the innermost one open), so the phases of its
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +39,54 @@ END_TO_END_CHECK = "end-to-end check"
 END_TO_END = "end-to-end measurement"
 OTHER = "other"
 """Time inside no phase: planning, wrapping, bookkeeping."""
+
+
+class BuildStopped(BaseException):
+    """Raised inside a build the time budget stopped (see :func:`stopped_after`).
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no library's ``except Exception``
+    takes it for a failure of its own and carries on.
+    """
+
+
+@contextlib.contextmanager
+def stopped_after(seconds: float) -> Iterator[None]:
+    """Raise :class:`BuildStopped` in this thread if the block runs longer than ``seconds``.
+
+    A watcher thread sets the exception asynchronously (``PyThreadState_SetAsyncExc``): it is
+    raised at this thread's next Python instruction, so a block inside a long C call (a
+    compiler subprocess) stops when that call returns. An exception set as the block ended is
+    withdrawn before it can be raised outside it.
+    """
+    target = threading.get_ident()
+    lock = threading.Lock()
+    state = {"finished": False, "fired": False}
+    wake = threading.Event()
+
+    def watch() -> None:
+        if wake.wait(max(seconds, 0.0)):
+            return
+        with lock:
+            if not state["finished"]:
+                state["fired"] = True
+                _set_async_exc(target, BuildStopped)
+
+    watcher = threading.Thread(target=watch, name="tunetree-budget-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        with lock:
+            state["finished"] = True
+            if state["fired"]:
+                _set_async_exc(target, None)  # withdraw it if it was not raised yet
+        wake.set()
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+    )
 
 
 def now() -> float:

@@ -29,8 +29,10 @@ from .budget import (
     SCREENING,
     SHAPES,
     TIME_BUDGET_ERROR,
+    BuildStopped,
     Deadline,
     Stopwatch,
+    stopped_after,
 )
 from .compare import Tolerances, compare_all
 from .graph import Graph, Sample, batch_size, detach_clone
@@ -41,6 +43,8 @@ from .shapes import sizes_of
 from .state import process_state_kept
 
 log = logging.getLogger(__name__)
+MIN_BUILD_S = 1.0
+"""A build is never stopped sooner than this (the deadline's free time may be nearly gone)."""
 
 
 class Status(str, enum.Enum):
@@ -149,16 +153,38 @@ class GraphSession:
         timed = self.deadline.build(backend.kind) if self.deadline is not None else nullcontext()
         with timed:
             start = time.perf_counter()
-            with (
-                self.clock.phase(BUILD, backend.kind),
-                process_state_kept(f"building {backend.name} for {where}"),
-            ):
-                built = self._build_and_run(backend)
+            try:
+                with (
+                    self._stopped_at_deadline(backend),
+                    self.clock.phase(BUILD, backend.kind),
+                    process_state_kept(f"building {backend.name} for {where}"),
+                ):
+                    built = self._build_and_run(backend)
+            except BuildStopped:
+                spent = time.perf_counter() - start
+                log.info(
+                    "%s: %s's build stopped after %.1f s: %s",
+                    where,
+                    backend,
+                    spent,
+                    TIME_BUDGET_ERROR,
+                )
+                self.progress(where, self.graph, backend.name, f"stopped: {TIME_BUDGET_ERROR}")
+                return CandidateRow(backend, Status.SKIPPED, TIME_BUDGET_ERROR)  # not built
             build_s = time.perf_counter() - start
             if isinstance(built, CandidateRow):
                 return built
             with self.clock.phase(CHECK, backend.kind):
                 return self._checked(backend, *built, build_s)
+
+    def _stopped_at_deadline(self, backend: Backend) -> AbstractContextManager[None]:
+        """Stop a build (other than eager's) still running when the budget's free time ends.
+
+        Its candidate could not be measured any more.
+        """
+        if self.deadline is None or backend.kind == "eager":
+            return nullcontext()
+        return stopped_after(max(self.deadline.free_s(), MIN_BUILD_S))
 
     def _room_to_build(self, backend: Backend) -> bool:
         """Whether the deadline has room for ``backend``'s build and then a short measurement.
