@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import torch
 
+from ._plot import pyplot
 from ._table import format_seconds, format_table
 from .accuracy.budget import AccuracyBudget
 from .accuracy.fit import EndToEndCheck
@@ -47,7 +48,7 @@ from .budget import (
 from .cache import open_cache
 from .compare import Tolerances, compare_all
 from .endtoend import UNTUNED, load_text, runtime_name, side_by_side, single_runtime_plan, too_noisy
-from .errors import InvalidInputError, MissingDependencyError
+from .errors import InvalidInputError
 from .generation import GenerationStep, generation_steps, steps_table
 from .inspection import ModelInfo, inspect
 from .measure import MeasureConfig, Timing
@@ -352,15 +353,7 @@ class AutoTuneResult:
 
     def plot(self, path: str | Path) -> Path:
         """Write a PNG bar chart of latency per depth (needs ``tunetree[plot]``)."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise MissingDependencyError(
-                "result.plot needs matplotlib: pip install 'tunetree[plot]'"
-            ) from exc
+        plt = pyplot("result.plot")
         labels = ["untuned"] + [f"depth {r.depth}" for r in self.rows]
         values = [self.untuned.median_s * 1e3 if self.untuned else 0.0] + [
             (r.latency_s or 0.0) * 1e3 for r in self.rows

@@ -36,6 +36,22 @@ class GraphResult:
                 return row.timing.median_s
         return None
 
+    def fastest_keeping(self) -> CandidateRow | None:
+        """The fastest usable results-keeping candidate other than eager, or None.
+
+        A candidate the screening dropped counts: it is correct, and its screening timing ranks
+        it. What an accuracy budget's repair gives a graph back to.
+        """
+        keeping = [
+            r
+            for r in self.rows
+            if r.usable
+            and r.backend.preserves_results
+            and r.backend.kind != "eager"
+            and r.latency_s is not None
+        ]
+        return min(keeping, key=lambda r: r.latency_s or 0.0, default=None)
+
     def per_shape_table(self) -> str:
         """Latency of the winner and eager on each recorded shape of a ranged graph.
 

@@ -231,17 +231,9 @@ def _twin_winners(twin: GraphResult) -> list[Backend]:
     """
     assert twin.winner is not None
     winners = [twin.winner.backend]
-    if not twin.winner.backend.preserves_results:
-        keeping = [
-            r
-            for r in twin.rows
-            if r.usable
-            and r.backend.preserves_results
-            and r.backend.kind != "eager"
-            and r.latency_s is not None
-        ]
-        if keeping:
-            winners.append(min(keeping, key=lambda r: r.latency_s or 0.0).backend)
+    fallback = twin.fastest_keeping()
+    if not twin.winner.backend.preserves_results and fallback is not None:
+        winners.append(fallback.backend)
     return winners
 
 

@@ -202,23 +202,13 @@ def _module_errors(
 def _fallbacks(graphs: list[GraphResult]) -> dict[GraphId, PlanEntry | None]:
     """What each graph returns to when its results-changing candidate is given back.
 
-    Its fastest usable results-keeping candidate other than eager, when faster than eager
-    (None: the module's forward).
-
-    A candidate the screening dropped counts: it is correct, and its screening timing ranks it.
+    Its fastest usable results-keeping candidate other than eager
+    (:meth:`GraphResult.fastest_keeping`), when faster than eager (None: the module's forward).
     """
     found: dict[GraphId, PlanEntry | None] = {}
     for g in graphs:
-        keeping = [
-            r
-            for r in g.rows
-            if r.usable
-            and r.backend.preserves_results
-            and r.backend.kind != "eager"
-            and r.latency_s is not None
-        ]
         eager = g.eager_latency_s
-        best = min(keeping, key=lambda r: r.latency_s or math.inf, default=None)
+        best = g.fastest_keeping()
         slower = best is not None and eager is not None and (best.latency_s or 0.0) >= eager
         if best is None or best.runner is None or slower:
             found[(g.path, g.graph.key)] = None

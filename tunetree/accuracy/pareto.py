@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._plot import pyplot
 from .._table import format_seconds, format_table
-from ..errors import MissingDependencyError
 from .budget import AccuracyBudget
 from .metrics import metric_name
 from .repair import PlanStep
@@ -104,15 +104,7 @@ class Pareto:
 
     def plot(self, path: str | Path) -> Path:
         """Write latency (ms) against error as a PNG (needs ``tunetree[plot]``); returns it."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError as exc:
-            raise MissingDependencyError(
-                "result.pareto(path) needs matplotlib: pip install 'tunetree[plot]'"
-            ) from exc
+        plt = pyplot("result.pareto(path)")
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
         for step in self.steps:
             if step.latency_s is None or step.verdict.error is None:
