@@ -222,3 +222,21 @@ def test_twin_layers_give_precision_back_to_a_results_keeping_candidate() -> Non
     kinds = sorted(e.backend.kind for e in result.plan.entries)
     assert kinds == ["fake-exact", "fake-exact", "fake-lossy"]
     assert result.selected_row.output_error == pytest.approx(0.004, rel=0.05)
+
+
+def test_outputs_that_cannot_be_compared_break_every_budget_and_say_why() -> None:
+    import math
+
+    from tunetree.accuracy.fit import EndToEndCheck
+
+    def score(m) -> float:
+        return 1.0
+
+    for budget in (
+        tt.AccuracyBudget(max_error=0.01),
+        tt.AccuracyBudget(max_drop=0.1, evaluate=score),  # no output bound, still refused
+    ):
+        check = EndToEndCheck(budget, [], [], [], [], 1.0, None)
+        reason = check._over(math.inf, [torch.ones(2)], [(torch.ones(2),)])
+        assert reason.startswith("not comparable: ") and "structure differs" in reason
+        assert check._over(0.001, [torch.ones(2)], [torch.ones(2)]) == ""

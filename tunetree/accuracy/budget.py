@@ -32,7 +32,9 @@ class AccuracyBudget:
     (``module_max_error``, in ``metric`` when it is a name, else in ``rel_l2``; default:
     ``max_error``, else :data:`DEFAULT_MODULE_MAX_ERROR`). The plan is then checked end to end
     on the tuning inputs and on the ``holdout`` share of the dataset that was not used to
-    choose (at least one input when there are two or more).
+    choose (at least one input when there are two or more). Hold out inputs like the tuning
+    ones: a held-out call of a shape outside the tuned ranges runs the original forward and
+    checks nothing.
 
     Example: ``tt.auto_tune(model, data, accuracy=tt.AccuracyBudget(max_error=1e-2))``.
     """

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..compare import compare_all
 from ..graph import Sample, as_samples, detach_clone
 from ..inspection import ModelInfo
 from ..modules import CallFn, run_model
@@ -74,18 +75,27 @@ class EndToEndCheck:
         return cls(budget, info.samples, info.outputs, heldout, references, score, call)
 
     def verdict(self, tuned: Any) -> Verdict:
-        """Whether ``tuned`` holds the budget: tuning inputs, then held-out ones, then the score."""
+        """Whether ``tuned`` holds the budget: tuning inputs, then held-out ones, then the score.
+
+        Outputs that cannot be compared at all (another structure, integers or NaN where eager
+        has others: an infinite error) break every budget, a task-metric one too.
+        """
         budget = self.budget
         try:
-            error = self._error(tuned, self.samples, self.references)
-            if budget.max_error is not None and error > budget.max_error:
-                return Verdict(False, error, reason=f"{error:.3g} > {budget.max_error:g}")
-            held = (
-                self._error(tuned, self.heldout, self.heldout_references) if self.heldout else None
-            )
-            if held is not None and budget.max_error is not None and held > budget.max_error:
-                reason = f"held-out {held:.3g} > {budget.max_error:g}"
-                return Verdict(False, error, held, reason=reason, heldout_only=True)
+            outputs = self._outputs(tuned, self.samples)
+            error = output_error(self.references, outputs, budget.metric)
+            wrong = self._over(error, self.references, outputs)
+            if wrong:
+                return Verdict(False, error, reason=wrong)
+            held = None
+            if self.heldout:
+                held_outputs = self._outputs(tuned, self.heldout)
+                held = output_error(self.heldout_references, held_outputs, budget.metric)
+                wrong = self._over(held, self.heldout_references, held_outputs)
+                if wrong:
+                    return Verdict(
+                        False, error, held, reason=f"held-out {wrong}", heldout_only=True
+                    )
             if budget.evaluate is None or self.reference_score is None:
                 return Verdict(True, error, held)
             drop = self.reference_score - _score(budget, tuned)
@@ -97,10 +107,20 @@ class EndToEndCheck:
             return Verdict(False, error, held, drop, f"score drop {drop:.3g} > {budget.max_drop:g}")
         return Verdict(True, error, held, drop)
 
-    def _error(self, tuned: Any, samples: list[Sample], references: list[Any]) -> float:
+    def _over(self, error: float, references: list[Any], outputs: list[Any]) -> str:
+        """Why ``error`` breaks the budget ("" when it does not); names an incomparable output."""
+        if math.isinf(error):
+            reason = compare_all(references, outputs).reason or "an output cannot be compared"
+            return "not comparable: " + " ".join(reason.split())[:160]
+        limit = self.budget.max_error
+        return f"{error:.3g} > {limit:g}" if limit is not None and error > limit else ""
+
+    def _outputs(self, tuned: Any, samples: list[Sample]) -> list[Any]:
         with torch.no_grad():
-            outputs = [run_model(tuned, s, self.call) for s in samples]
-        return output_error(references, outputs, self.budget.metric)
+            return [run_model(tuned, s, self.call) for s in samples]
+
+    def _error(self, tuned: Any, samples: list[Sample], references: list[Any]) -> float:
+        return output_error(references, self._outputs(tuned, samples), self.budget.metric)
 
     def fit(
         self, model: Any, depth: int, plans: Mapping[str, Plan], graphs: list[GraphResult]
