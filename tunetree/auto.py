@@ -772,11 +772,7 @@ def _same_plan(run: _Run, row: DepthRow, plan: Plan) -> bool:
     That depth's row then stands for this one too (the wrapped models are the same), and this
     depth is not measured again.
     """
-    signature = frozenset(
-        (path, key, id(runner))
-        for path, runners in plan.runners().items()
-        for key, runner in runners.items()
-    )
+    signature = plan.signature()
     twin = run.measured_plans.get(signature)
     if twin is None:
         run.measured_plans[signature] = row
@@ -844,13 +840,10 @@ def _measure_budgeted_depth(run: _Run, row: DepthRow, plans: dict[str, Plan]) ->
         with run.clock.phase(END_TO_END, f"depth {row.depth}"):
             timings = _timed(run, row, tuned)
         for name, step in timed.items():
-            step.latency_s = timings[name].median_s
-            step.speedup = timings[UNTUNED].median_s / step.latency_s
-        names = [n for n, s in timed.items() if s.verdict.within]
-        _keep_fastest(run, row, {n: s.plan for n, s in timed.items()}, timings, names)
-        best = min(names, key=lambda n: timings[n].median_s)
+            step.latency_s = timings[name].median_s  # speed-ups: _against_fastest_untuned
+        best = _fastest([n for n, s in timed.items() if s.verdict.within], timings)
+        _keep(run, row, timed[best].plan, timings[best], timings[UNTUNED])
         timed[best].chosen = True
-        row.plans = ""
     except Exception as exc:
         row.status, row.error = DepthStatus.FAILED, f"{type(exc).__name__}: {exc}"
     finally:
@@ -874,11 +867,8 @@ def _keep_fastest(
     run: _Run, row: DepthRow, plans: dict[str, Plan], timings: dict[str, Timing], names: list[str]
 ) -> None:
     """Record the faster of the depth's measured plans in ``row`` and ``run.plans``."""
-    best = min(names, key=lambda name: timings[name].median_s)
-    run.plans[row.depth] = plans[best]
-    row.timing, row.untuned = timings[best], timings[UNTUNED]
-    row.speedup = row.untuned.median_s / row.timing.median_s
-    row.status = DepthStatus.MEASURED
+    best = _fastest(names, timings)
+    _keep(run, row, plans[best], timings[best], timings[UNTUNED])
     if len(names) > 1:
         row.plans = (
             ", ".join(
@@ -886,6 +876,18 @@ def _keep_fastest(
             )
             + f": kept {runtime_name(plans[best])}"
         )
+
+
+def _fastest(names: list[str], timings: dict[str, Timing]) -> str:
+    return min(names, key=lambda name: timings[name].median_s)
+
+
+def _keep(run: _Run, row: DepthRow, plan: Plan, timing: Timing, untuned: Timing) -> None:
+    """Make ``plan``, measured at ``timing`` beside ``untuned``, the depth's measured plan."""
+    run.plans[row.depth] = plan
+    row.timing, row.untuned = timing, untuned
+    row.speedup = untuned.median_s / timing.median_s
+    row.status = DepthStatus.MEASURED
 
 
 def _check_outputs(run: _Run, tuned: Any, plan: Plan) -> str:

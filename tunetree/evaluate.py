@@ -225,22 +225,22 @@ class GraphSession:
             error=error,
         )
 
-    def judge(self, backend: Backend, outputs: list[Any]) -> tuple[str, float, float | None]:
+    def judge(
+        self, backend: Backend, outputs: list[Any], references: list[Any] | None = None
+    ) -> tuple[str, float, float | None]:
         """Whether ``backend``'s outputs of the graph's samples are acceptable.
 
-        Returns why not ("" when they are), the largest absolute difference from eager and,
-        under an accuracy budget, the error in its module metric.
+        With ``references`` (eager's outputs of other calls: probes) the outputs are of those
+        calls. Returns why not ("" when they are), the largest absolute difference from eager
+        and, under an accuracy budget, the error in its module metric.
         """
+        references = self.graph.outputs if references is None else references
         error = None
         if self.accuracy is not None:
-            error = output_error(self.graph.outputs, outputs, self.accuracy.module_metric)
+            error = output_error(references, outputs, self.accuracy.module_metric)
         if self._budgeted(backend):
-            return (
-                self._over_limit(error),
-                output_error(self.graph.outputs, outputs, "max_abs"),
-                error,
-            )
-        comparison = compare_all(self.graph.outputs, outputs, self._tolerances(backend))
+            return self._over_limit(error), output_error(references, outputs, "max_abs"), error
+        comparison = compare_all(references, outputs, self._tolerances(backend))
         return ("" if comparison.ok else comparison.reason), comparison.max_abs_diff, error
 
     def _budgeted(self, backend: Backend) -> bool:
@@ -292,14 +292,7 @@ class GraphSession:
                     got = sample.run(runner)
             except Exception as exc:
                 return f"fails on {label}: {_short(exc, 200)}"
-            if self._budgeted(runner.backend):
-                assert self.accuracy is not None
-                wrong = self._over_limit(
-                    output_error([expected], [got], self.accuracy.module_metric)
-                )
-            else:
-                comparison = compare_all([expected], [got], self._tolerances(runner.backend))
-                wrong = "" if comparison.ok else comparison.reason
+            wrong, _, _ = self.judge(runner.backend, [got], [expected])
             if wrong:
                 return f"wrong on {label}: {wrong}"
         return None

@@ -58,6 +58,17 @@ class Plan:
             for e in self.entries
         ]
 
+    def signature(self) -> frozenset[tuple[str, GraphKey, int]]:
+        """What the plan installs: (path, graph key, runner) of :meth:`runners`.
+
+        Two plans with one signature wrap the model into the same code.
+        """
+        return frozenset(
+            (path, key, id(runner))
+            for path, runners in self.runners().items()
+            for key, runner in runners.items()
+        )
+
     def replaced(self, path: str, key: GraphKey, entry: PlanEntry | None) -> Plan:
         """A copy with the entry of ``(path, key)`` replaced by ``entry`` (removed for None).
 

@@ -131,7 +131,10 @@ class _TwinsNarrowed(Strategy):
     """
 
     fastest_wins: ClassVar[bool] = True
-    share_twins: bool = True
+
+    def __init__(self, backends: Sequence[Backend], *, share_twins: bool = True) -> None:
+        super().__init__(backends)
+        self.share_twins = share_twins
 
     def for_twin(self, winners: Sequence[Backend]) -> Strategy | None:
         """A copy racing ``winners`` against eager only (None with ``share_twins=False``)."""
@@ -150,10 +153,6 @@ class MinLatencyStrategy(_TwinsNarrowed):
     race only that one's winner against eager (see :meth:`Strategy.for_twin`); pass
     ``share_twins=False`` to tune each in full.
     """
-
-    def __init__(self, backends: Sequence[Backend], *, share_twins: bool = True) -> None:
-        super().__init__(backends)
-        self.share_twins = share_twins
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
         """The measured candidate with the lowest median latency."""
@@ -181,10 +180,9 @@ class HighestThroughputStrategy(_TwinsNarrowed):
         max_batch_size: int = 1024,
         share_twins: bool = True,
     ) -> None:
-        super().__init__(backends)
+        super().__init__(backends, share_twins=share_twins)
         self.search_max_batch_size = search_max_batch_size
         self.max_batch_size = max_batch_size
-        self.share_twins = share_twins
 
     def for_twin(self, winners: Sequence[Backend]) -> Strategy | None:
         """As for every strategy where the fastest wins; None with the batch size search."""

@@ -204,12 +204,13 @@ def _tune_graph(
     twin_key = (structure_digest(session.module), session.graph.key)
     twin = twins.get(twin_key)
     narrowed = base.for_twin(_twin_winners(twin)) if twin and twin.winner else None
-    if twin is not None and narrowed is not None:
+    if narrowed is not None:
+        assert twin is not None and twin.winner is not None
         confirming = dataclasses.replace(
             session, measure_config=session.measure_config.confirming()
         )
         result = _tune_with(confirming, narrowed, cache)
-        note = f"not built: twin of {twin.path or '<model>'}, where {twin.winner.backend.name} won"  # type: ignore[union-attr]
+        note = f"not built: twin of {twin.path or '<model>'}, where {twin.winner.backend.name} won"
         result.rows += [
             CandidateRow(b, Status.SKIPPED, note)
             for b in base.backends

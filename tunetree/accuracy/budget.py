@@ -100,7 +100,7 @@ class AccuracyBudget:
         if self.max_error is not None:
             parts.append(f"{metric_name(self.metric)} <= {self.max_error:g} vs fp32 eager")
         if self.max_drop is not None:
-            name = _name(self.evaluate) if self.evaluate is not None else "score"
+            name = metric_name(self.evaluate) if self.evaluate is not None else "score"
             parts.append(f"{name} drop <= {self.max_drop:g}")
         return ", ".join(parts)
 
@@ -110,11 +110,7 @@ class AccuracyBudget:
             "metric": metric_name(self.metric),
             "max_error": self.max_error,
             "max_drop": self.max_drop,
-            "evaluate": _name(self.evaluate) if self.evaluate is not None else None,
+            "evaluate": metric_name(self.evaluate) if self.evaluate is not None else None,
             "module_max_error": self.module_limit,
             "holdout": self.holdout,
         }
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__name__", type(fn).__name__)

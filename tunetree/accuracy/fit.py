@@ -36,11 +36,6 @@ MAX_ALONE_CHECKS = 16
 (each costs a run over the failing inputs); with more, their own modules' errors rank them."""
 
 
-def plan_signature(plan: Plan) -> frozenset[tuple[str, Any, int]]:
-    """What a plan installs: (path, graph key, runner) triples; equal plans run the same code."""
-    return frozenset((e.path, e.key, id(e.runner)) for e in plan.entries)
-
-
 @dataclass
 class EndToEndCheck:
     """A budget's end-to-end check, with every reference it needs computed once."""
@@ -132,24 +127,24 @@ class EndToEndCheck:
         """
         fallback = _fallbacks(graphs)
         steps: list[PlanStep] = []
-        seen: set[frozenset[tuple[str, Any, int]]] = set()
+        seen: set[frozenset[tuple[str, Any, int]]] = set()  # Plan.signature()
 
         def check(plan: Plan) -> Verdict:
             return self.verdict(wrap(model, plan.runners(), in_place=False))
 
         for name, plan in plans.items():
-            if plan_signature(plan) in seen:
+            if plan.signature() in seen:
                 continue
             first = check(plan)
             impact = {} if first.within else self.impacts(model, plan, graphs, first)
             for step in repair(depth, name, plan, impact, fallback, check, first):
-                if plan_signature(step.plan) not in seen:
-                    seen.add(plan_signature(step.plan))
+                if step.plan.signature() not in seen:
+                    seen.add(step.plan.signature())
                     steps.append(step)
         for plan in plans.values():
             kept = results_kept(plan, fallback)
-            if plan_signature(kept) not in seen and kept.runners():
-                seen.add(plan_signature(kept))
+            if kept.signature() not in seen and kept.runners():
+                seen.add(kept.signature())
                 steps.append(PlanStep(depth, KEEPS_RESULTS, kept, check(kept)))
         return steps
 

@@ -66,8 +66,8 @@ def check_metric(metric: Any) -> None:
         )
 
 
-def metric_name(metric: Metric) -> str:
-    """The metric as reports show it: its name, or the callable's name."""
+def metric_name(metric: str | Callable[..., Any]) -> str:
+    """A metric (or an ``evaluate`` function) as reports show it: its name, or the callable's."""
     if isinstance(metric, str):
         return metric
     return getattr(metric, "__name__", type(metric).__name__)

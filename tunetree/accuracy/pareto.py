@@ -41,14 +41,15 @@ def step_rows(steps: Sequence[PlanStep], selected: PlanStep | None = None) -> li
     return rows
 
 
+def step_headers(budget: AccuracyBudget) -> list[str]:
+    """The columns of :func:`step_rows`, the error columns named by the budget's metric."""
+    name = metric_name(budget.metric)
+    return ["depth", "plan", name, f"held-out {name}", "score drop", "latency", "speedup", "within"]
+
+
 def steps_table(steps: Sequence[PlanStep], budget: AccuracyBudget, title: str = "") -> str:
     """Every plan step as a table under ``title`` (* marks the chosen plan)."""
-    name = metric_name(budget.metric)
-    return format_table(
-        ["depth", "plan", name, f"held-out {name}", "score drop", "latency", "speedup", "within"],
-        step_rows(steps),
-        title=title,
-    )
+    return format_table(step_headers(budget), step_rows(steps), title=title)
 
 
 def on_front(steps: Sequence[PlanStep]) -> list[PlanStep]:
@@ -93,11 +94,9 @@ class Pareto:
         rows = step_rows(self.steps, self.selected)
         for row, step in zip(rows, self.steps, strict=True):
             row.append("yes" if id(step) in front else "")
-        name = metric_name(self.budget.metric)
         untuned = f"; untuned {format_seconds(self.untuned_s)}" if self.untuned_s else ""
-        headers = ["depth", "plan", name, f"held-out {name}", "score drop", "latency", "speedup"]
         return format_table(
-            [*headers, "within", "front"],
+            [*step_headers(self.budget), "front"],
             rows,
             title=f"Plans checked under the budget {self.budget.describe()} (* = chosen){untuned}",
         ) + (f"\nplot: {self.png}" if self.png is not None else "")

@@ -19,12 +19,10 @@ from torch import nn
 from ..errors import BackendError, InvalidInputError
 from ..graph import Graph, GraphKey, dtype_name, flatten, unflatten
 from .base import ChangesResults, Runner, original_forward
-from .inductor import MODES, compile_unavailable_reason, fresh_entry
+from .inductor import CUDA_GRAPH_MODES, MODES, compile_unavailable_reason, fresh_entry
 from .safe_config import check_choice
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-"""``torch.compile`` modes that replay CUDA graphs."""
 
 
 def _output_dtypes(output: Any) -> list[str | None]:

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 """``torch.compile`` modes a saved Inductor config may name."""
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""``torch.compile`` modes that replay CUDA graphs: each replay overwrites its outputs."""
 
 SAFE_OPTIONS: dict[str, type] = {
     "max_autotune": bool,
@@ -120,8 +122,7 @@ class InductorRunner(Runner):
         super().__init__(backend)
         self.forward = original_forward(module)
         self.entry, self.compiled = self._fresh_compile()
-        # Modes that replay CUDA graphs hand back outputs that the next replay overwrites.
-        self.clone_outputs = backend.mode in ("reduce-overhead", "max-autotune")
+        self.clone_outputs = backend.mode in CUDA_GRAPH_MODES
         self.key = key if key is not None and key.is_dynamic else None
         self.range_key = self.key
         """The ranged graph this runner compiles for (None: a graph of fixed sizes)."""
@@ -189,13 +190,8 @@ class InductorRunner(Runner):
         layout = _layout(args, kwargs)
         if layout is not None and layout in self._accepted:
             return self.compiled(*args, **kwargs)
-        try:
-            with torch.compiler.set_stance("fail_on_recompile"):
-                out = self.compiled(*args, **kwargs)
-        except RuntimeError as exc:
-            if "fail_on_recompile" not in str(exc):
-                raise
-        else:
+        served, out = self._compiled_if_compiled(args, kwargs)
+        if served:
             if layout is not None and len(self._accepted) < MAX_ACCEPTED_LAYOUTS:
                 self._accepted.add(layout)
             return out
@@ -214,6 +210,22 @@ class InductorRunner(Runner):
         self.eager_calls += 1
         return self.forward(*args, **kwargs)
 
+    def _compiled_if_compiled(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[bool, Any]:
+        """The compiled call's output, unless it would compile first.
+
+        Returns ``(True, output)``, or ``(False, None)`` when Dynamo would compile
+        (``fail_on_recompile``: nothing compiled, nothing run).
+        """
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return True, self.compiled(*args, **kwargs)
+        except RuntimeError as exc:
+            if "fail_on_recompile" not in str(exc):
+                raise
+        return False, None
+
     def _compile_for_range(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Compile once from this call resized to the example sizes, dynamic axes marked."""
         key, self.key = self.key, None
@@ -226,8 +238,6 @@ class InductorRunner(Runner):
         try:
             with _size_oblivious(), _quiet_constraint_errors():
                 self.compiled(*example.args, **example.kwargs)
-            self._compile_size_one(Sample(args, kwargs), key, dims, sizes)
-            return
         except Exception as exc:
             if "ConstraintViolation" not in f"{type(exc).__name__}: {exc}":
                 raise
@@ -237,6 +247,9 @@ class InductorRunner(Runner):
                 key,
                 str(exc).splitlines()[0][:200],
             )
+        else:
+            self._compile_size_one(Sample(args, kwargs), key, dims, sizes)
+            return
         # Some kernels choose by size (a guard like ``16 <= batch``): mark the axes softly, so
         # Dynamo keeps them symbolic where it can and recompiles across such a guard.
         self.entry, self.compiled = self._fresh_compile()
@@ -260,13 +273,10 @@ class InductorRunner(Runner):
         starting_at_one = {d.name for axes in dims for d in axes.values() if d.min == 1}
         for name in sorted(starting_at_one)[:MAX_SIZE_ONE_VARIANTS]:
             example = resize_sample(call, key, {**sizes, name: 1})
-            try:
-                with torch.compiler.set_stance("fail_on_recompile"), _size_oblivious():
-                    self.compiled(*example.args, **example.kwargs)
+            with _size_oblivious():
+                served, _ = self._compiled_if_compiled(example.args, example.kwargs)
+            if served:
                 continue  # the graph compiled for the range serves size 1 already
-            except RuntimeError as exc:
-                if "fail_on_recompile" not in str(exc):
-                    raise
             others = [{a: d for a, d in axes.items() if d.name != name} for axes in dims]
             _mark_axes(example, others, soft=False)
             try:
