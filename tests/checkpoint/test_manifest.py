@@ -96,3 +96,31 @@ def test_backend_record_reads_both_first_release_shapes() -> None:
         from_checkpoint.to_json()
         == BackendRecord.of(tt.backends.Eager(), for_checkpoint=True).to_json()
     )
+
+
+def test_an_accuracy_record_is_read_field_by_field_and_refused_when_malformed() -> None:
+    from tunetree._records import Fields
+    from tunetree.checkpoint.format import accuracy_note, read_accuracy
+
+    good = {
+        "accuracy": {
+            "budget": {"metric": "rel_l2", "max_error": 0.01, "holdout": 0.25},
+            "error": 0.002,
+            "changes_results": True,
+            "extra": "ignored",
+        }
+    }
+    record = read_accuracy(Fields(good, "", ManifestError))
+    assert record is not None and record["budget"]["max_error"] == 0.01
+    assert "extra" not in record
+    assert "rel_l2 <= 0.01" in accuracy_note(record) and "error 0.002" in accuracy_note(record)
+    assert read_accuracy(Fields({}, "", ManifestError)) is None
+    for bad in (
+        {"accuracy": "yes"},
+        {"accuracy": {"budget": {"max_error": "0.01"}}},
+        {"accuracy": {"budget": {}, "error": [1]}},
+        {"accuracy": {"budget": {"metric": "x" * 201}}},
+        {"accuracy": {"budget": {}, "changes_results": "no"}},
+    ):
+        with pytest.raises(ManifestError):
+            read_accuracy(Fields(bad, "", ManifestError))
