@@ -55,8 +55,8 @@ def test_reduce_overhead_needs_cuda() -> None:
 
 @pytest.mark.slow
 def test_ranged_graph_compiles_once_for_the_whole_range(tmp_path: Path) -> None:
-    """Marked dims with the graph's min and max: recorded sizes, the range's ends (1 too) and
-    a prime in between all run on the first compiled graph."""
+    """Marked dims: recorded sizes, the range's ends (1 too) and a prime in between all run
+    on the first compiled graph."""
     from tunetree.backends.ranges import resize_sample
     from tunetree.compare import compare_all
     from tunetree.graph import Sample
@@ -89,8 +89,8 @@ class _SizeBranch(torch.nn.Module):
 
 @pytest.mark.slow
 def test_a_graph_guarding_a_narrower_range_still_serves_the_whole_range() -> None:
-    """mark_dynamic(min, max) refuses a graph that guards ``16 <= batch``; the runner then
-    compiles with soft dynamic axes and recompiles across the guard instead of failing."""
+    """A graph that guards ``16 <= batch`` does not serve the range's end (64): the runner
+    then compiles with soft dynamic axes and recompiles across the guard instead of failing."""
     from tunetree.compare import compare_all
     from tunetree.graph import Sample
     from tunetree.shapes import group_graphs

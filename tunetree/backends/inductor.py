@@ -112,9 +112,10 @@ class InductorRunner(Runner):
     on-disk cache makes that fast on the machine that tuned it).
 
     For a ranged graph the first compile is of the first call resized to sizes of 2 or more
-    (:func:`.ranges.example_sizes`), with every dynamic axis marked with its dimension's min
-    and max and backed sizes treated size-obliviously, so that one compiled graph serves the
-    whole range; when it guards size 1 out, a second graph is compiled for it while building
+    (:func:`.ranges.example_sizes`), with every dynamic axis marked dynamic and backed sizes
+    treated size-obliviously, so that one compiled graph serves the whole range (checked at
+    the range's ends; a graph that guards a narrower range is compiled again with soft marks);
+    when it guards size 1 out, a second graph is compiled for it while building
     (:meth:`_compile_size_one`). :attr:`compiles` counts the graphs compiled so far.
     """
 
@@ -242,14 +243,22 @@ class InductorRunner(Runner):
             if "ConstraintViolation" not in f"{type(exc).__name__}: {exc}":
                 raise
             log.info(
-                "Inductor: the compiled graph guards a narrower range than %s (%s); "
-                "compiling with soft dynamic axes, so sizes outside the guard compile again",
+                "Inductor: the compiled graph fixes a dynamic axis of %s (%s); "
+                "compiling with soft dynamic axes, so other sizes compile again",
                 key,
                 str(exc).splitlines()[0][:200],
             )
         else:
-            self._compile_size_one(Sample(args, kwargs), key, dims, sizes)
-            return
+            ends = self._unserved_range_end(Sample(args, kwargs), key, dims, sizes)
+            if ends is None:
+                self._compile_size_one(Sample(args, kwargs), key, dims, sizes)
+                return
+            log.info(
+                "Inductor: the compiled graph does not serve %s of %s; compiling with soft "
+                "dynamic axes, so sizes outside its guards compile again",
+                ends,
+                key,
+            )
         # Some kernels choose by size (a guard like ``16 <= batch``): mark the axes softly, so
         # Dynamo keeps them symbolic where it can and recompiles across such a guard.
         self.entry, self.compiled = self._fresh_compile()
@@ -258,6 +267,30 @@ class InductorRunner(Runner):
         _mark_axes(example, dims, soft=True)
         with _size_oblivious():
             self.compiled(*example.args, **example.kwargs)
+
+    def _unserved_range_end(
+        self, call: Sample, key: GraphKey, dims: list[AxisDims], sizes: dict[str, int]
+    ) -> str | None:
+        """The first end of the range the compiled graph would compile again for, or None.
+
+        Axes are marked without their min and max (see :func:`_mark_axes`), so a graph that
+        guards a narrower range (``16 <= batch``) compiles without complaint; running it,
+        without compiling, at every dimension's largest size at once and at each one's
+        smallest (2 or more; size 1 is :meth:`_compile_size_one`'s) finds such a guard.
+        """
+        names = sorted({d.name for axes in dims for d in axes.values()})
+        bounds = {d.name: d for axes in dims for d in axes.values()}
+        ends = [{**sizes, **{n: bounds[n].max for n in names}}]
+        ends += [{**sizes, n: bounds[n].min} for n in names if bounds[n].min >= 2]
+        for end in ends:
+            if end == sizes:
+                continue
+            example = resize_sample(call, key, end)
+            with _size_oblivious():
+                served, _ = self._compiled_if_compiled(example.args, example.kwargs)
+            if not served:
+                return ", ".join(f"{n}={end[n]}" for n in names)
+        return None
 
     def _compile_size_one(
         self, call: Sample, key: GraphKey, dims: list[AxisDims], sizes: dict[str, int]
@@ -341,16 +374,20 @@ def _quiet_constraint_errors() -> Any:
 def _mark_axes(sample: Sample, dims: list[AxisDims], soft: bool) -> None:
     """Mark each tensor's dynamic axes for Dynamo.
 
-    Hard marks (``mark_dynamic`` with the dimension's min and max) make a compile that guards
-    a narrower range fail; soft ones (``maybe_mark_dynamic``) let Dynamo guard and recompile.
+    Hard marks (``mark_dynamic``) make a compile that specializes an axis to one size fail;
+    soft ones (``maybe_mark_dynamic``) let Dynamo guard and recompile. Hard marks carry no
+    min and max: with a known largest size Inductor may choose kernels whose Triton compile
+    does not end (T5's fused position-bias softmax as a persistent reduction of 256 on the
+    H200: over 200 s, against 17 s unbounded); the range's ends are checked after the
+    compile instead (:meth:`InductorRunner._unserved_range_end`).
     """
     leaves, _, where = sample_tensors(sample)
     for i, axes in zip(where, dims, strict=True):
-        for axis, dim in axes.items():
+        for axis in axes:
             if soft:
                 torch._dynamo.maybe_mark_dynamic(leaves[i], axis)
             else:
-                torch._dynamo.mark_dynamic(leaves[i], axis, min=dim.min, max=dim.max)
+                torch._dynamo.mark_dynamic(leaves[i], axis)
 
 
 def _debug_get_cache_entry_list(code: Any) -> list[Any]:
