@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -9,9 +10,12 @@ from torch import nn
 import tunetree as tt
 
 
-def encoder(d: int = 32, layers: int = 4) -> nn.Module:
+def encoder(d: int = 32, layers: int = 4, fast_path: bool = False) -> nn.Module:
+    """A transformer encoder; ``fast_path`` keeps PyTorch's fused layer op, which an
+    activation other than relu/gelu turns off (the layers then run their submodules)."""
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(d, 4, 2 * d, batch_first=True)
+    activation: Any = "relu" if fast_path else (lambda x: torch.nn.functional.relu(x))
+    layer = nn.TransformerEncoderLayer(d, 4, 2 * d, batch_first=True, activation=activation)
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False).eval()
 
 
@@ -23,6 +27,57 @@ def test_encoder_depth_counts() -> None:
     assert info.modules["layers.0.linear1"].depth == 2
     assert info.modules["layers.0"].calls == 2
     assert "layers.0.self_attn" in str(info)
+    # the layers run their submodules; attention still takes its own fused op
+    assert info.fused == {f"layers.{i}.self_attn": "_native_multi_head_attention" for i in range(4)}
+
+
+def test_layers_on_the_fused_fast_path_are_leaves_and_named() -> None:
+    """Issue 18: without autograd the layers run one fused op and their submodules never
+    run; recording them (hooks turn the fast path off) made tunetree tune a depth that the
+    tuned model never executes."""
+    info = tt.inspect(encoder(fast_path=True), [torch.randn(2, 8, 32) for _ in range(2)])
+    assert [s.modules for s in info.summaries()] == [1, 4]
+    assert info.fused == {f"layers.{i}": "_transformer_encoder_layer_fwd" for i in range(4)}
+    assert "layers.0.linear1" not in info.modules
+    assert info.modules["layers.0"].is_leaf and info.modules["layers.0"].graphs
+    note = info.fast_path_note()
+    assert "4 modules run PyTorch's fused inference fast path" in note
+    assert "TransformerEncoderLayer" in note and note in str(info)
+
+
+def test_multihead_attention_on_its_fast_path_is_found() -> None:
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+            self.out = nn.Linear(16, 16)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(self.attn(x, x, x)[0])
+
+    torch.manual_seed(0)
+    info = tt.inspect(Block().eval(), [torch.randn(2, 5, 16)])
+    assert info.fused == {"attn": "_native_multi_head_attention"}
+    assert set(info.cut(1)) == {"attn", "out"}
+
+
+def test_a_model_that_cannot_run_under_a_dispatch_mode_is_still_inspected() -> None:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    class Picky(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if _get_current_dispatch_mode() is not None:
+                raise RuntimeError("no dispatch modes here")
+            return super().forward(x)
+
+    info = tt.inspect(Picky(4, 4).eval(), [torch.randn(2, 4)])
+    assert info.fused == {} and info.modules[""].calls == 1
+
+
+def test_auto_tune_warns_about_fused_fast_paths(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="tunetree"):
+        tt.auto_tune(encoder(fast_path=True), [torch.randn(2, 8, 32)], dry_run=True)
+    assert any("fused inference fast path" in r.getMessage() for r in caplog.records)
 
 
 def test_cut_includes_shallower_leaves() -> None:

@@ -298,7 +298,8 @@ class AutoTuneResult:
                     f"\nUnder the accuracy budget {self.accuracy.describe()}: RESULTS CHANGE "
                     "(opt-in); every error is measured, see result.pareto()"
                 )
-        note = self.info.coverage_note() if self.info is not None else ""
+        notes = [] if self.info is None else [self.info.coverage_note(), self.info.fast_path_note()]
+        note = "\nNote: ".join(n for n in notes if n)
         steps = steps_table(
             self.generation_steps(),
             f"generation steps at depth {self.depth} (one call each; the generate loop's own "
@@ -483,6 +484,8 @@ def auto_tune(
         with clock.phase(INSPECTION):
             info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
         rows = _depth_rows(info, min_depth, max_depth)
+        if info.fused:
+            log.warning("auto_tune: %s", info.fast_path_note())
         if dry_run:
             for row in rows:
                 row.status = DepthStatus.DRY_RUN

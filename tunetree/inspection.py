@@ -7,6 +7,7 @@ calls is depth 1, and so on. Containers that are never called themselves
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._table import format_table
 from .binding import Binder
@@ -33,6 +35,19 @@ from .shapes import (
     resize,
 )
 from .state import preserved_state
+
+log = logging.getLogger(__name__)
+
+FAST_PATH_OPS: dict[str, type[nn.Module]] = {
+    "_transformer_encoder_layer_fwd": nn.TransformerEncoderLayer,
+    "_native_multi_head_attention": nn.MultiheadAttention,
+}
+"""PyTorch's fused inference fast paths: the op, and the module type that takes it.
+
+Without autograd, in eval mode, these modules run one fused kernel instead of their
+submodules; eager is then already close to what a backend makes of the same math (on a
+2-core Xeon the demo encoder was left untuned: no depth beat it). A forward hook on such a
+module turns its fast path off, so inspection records none inside it."""
 
 
 @dataclass
@@ -80,6 +95,10 @@ class ModelInfo:
     outermost modules it called, not the object itself."""
     model_type: str = ""
     root_is_module: bool = True
+    fused: dict[str, str] = field(default_factory=dict)
+    """Modules that run as one fused fast-path op (:data:`FAST_PATH_OPS`), path to op name.
+
+    Their submodules never run in inference, so they are not recorded: each is a leaf."""
 
     @property
     def max_depth(self) -> int:
@@ -141,6 +160,20 @@ class ModelInfo:
 
         return f"only {100 * share:.1f}% of eager time is inside tunable modules: {cause}"
 
+    def fast_path_note(self) -> str:
+        """A sentence when modules run PyTorch's fused fast paths (empty otherwise)."""
+        if not self.fused:
+            return ""
+        ops = sorted(set(self.fused.values()))
+        kinds = ", ".join(f"{FAST_PATH_OPS[op].__name__} (aten.{op})" for op in ops)
+        paths = list(self.fused)
+        shown = ", ".join(p or "<model>" for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
+        return (
+            f"{len(paths)} modules run PyTorch's fused inference fast path, {kinds}: {shown}. "
+            "Eager is one fused kernel per module there, so tuning may find nothing faster "
+            "and leave the model untuned; their submodules never run and are not tuned"
+        )
+
     def __str__(self) -> str:
         total = self.total_s or 1.0
         tree = format_table(
@@ -164,7 +197,9 @@ class ModelInfo:
             [[s.depth, s.modules, s.graphs, f"{100 * s.time_share:.1f}"] for s in self.summaries()],
             title="Cuts",
         )
-        notes = [self.depth0_text()] + [n for n in [self.coverage_note()] if n]
+        notes = [self.depth0_text()] + [
+            n for n in [self.coverage_note(), self.fast_path_note()] if n
+        ]
         return tree + "\n\n" + cuts + self._graphs_table() + "\n" + "\n".join(notes)
 
     def _graphs_table(self, max_depth: int = 1, limit: int = 20) -> str:
@@ -280,11 +315,12 @@ class _Recorder:
                 known.extend(k for g in graphs.values() for k in dim_sizes(g))
 
     @contextmanager
-    def hooks(self, model: Any) -> Iterator[None]:
+    def hooks(self, model: Any, inside: set[str] | None = None) -> Iterator[None]:
+        """Recording hooks on every module, but none below the paths in ``inside``."""
         handles = []
         seen: set[int] = set()
         for path, module in module_paths(model):
-            if id(module) in seen:
+            if id(module) in seen or any(_inside(path, outer) for outer in inside or ()):
                 continue
             seen.add(id(module))
             handles.append(
@@ -337,9 +373,9 @@ def inspect(
     samples = [s.to(dev) for s in samples]
     recorder = _Recorder(dev, max_samples_per_graph)
     with torch.no_grad(), preserved_state(model):
-        run_model(model, samples[0], call)  # untimed: first calls pay one-off costs
+        fused = _first_call(model, samples[0], call)  # untimed: one-off costs
         outputs = []
-        with recorder.hooks(model):
+        with recorder.hooks(model, inside=set(fused)):
             start = time.perf_counter()
             for sample in samples:
                 outputs.append(detach_clone(run_model(model, sample, call)))
@@ -360,7 +396,64 @@ def inspect(
         root_called="" in recorder.records,
         model_type=type(model).__name__,
         root_is_module=isinstance(model, nn.Module),
+        fused=fused,
     )
+
+
+class _FastPathOps(TorchDispatchMode):
+    """Collects the parameters passed to fused fast-path ops (:data:`FAST_PATH_OPS`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parameters: dict[int, str] = {}
+        """id of each parameter a fast-path op read, to that op's name."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        name = func.overloadpacket.__name__
+        if name in FAST_PATH_OPS:
+            for value in args:
+                if isinstance(value, nn.Parameter):
+                    self.parameters[id(value)] = name
+        return func(*args, **(kwargs or {}))
+
+    def modules(self, model: Any) -> dict[str, str]:
+        """The modules whose fast path ran, path to op.
+
+        Each module of the op's type that owns a parameter the op read; the outermost where
+        they nest.
+        """
+        found: dict[str, str] = {}
+        for path, module in module_paths(model):
+            for op, kind in FAST_PATH_OPS.items():
+                if isinstance(module, kind) and any(
+                    self.parameters.get(id(p)) == op for p in module.parameters()
+                ):
+                    found[path] = op
+        return {p: op for p, op in found.items() if not any(_inside(p, q) for q in found)}
+
+
+def _inside(path: str, outer: str) -> bool:
+    """Whether module ``path`` is a strict descendant of module ``outer``."""
+    return path != outer and (outer == "" or path.startswith(outer + "."))
+
+
+def _first_call(model: Any, sample: Sample, call: CallFn | None) -> dict[str, str]:
+    """Run the untimed first call; return the modules that ran a fused fast path.
+
+    A model that cannot run under a dispatch mode (some tensor subclasses) is run again
+    without it, and no fast path is known.
+    """
+    counter = _FastPathOps()
+    try:
+        with counter:
+            run_model(model, sample, call)
+    except Exception as exc:
+        log.debug("fast-path detection failed (%r); first call run again without it", exc)
+        run_model(model, sample, call)
+        return {}
+    return counter.modules(model) if counter.parameters else {}
 
 
 def _declared(model: Any, recorder: _Recorder, spec: DynamicShapes) -> dict[AxisRef, Dim]:
