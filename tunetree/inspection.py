@@ -170,8 +170,8 @@ class ModelInfo:
         shown = ", ".join(p or "<model>" for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
         return (
             f"{len(paths)} modules run PyTorch's fused inference fast path, {kinds}: {shown}. "
-            "Eager is one fused kernel per module there, so tuning may find nothing faster "
-            "and leave the model untuned; their submodules never run and are not tuned"
+            "Eager is already one fused kernel per module there, so tuning may gain little "
+            "or nothing and leave the model untuned; their submodules never run and are not tuned"
         )
 
     def __str__(self) -> str:

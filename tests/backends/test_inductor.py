@@ -117,6 +117,27 @@ def test_a_graph_guarding_a_narrower_range_still_serves_the_whole_range() -> Non
 
 
 @pytest.mark.slow
+def test_a_guard_found_at_the_range_low_end_is_served_compiled_too() -> None:
+    """Compiled first at a large batch, a graph guards ``16 <= batch`` (a CNN's convolution
+    kernel choice did on the EPYC); the range check runs batch 2 as well as the ends, so
+    batches 2..15 are compiled for instead of running the original forward."""
+    from tunetree.compare import compare_all
+    from tunetree.graph import Sample
+    from tunetree.shapes import group_graphs
+
+    module = _SizeBranch().eval()
+    samples = [Sample((torch.randn(b, 8),)) for b in (1, 64)]
+    with torch.no_grad():
+        (graph,) = group_graphs([(s, module(*s.args)) for s in samples]).values()
+    runner = Inductor().build(module, graph, CPU)
+    calls = [torch.randn(b, 8) for b in (40, 1, 2, 9, 15, 16, 64)]
+    with torch.no_grad():
+        assert compare_all([module(x) for x in calls], [runner(x) for x in calls]).ok
+    assert runner.eager_calls == 0
+    assert runner.soft_axes is not None  # the guard was found while building
+
+
+@pytest.mark.slow
 def test_a_ranged_runner_never_compiles_while_serving() -> None:
     """Issue 22: a ranged runner served unseen calls by compiling each (4 s per shape on BERT)
     until dynamo's limit, then silently ran eager. Now grad mode does not matter, and a call its

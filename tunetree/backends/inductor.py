@@ -274,14 +274,15 @@ class InductorRunner(Runner):
         """The first end of the range the compiled graph would compile again for, or None.
 
         Axes are marked without their min and max (see :func:`_mark_axes`), so a graph that
-        guards a narrower range (``16 <= batch``) compiles without complaint; running it,
-        without compiling, at every dimension's largest size at once and at each one's
-        smallest (2 or more; size 1 is :meth:`_compile_size_one`'s) finds such a guard.
+        guards a narrower range (``16 <= batch``: a CNN's convolution chooses its kernel by
+        batch) compiles without complaint; running it, without compiling, at every
+        dimension's largest size at once and at each one's smallest of 2 or more (size 1 is
+        :meth:`_compile_size_one`'s) finds such a guard.
         """
         names = sorted({d.name for axes in dims for d in axes.values()})
         bounds = {d.name: d for axes in dims for d in axes.values()}
         ends = [{**sizes, **{n: bounds[n].max for n in names}}]
-        ends += [{**sizes, n: bounds[n].min} for n in names if bounds[n].min >= 2]
+        ends += [{**sizes, n: max(bounds[n].min, 2)} for n in names if bounds[n].max >= 2]
         for end in ends:
             if end == sizes:
                 continue
