@@ -9,7 +9,8 @@ measured last, so Inductor caches warmed by tunetree's builds favour torch.compi
 default backend's build time alone (``tt.tune`` at depth 0 with that backend only), and
 ``tt.auto_tune``'s wall time with its default settings and with ``quick=True`` (``--with-old``
 adds a run with the issue's savings switched off: no screening, no early stop, no budget, no
-twins' narrowed races; ``--settings default`` runs the default one alone,
+twins' narrowed races, and inspection recording inside layers on PyTorch's fused fast path, so
+their submodules are tuned as before; ``--settings default`` runs the default one alone,
 ``--no-backend-builds`` skips the builds alone: both save device time; ``--cold-compile`` adds
 torch.compile's first pass in a fresh process with empty Inductor and Triton caches, what a user
 sees first), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
@@ -33,11 +34,12 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     __package__ = "benchmarks"
 
 import argparse
+import contextlib
 import copy
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +249,22 @@ def backend_builds(entry: models.ZooModel, device: str) -> list[dict[str, Any]]:
     return rows
 
 
+@contextlib.contextmanager
+def _fast_paths_unknown() -> Iterator[None]:
+    """Inspection as before fused fast paths were found: it records inside fused layers, so
+    auto_tune tunes their submodules too (a depth the tuned model never runs)."""
+    from unittest import mock
+
+    from tunetree import inspection
+
+    def first_call(model: Any, sample: Any, call: Any) -> dict[str, str]:
+        inspection.run_model(model, sample, call)
+        return {}
+
+    with mock.patch.object(inspection, "_first_call", first_call):
+        yield
+
+
 def auto_runs(entry: models.ZooModel, args: Any) -> dict[str, tuple[Any, dict[str, Any]]]:
     """``tt.auto_tune`` cold, per setting: the tuned model and what the run cost."""
     settings: dict[str, dict[str, Any]] = {}
@@ -267,9 +285,10 @@ def auto_runs(entry: models.ZooModel, args: Any) -> dict[str, tuple[Any, dict[st
         if args.max_depth is not None:
             kw["max_depth"] = args.max_depth
         start = time.perf_counter()
-        result = tt.auto_tune(
-            copy.deepcopy(entry.model), entry.data, verbose=False, cache=False, **kw
-        )
+        with _fast_paths_unknown() if label.endswith("savings off") else contextlib.nullcontext():
+            result = tt.auto_tune(
+                copy.deepcopy(entry.model), entry.data, verbose=False, cache=False, **kw
+            )
         wall = time.perf_counter() - start
         print(f"\n### {entry.name}: {label}\n{result}", flush=True)
         runs[label] = (
@@ -452,7 +471,8 @@ def main() -> None:
     p.add_argument(
         "--with-old",
         action="store_true",
-        help="also auto_tune with the savings off (no screening, early stop, budget, twins)",
+        help="also auto_tune with the savings off (no screening, early stop, budget, twins, "
+        "fused fast-path leaves)",
     )
     p.add_argument(
         "--settings",
