@@ -229,3 +229,10 @@ def test_declared_dims_reach_every_module() -> None:
             bert_data(),
             dynamic_shapes={"input_ids": {0: tt.Dim("batch", 1, 8)}},
         )
+
+
+def test_auto_tune_refuses_a_min_depth_below_every_executed_module() -> None:
+    """The fused layers are the deepest modules: a min_depth past them names the depth and why,
+    instead of trying nothing and reporting the model "left untuned"."""
+    with pytest.raises(tt.TunetreeError, match=r"min_depth=2 .* \(depth 1\).*fused"):
+        tt.auto_tune(encoder(fast_path=True), [torch.randn(2, 8, 32)], min_depth=2, cache=False)

@@ -484,6 +484,12 @@ def auto_tune(
         with clock.phase(INSPECTION):
             info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
         rows = _depth_rows(info, min_depth, max_depth)
+        if not rows:
+            fused = f"; {info.fast_path_note()}" if info.fused else ""
+            raise InvalidInputError(
+                f"no depth to try: min_depth={min_depth} is deeper than the model's deepest "
+                f"executed module (depth {info.max_depth}){fused}"
+            )
         if info.fused:
             log.warning("auto_tune: %s", info.fast_path_note())
         if dry_run:
