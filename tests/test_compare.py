@@ -50,3 +50,12 @@ def test_dataclass_outputs_and_uniform_tolerance() -> None:
 def test_bf16_tolerance_is_looser_than_f32() -> None:
     t = Tolerances()
     assert t.for_dtype(torch.bfloat16).rtol > t.for_dtype(torch.float32).rtol
+
+
+def test_a_structure_difference_is_named_by_where_it_is_in_one_line() -> None:
+    """A whole output spec with a cache object ran to a screen of text in a table's status."""
+    reference = {"hidden": torch.ones(2), "cache": [(torch.ones(1), torch.ones(1))] * 20}
+    candidate = {"hidden": torch.ones(2), "cache": [(torch.ones(1), torch.ones(1))] * 19 + [()]}
+    reason = compare(reference, candidate).reason
+    assert reason.startswith("output structure differs at output.cache[19]: tuple")
+    assert "vs eager tuple" in reason and len(reason) < 200 and "\n" not in reason

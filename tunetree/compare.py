@@ -80,6 +80,41 @@ class Comparison:
         return "match" if self.ok else self.reason
 
 
+def structure_difference(candidate: Any, reference: Any, where: str = "output") -> str:
+    """Where two pytree specs first differ, and how, in a line (not both whole specs).
+
+    A whole spec of a model output holding a cache runs to a screen of text per row.
+    """
+    if (
+        candidate.type is not reference.type
+        or candidate.context != reference.context
+        or candidate.num_children != reference.num_children
+    ):
+        return f"at {where}: {_spec_node(candidate)} vs eager {_spec_node(reference)}"
+    context = candidate.context
+    named = (
+        isinstance(context, list | tuple)
+        and len(context) == candidate.num_children
+        and all(isinstance(c, str) for c in context)
+    )
+    for i in range(candidate.num_children):
+        mine, theirs = candidate.child(i), reference.child(i)
+        if mine != theirs:
+            label = f".{context[i]}" if named else f"[{i}]"
+            return structure_difference(mine, theirs, f"{where}{label}")
+    return f"at {where}"
+
+
+def _spec_node(spec: Any) -> str:
+    """A pytree node's type and context, shortened."""
+    if spec.is_leaf():
+        return "a leaf"
+    name = getattr(spec.type, "__name__", str(spec.type))
+    context = str(spec.context)
+    context = context if len(context) <= 120 else context[:117] + "..."
+    return f"{name} {context} ({spec.num_children} children)"
+
+
 def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None) -> Comparison:
     """Compare one output with eager's output of the same call."""
     tolerances = tolerances or Tolerances()
@@ -87,7 +122,7 @@ def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None
     cand_leaves, cand_spec = flatten(candidate)
     if ref_spec != cand_spec:
         return Comparison(
-            False, math.inf, f"output structure differs: {cand_spec} vs eager {ref_spec}"
+            False, math.inf, f"output structure differs {structure_difference(cand_spec, ref_spec)}"
         )
     worst = 0.0
     for i, (ref, cand) in enumerate(zip(ref_leaves, cand_leaves, strict=True)):
