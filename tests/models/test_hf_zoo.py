@@ -38,6 +38,27 @@ def assert_conforms(row: ZooRow) -> None:
     assert row.max_diff is not None  # the unseen calls ran and matched eager
 
 
+def checked(name: str, strategy: tt.Strategy, time_budget: float) -> ZooRow:
+    """:func:`check` with a quick measurement, run once more when it left the model untuned
+    without a problem: every depth was measured and none beat eager by the tie tolerance, a
+    call of a quick measurement's noise (wav2vec2, 1.45x in the zoo benchmark, and
+    mobilenet-v2 each ended so once in four suite runs)."""
+    row = check(
+        FAMILIES[name],
+        time_budget=time_budget,
+        strategy=strategy,
+        measure_config=tt.MeasureConfig.quick(),
+    )
+    if row.tuned or row.problems:
+        return row
+    return check(
+        FAMILIES[name],
+        time_budget=time_budget,
+        strategy=strategy,
+        measure_config=tt.MeasureConfig.quick(),
+    )
+
+
 def test_the_zoo_has_every_kind_and_thirty_families() -> None:
     assert len(FAMILIES) >= 30
     assert {f.kind for f in FAMILIES.values()} == set(KINDS)
@@ -47,19 +68,7 @@ def test_the_zoo_has_every_kind_and_thirty_families() -> None:
 @pytest.mark.parametrize("name", FAST)
 def test_fast_family_conforms(name: str) -> None:
     strategy = tt.HighestThroughputStrategy([tt.backends.Eager(), tt.backends.OnnxRuntime()])
-    row = check(
-        FAMILIES[name], time_budget=90, strategy=strategy, measure_config=tt.MeasureConfig.quick()
-    )
-    if not row.tuned and not row.failures and not row.problems:
-        # Every depth built, matched and was measured, and the quick measurement saw no gain
-        # (wav2vec2, 1.45x in the zoo benchmark, once in four suite runs): measure once more.
-        row = check(
-            FAMILIES[name],
-            time_budget=90,
-            strategy=strategy,
-            measure_config=tt.MeasureConfig.quick(),
-        )
-    assert_conforms(row)
+    assert_conforms(checked(name, strategy, time_budget=90))
 
 
 @pytest.mark.slow
@@ -69,7 +78,4 @@ def test_family_conforms(name: str) -> None:
     strategy = tt.HighestThroughputStrategy(
         [tt.backends.Eager(), tt.backends.OnnxRuntime(), tt.backends.OpenVINO()]
     )
-    row = check(
-        FAMILIES[name], time_budget=120, strategy=strategy, measure_config=tt.MeasureConfig.quick()
-    )
-    assert_conforms(row)
+    assert_conforms(checked(name, strategy, time_budget=120))
