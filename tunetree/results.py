@@ -7,7 +7,6 @@ downward: tune uses a cache through :class:`GraphCache`, and the cache builds
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,9 +27,6 @@ class GraphResult:
     rows: list[CandidateRow]
     winner: CandidateRow | None
     strategy: str = ""
-    shape_timer: Callable[[], None] | None = field(default=None, repr=False, compare=False)
-    """Times the winner and eager on each recorded shape, once, when first asked
-    (:meth:`per_shape_table`): the figures only inform, so tuning does not wait for them."""
 
     @property
     def eager_latency_s(self) -> float | None:
@@ -59,12 +55,8 @@ class GraphResult:
     def per_shape_table(self) -> str:
         """Latency of the winner and eager on each recorded shape of a ranged graph.
 
-        Measured on the first call (a few seconds per ranged graph). Empty when the graph
-        has one shape or nothing could be measured per shape.
+        Empty when the graph has one shape or nothing was measured per shape.
         """
-        if self.shape_timer is not None:
-            timer, self.shape_timer = self.shape_timer, None
-            timer()
         rows = [r for r in self.rows if r.per_shape]
         if not rows:
             return ""

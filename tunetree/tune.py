@@ -248,7 +248,7 @@ def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) 
             return cached
     outcome = own.run(session)
     result = GraphResult(session.path, session.graph, outcome.rows, outcome.winner, own.describe())
-    _time_shapes_when_asked(session, result)
+    _measure_shapes(session, result)
     session.graph.checks = None  # probe outputs can be large; the graph is tuned once
     if cache is not None and not _budget_cut(result):
         with session.clock.phase(CACHE):
@@ -256,24 +256,16 @@ def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) 
     return result
 
 
-def _time_shapes_when_asked(session: GraphSession, result: GraphResult) -> None:
-    """Let ``result`` time its winner and eager per recorded shape when first asked.
+def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
+    """Per-shape latencies of the winner and eager on a ranged graph.
 
-    The mean over the recorded mix decided the winner; these show how each size fares, and
-    are measured only when ``shapes()`` is called: timed during tuning they took 7-37 % of
-    it (Llama on the H200: 43 s of 118 s at full length, 5.8 s of 82 s briefly). By then the
-    tune's time budget is over, and the user asked for them.
+    The mean over the recorded mix decided the winner; these show how each size fares.
     """
     if result.winner is None or not session.graph.key.is_dynamic:
         return
     eager = next((r for r in result.rows if r.backend.kind == "eager" and r.usable), None)
     rows = [result.winner] + ([eager] if eager is not None and eager is not result.winner else [])
-
-    def time_shapes() -> None:
-        session.deadline = None
-        session.measure_shapes(rows)
-
-    result.shape_timer = time_shapes
+    session.measure_shapes(rows)
 
 
 def _budget_cut(result: GraphResult) -> bool:
