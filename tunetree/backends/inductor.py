@@ -249,7 +249,7 @@ class InductorRunner(Runner):
                 str(exc).splitlines()[0][:200],
             )
         else:
-            ends = self._unserved_range_end(Sample(args, kwargs), key, dims, sizes)
+            ends = self._unserved_range_end(Sample(args, kwargs), key, sizes)
             if ends is None:
                 self._compile_size_one(Sample(args, kwargs), key, dims, sizes)
                 return
@@ -268,9 +268,7 @@ class InductorRunner(Runner):
         with _size_oblivious():
             self.compiled(*example.args, **example.kwargs)
 
-    def _unserved_range_end(
-        self, call: Sample, key: GraphKey, dims: list[AxisDims], sizes: dict[str, int]
-    ) -> str | None:
+    def _unserved_range_end(self, call: Sample, key: GraphKey, sizes: dict[str, int]) -> str | None:
         """The first end of the range the compiled graph would compile again for, or None.
 
         Axes are marked without their min and max (see :func:`_mark_axes`), so a graph that
@@ -279,8 +277,8 @@ class InductorRunner(Runner):
         dimension's largest size at once and at each one's smallest of 2 or more (size 1 is
         :meth:`_compile_size_one`'s) finds such a guard.
         """
-        names = sorted({d.name for axes in dims for d in axes.values()})
-        bounds = {d.name: d for axes in dims for d in axes.values()}
+        bounds = key.dims()
+        names = sorted(bounds)
         ends = [{**sizes, **{n: bounds[n].max for n in names}}]
         ends += [{**sizes, n: max(bounds[n].min, 2)} for n in names if bounds[n].max >= 2]
         for end in ends:
