@@ -135,7 +135,7 @@ class ModelInfo:
         if self.root_called:
             return f"depth 0 is the model itself ({self.model_type})"
         tops = [m.path for m in self.modules.values() if m.depth == 0]
-        shown = ", ".join(tops[:4]) + (", ..." if len(tops) > 4 else "")
+        shown = _first_few(tops)
         why = (
             "its forward never ran through __call__ (e.g. a generate loop calling self.forward)"
             if self.root_is_module
@@ -167,7 +167,7 @@ class ModelInfo:
         ops = sorted(set(self.fused.values()))
         kinds = ", ".join(f"{FAST_PATH_OPS[op].__name__} (aten.{op})" for op in ops)
         paths = list(self.fused)
-        shown = ", ".join(p or "<model>" for p in paths[:4]) + (", ..." if len(paths) > 4 else "")
+        shown = _first_few([p or "<model>" for p in paths])
         return (
             f"{len(paths)} modules run PyTorch's fused inference fast path, {kinds}: {shown}. "
             "Eager is already one fused kernel per module there, so tuning may gain little "
@@ -432,6 +432,11 @@ class _FastPathOps(TorchDispatchMode):
                 ):
                     found[path] = op
         return {p: op for p, op in found.items() if not any(_inside(p, q) for q in found)}
+
+
+def _first_few(paths: list[str], limit: int = 4) -> str:
+    """The first ``limit`` paths, comma-separated, with ``...`` when there are more."""
+    return ", ".join(paths[:limit]) + (", ..." if len(paths) > limit else "")
 
 
 def _inside(path: str, outer: str) -> bool:
