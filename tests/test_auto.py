@@ -58,6 +58,27 @@ def test_untuned_wins_and_model_is_left_alone() -> None:
     assert "left untuned" in str(result)
 
 
+def test_a_depth_passed_over_can_still_be_used() -> None:
+    model = two_level(kid_delay=1 * MS, root_tuned=8 * MS, kid_tuned=5 * MS)
+    result = auto(model, max_depth=1)
+    assert result.depth is None and sorted(result.plans) == [0, 1]
+    tuned = result.use(1)
+    assert tuned is model and result.depth == 1 and result.model is model
+    assert wrapped_paths(model) == ["kids.0", "kids.1"]
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        expected = result.original(x)
+    tuned = result.use(0)
+    assert tuned is not model and wrapped_paths(model) == []
+    assert dispatcher_of(tuned) is not None
+    with torch.no_grad():
+        assert torch.allclose(tuned(x), expected)
+    with pytest.raises(tt.InvalidInputError, match="measured depths: 0, 1"):
+        result.use(2)
+    result.undo()
+    assert wrapped_paths(model) == []
+
+
 def test_depth_where_every_module_fails_is_skipped() -> None:
     model = two_level(root_tuned=12 * MS, broken=True)
     result = auto(model, max_depth=1)

@@ -187,6 +187,9 @@ class AutoTuneResult:
     """The budget the tune ran under, in seconds (None: unlimited)."""
     accuracy: AccuracyBudget | None = None
     """The accuracy budget the tune ran under (None: results kept, the default)."""
+    plans: dict[int, Plan] = field(default_factory=dict, repr=False)
+    """The plan kept at each depth measured end to end (checked against eager there), selected
+    or not; :meth:`use` installs one."""
 
     def pareto(self, path: str | Path | None = None) -> Pareto:
         """Every plan checked under the accuracy budget: error, latency, the chosen one marked.
@@ -254,6 +257,26 @@ class AutoTuneResult:
         """Remove the selected depth's wraps; returns the untuned model."""
         unwrap(self.original)
         return self.original
+
+    def use(self, depth: int) -> Any:
+        """Serve the plan measured at ``depth`` instead of the selected one; returns the model.
+
+        For a depth the selection passed over (slower end to end on this machine, or within the
+        tie tolerance of a shallower one): its plan was checked against eager on the recorded
+        inputs like every measured plan, so results are kept. ``result.model``, ``depth`` and
+        ``plan`` follow. InvalidInputError for a depth that has no measured plan.
+        """
+        if depth not in self.plans:
+            measured = ", ".join(str(d) for d in sorted(self.plans)) or "none"
+            raise InvalidInputError(
+                f"depth {depth} has no measured plan to use (measured depths: {measured}); "
+                "see print(result) for why"
+            )
+        unwrap(self.original)
+        plan = self.plans[depth]
+        self.model = wrap(self.original, plan.runners(), plan, in_place=depth != 0)
+        self.depth, self.plan = depth, plan
+        return self.model
 
     def shapes(self) -> str:
         """Per recorded shape, the latency of each ranged graph's winner and of eager.
@@ -616,10 +639,11 @@ def _finish(
     _against_fastest_untuned(measured, before)
     selected = _select(rows, tie_tolerance)
     plan = run.plans[selected] if selected is not None else Plan()
-    if run.accuracy is not None and selected is not None:
-        plan.accuracy = _accuracy_record(
-            run.accuracy.budget, next(r for r in rows if r.depth == selected)
-        )
+    if run.accuracy is not None:
+        for depth, measured_plan in run.plans.items():
+            measured_plan.accuracy = _accuracy_record(
+                run.accuracy.budget, next(r for r in rows if r.depth == depth)
+            )
     tuned_model = (
         wrap(run.model, plan.runners(), plan, in_place=selected != 0)
         if selected is not None
@@ -637,6 +661,7 @@ def _finish(
         run.info,
         now() - start,
         original=run.model,
+        plans=dict(run.plans),
     )
 
 
