@@ -100,7 +100,7 @@ def test_opt_in_config_and_registration() -> None:
         {"weight_type": "QInt8"},
         {"per_channel": "true"},
         {"per_channel": 1},
-        {"reduce_range": None},
+        {"reduce_range": "auto"},
         {"op_types": ["MatMul", "MyCustomOp"]},
         {"op_types": "MatMul"},
         {"op_types": []},
@@ -119,6 +119,19 @@ def test_hostile_saved_config_is_refused(change: dict[str, Any]) -> None:
     assert isinstance(caught.value, TunetreeError)
     with pytest.raises(UntrustedConfigError):
         BackendRecord("onnxruntime-int8", config).backend()
+
+
+def test_weights_take_seven_bits_by_default_only_on_cpus_without_vnni(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for vnni in (True, False):
+        monkeypatch.setattr(torch.cpu, "_is_vnni_supported", lambda v=vnni: v, raising=False)
+        assert OnnxRuntimeInt8().reduces_range() is (not vnni)
+        assert OnnxRuntimeInt8(reduce_range=True).reduces_range()
+        assert not OnnxRuntimeInt8(reduce_range=False).reduces_range()
+    monkeypatch.delattr(torch.cpu, "_is_vnni_supported")
+    assert OnnxRuntimeInt8().reduces_range()  # unknown: the safe side
+    OnnxRuntimeInt8.check_saved_config(OnnxRuntimeInt8().config())  # None is a saved choice
 
 
 def test_cpu_only_and_missing_packages(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -76,8 +76,9 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
 
     Changes results, so it is never chosen by default and is checked with its own ``atol`` and
     ``rtol``. ``weight_type`` is ``"qint8"`` or ``"quint8"``; ``per_channel`` gives each output
-    channel its own scale; ``reduce_range`` uses 7-bit weights (ONNX Runtime's advice for
-    accuracy on CPUs without VNNI, whose u8s8 kernels can saturate); ``op_types`` are the node
+    channel its own scale; ``reduce_range`` uses 7-bit weights, ONNX Runtime's advice for CPUs
+    without VNNI, whose u8s8 kernels can saturate (None, the default: on exactly those CPUs,
+    see :func:`saturating_cpu`); ``op_types`` are the node
     types whose weights are quantized (see :data:`OP_TYPES`). The session options are
     :class:`OnnxRuntime`'s.
     """
@@ -86,7 +87,7 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
     preserves_results: ClassVar[bool] = False
     weight_type: str = "qint8"
     per_channel: bool = False
-    reduce_range: bool = False
+    reduce_range: bool | None = None
     op_types: tuple[str, ...] = ("MatMul", "Gemm")
     atol: float = 1e-1
     rtol: float = 1e-1
@@ -106,9 +107,10 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
             raise InvalidInputError(
                 f"op_types must name some of {', '.join(OP_TYPES)}, not {list(self.op_types)}"
             )
-        for field in ("per_channel", "reduce_range"):
-            if not isinstance(getattr(self, field), bool):
-                raise InvalidInputError(f"{field} must be True or False")
+        if not isinstance(self.per_channel, bool):
+            raise InvalidInputError("per_channel must be True or False")
+        if self.reduce_range is not None and not isinstance(self.reduce_range, bool):
+            raise InvalidInputError("reduce_range must be True, False or None (by the CPU)")
         if not all(_is_tolerance(t) for t in (self.atol, self.rtol)):
             raise InvalidInputError(
                 f"atol and rtol must be numbers in 0..{_MAX_TOLERANCE:g}, "
@@ -120,8 +122,8 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
         """:class:`OnnxRuntime`'s checks, plus known quantization options and finite tolerances."""
         super().check_saved_config(config)
         check_choice(cls.kind, "weight_type", config.get("weight_type", "qint8"), WEIGHT_TYPES)
-        for field in ("per_channel", "reduce_range"):
-            check_choice(cls.kind, field, config.get(field, False), (True, False))
+        check_choice(cls.kind, "per_channel", config.get("per_channel", False), (True, False))
+        check_choice(cls.kind, "reduce_range", config.get("reduce_range"), (True, False, None))
         op_types = config.get("op_types", list(OP_TYPES[:2]))
         if not isinstance(op_types, list) or not 0 < len(op_types) <= len(OP_TYPES):
             raise refuse(cls.kind, "op_types", "is not a short list of node types")
@@ -130,6 +132,10 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
         for field in ("atol", "rtol"):
             if not _is_tolerance(config.get(field, 0.0)):
                 raise refuse(cls.kind, field, f"is not a number in 0..{_MAX_TOLERANCE:g}")
+
+    def reduces_range(self) -> bool:
+        """Whether weights are quantized to 7 bits: ``reduce_range``, or by the CPU when None."""
+        return saturating_cpu() if self.reduce_range is None else self.reduce_range
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why it cannot run on ``device``: not a CPU, or packages missing."""
@@ -175,7 +181,7 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
                     target,
                     op_types_to_quantize=list(self.op_types),
                     per_channel=self.per_channel,
-                    reduce_range=self.reduce_range,
+                    reduce_range=self.reduces_range(),
                     weight_type=weight_type,
                     use_external_data_format=True,  # no 2 GB protobuf limit
                 )
@@ -188,6 +194,20 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
                 f"quantize_dynamic quantized no node (op_types {list(self.op_types)} with constant "
                 "weights): the model would run unquantized"
             )
+
+
+def saturating_cpu() -> bool:
+    """Whether this CPU lacks VNNI, so full-range u8s8 products can saturate.
+
+    Without VNNI, MLAS multiplies u8 activations by s8 weights with ``vpmaddubsw``, whose 16-bit
+    sums of two products saturate; ONNX Runtime advises 7-bit weights there. Seen on a 2-core
+    AVX2-only EPYC: full-range int8 moved a 64-wide MLP's outputs by up to 0.22 and an
+    ``nn.TransformerEncoderLayer``'s by 0.22 (within 0.03 on an AVX-512 VNNI EPYC); with 7-bit
+    weights every test of the backend held its 0.1 tolerance. Unknown (an older torch without
+    the check) counts as lacking it.
+    """
+    check = getattr(getattr(torch, "cpu", None), "_is_vnni_supported", None)
+    return not (check is not None and bool(check()))
 
 
 def quantized_nodes(model_file: Path) -> dict[str, int]:
