@@ -262,9 +262,10 @@ class AutoTuneResult:
         """Serve the plan measured at ``depth`` instead of the selected one; returns the model.
 
         For a depth the selection passed over (slower end to end on this machine, or within the
-        tie tolerance of a shallower one): its plan was checked against eager on the recorded
-        inputs like every measured plan, so results are kept. ``result.model``, ``depth`` and
-        ``plan`` follow. InvalidInputError for a depth that has no measured plan.
+        tie tolerance of a shallower one): its plan was checked end to end like every measured
+        plan, against eager (or, under an accuracy budget, against the budget). ``result.model``,
+        ``depth`` and ``plan`` follow; :func:`auto_tune` installs the selected depth the same
+        way. InvalidInputError for a depth that has no measured plan.
         """
         if depth not in self.plans:
             measured = ", ".join(str(d) for d in sorted(self.plans)) or "none"
@@ -638,31 +639,27 @@ def _finish(
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
     _against_fastest_untuned(measured, before)
     selected = _select(rows, tie_tolerance)
-    plan = run.plans[selected] if selected is not None else Plan()
     if run.accuracy is not None:
         for depth, measured_plan in run.plans.items():
             measured_plan.accuracy = _accuracy_record(
                 run.accuracy.budget, next(r for r in rows if r.depth == depth)
             )
-    tuned_model = (
-        wrap(run.model, plan.runners(), plan, in_place=selected != 0)
-        if selected is not None
-        else run.model
-    )
-    return AutoTuneResult(
-        tuned_model,
-        selected,
+    result = AutoTuneResult(
+        run.model,
+        None,
         rows,
         untuned,
         before,
         after,
-        plan,
-        run.graphs,
-        run.info,
-        now() - start,
+        graphs=run.graphs,
+        info=run.info,
         original=run.model,
         plans=dict(run.plans),
     )
+    if selected is not None:
+        result.use(selected)
+    result.tuning_s = now() - start
+    return result
 
 
 def _against_fastest_untuned(measured: list[DepthRow], before: Timing) -> None:

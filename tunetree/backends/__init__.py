@@ -10,6 +10,7 @@ import torch
 
 from .autocast import Autocast
 from .base import Backend, ChangesResults, Runner, original_forward
+from .cpu_features import cpu_supports
 from .device_graph import DeviceGraph
 from .eager import Eager
 from .inductor import Inductor
@@ -74,9 +75,7 @@ def reduced_precision_backends(device: torch.device) -> list[Backend]:
 
 def _cpu_has_bf16() -> bool:
     """Whether this CPU computes bf16 natively (AVX-512 bf16 or AMX): autocast pays there."""
-    cpu = getattr(torch, "cpu", None)
-    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return any(bool(getattr(cpu, name, lambda: False)()) for name in checks)
+    return cpu_supports("_is_avx512_bf16_supported", "_is_amx_tile_supported")
 
 
 __all__ = [

@@ -38,6 +38,7 @@ from torch import nn
 
 from ..errors import BackendError, InvalidInputError
 from .base import ChangesResults
+from .cpu_features import cpu_supports
 from .export_context import describe_error, quiet
 from .flat import FlatGraph
 from .onnxruntime import MODEL_FILE, OnnxRuntime
@@ -201,13 +202,12 @@ def saturating_cpu() -> bool:
 
     Without VNNI, MLAS multiplies u8 activations by s8 weights with ``vpmaddubsw``, whose 16-bit
     sums of two products saturate; ONNX Runtime advises 7-bit weights there. Seen on a 2-core
-    AVX2-only EPYC: full-range int8 moved a 64-wide MLP's outputs by up to 0.22 and an
-    ``nn.TransformerEncoderLayer``'s by 0.22 (within 0.03 on an AVX-512 VNNI EPYC); with 7-bit
-    weights every test of the backend held its 0.1 tolerance. Unknown (an older torch without
-    the check) counts as lacking it.
+    AVX2-only EPYC: full-range int8 moved the backend's test MLPs' and
+    ``nn.TransformerEncoderLayer``'s outputs by up to 0.22 against their 0.1 tolerance (the same
+    tests held it on an AVX-512 VNNI EPYC); with 7-bit weights every one held it. Unknown (a
+    torch without the check) counts as lacking it.
     """
-    check = getattr(getattr(torch, "cpu", None), "_is_vnni_supported", None)
-    return not (check is not None and bool(check()))
+    return not cpu_supports("_is_vnni_supported")
 
 
 def quantized_nodes(model_file: Path) -> dict[str, int]:
