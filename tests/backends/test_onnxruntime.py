@@ -222,3 +222,32 @@ def test_a_session_spins_only_when_it_serves_the_whole_model() -> None:
     inner = quick_tune(mlp_model(), [x], depth=1)
     assert inner.depth == 1 and runners(inner.model)
     assert not any(r.spinning for r in runners(inner.model))
+
+
+class _SizeAsNumber(torch.nn.Module):
+    """Reads its input's width as a Python number, as MobileNetV2's TF padding does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * int(x.shape[-1])
+
+
+def test_an_export_that_fixes_a_ranged_size_fails_the_build_naming_the_axis() -> None:
+    """MobileNetV2's ranged graphs were exported with the example's image size and failed as
+    "run" errors on the first call of another size; the build now says which axis was fixed."""
+    from tunetree.graph import Sample
+    from tunetree.shapes import group_graphs
+
+    module = _SizeAsNumber().eval()
+    samples = [Sample((torch.randn(2, w),)) for w in (4, 8, 6)]
+    with torch.no_grad():
+        (graph,) = group_graphs([(s, module(*s.args)) for s in samples]).values()
+    assert graph.key.is_dynamic
+    with pytest.raises(BackendError, match=r"fixed axis 1 of input 'arg0' to \d+, where the"):
+        OnnxRuntime().build(module, graph, CPU)
+    fixed = [Sample((torch.randn(2, 8),)), Sample((torch.randn(3, 8),))]
+    with torch.no_grad():
+        (one_width,) = group_graphs([(s, module(*s.args)) for s in fixed]).values()
+    runner = OnnxRuntime().build(module, one_width, CPU)  # the batch axis stays ranged
+    with torch.no_grad():
+        got = [runner(torch.ones(b, 8)) for b in (1, 5)]
+    assert compare_all([module(torch.ones(b, 8)) for b in (1, 5)], got).ok
