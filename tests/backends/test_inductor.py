@@ -197,8 +197,8 @@ def test_a_ranged_runner_serves_batch_one_compiled_where_its_graph_guards_it_out
 @pytest.mark.slow
 def test_bert_batch_one_calls_run_compiled_after_tuning() -> None:
     """BERT tuned on batches 1..4 serves unseen batch-1 calls compiled, with no compile while
-    serving, whether its range's graph serves batch 1 itself (as here with torch 2.13) or a
-    second graph does."""
+    serving, whether its range's graph serves batch 1 itself (torch 2.13 with Inductor's
+    on-disk cache warm) or a second graph does (cache empty)."""
     transformers = pytest.importorskip("transformers")
     from tunetree.compare import compare_all
 
