@@ -331,10 +331,11 @@ class OnnxRuntime(Backend):
         directory = Path(tempfile.mkdtemp(prefix="tunetree-onnx-"))
         try:
             self.write_model(flat, module, directory)
-            _check_ranges_kept(directory, flat)
-            return OnnxRuntimeRunner(
+            runner = OnnxRuntimeRunner(
                 self, directory, flat.inputs, flat.outputs, device, flat.key.is_dynamic
             )
+            _check_ranges_kept(runner, flat)
+            return runner
         except BaseException:
             shutil.rmtree(directory, ignore_errors=True)
             raise
@@ -485,31 +486,26 @@ def _served_by(
     return narrowed_to_artifact(key, specs, bounds, "the saved ONNX model")
 
 
-def _check_ranges_kept(directory: Path, flat: FlatGraph) -> None:
+def _check_ranges_kept(runner: OnnxRuntimeRunner, flat: FlatGraph) -> None:
     """Refuse an export that fixed the size of an axis the graph's calls vary.
 
     The exporter is given the graph's ranges, but a module that reads a size as a Python
     number (MobileNetV2's TF padding: ``int(features.shape[-2])``) is exported with the
     example's size there, and the session then refuses every other size. Said at build,
-    with the axis, instead of as a run failure on the first call of another size.
+    with the axis, instead of as a run failure on the first call of another size. Reads the
+    shapes the open session declares for its inputs (:attr:`OnnxRuntimeRunner.feeds`).
     """
     if not flat.key.is_dynamic:
         return
-    graph = read_graph(directory / MODEL_FILE, {p.name for p in directory.iterdir()})
-    initializers = {t.name for t in graph.initializer}
-    index = {name: i for i, name in enumerate(flat.inputs.names)}
     specs = flat.inputs.specs(flat.key)
-    for port in graph.input:
-        declared = _port_shape(port)
-        if port.name in initializers or port.name not in index or declared is None:
-            continue
-        spec = specs[index[port.name]]
+    for port, (name, i) in zip(runner.session.get_inputs(), runner.feeds, strict=True):
+        spec, declared = specs[i], port.shape
         if len(declared) != len(spec.shape):
             continue  # the session's own check names a rank mismatch
         for axis, (size, fixed) in enumerate(zip(spec.shape, declared, strict=True)):
             if isinstance(size, Dim) and isinstance(fixed, int) and size.min != size.max:
                 raise BackendError(
-                    f"the ONNX export fixed axis {axis} of input {port.name[:80]!r} to {fixed}, "
+                    f"the ONNX export fixed axis {axis} of input {name[:80]!r} to {fixed}, "
                     f"where the recorded calls take {size.min}..{size.max} ({size.name}): the "
                     "module turns that size into a Python number while exporting (such as "
                     "int(x.shape[-1])), so ONNX Runtime would refuse every other size; tune "
