@@ -32,9 +32,9 @@ import transformers
 
 import tunetree as tt
 from tunetree.accuracy import output_error
-from tunetree.graph import as_samples
-from tunetree.measure import cycle_calls
-from tunetree.modules import run_model
+from tunetree.candidates.measure import cycle_calls
+from tunetree.signature.graph import as_samples
+from tunetree.signature.modules import run_model
 
 from . import common
 from .models import ZooModel, build

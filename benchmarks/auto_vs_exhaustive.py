@@ -24,9 +24,9 @@ import time
 from typing import Any
 
 import tunetree as tt
-from tunetree.graph import as_samples
-from tunetree.measure import cycle_calls
-from tunetree.modules import run_model
+from tunetree.candidates.measure import cycle_calls
+from tunetree.signature.graph import as_samples
+from tunetree.signature.modules import run_model
 
 from . import common, models
 

@@ -27,9 +27,9 @@ import torch
 from torch import nn
 
 from tunetree.backends import Autocast, Backend, DeviceGraph, Eager, Inductor
-from tunetree.compare import Tolerances, compare_all
-from tunetree.graph import Graph, Sample
-from tunetree.measure import MeasureConfig, measure
+from tunetree.candidates.measure import MeasureConfig, measure
+from tunetree.signature.compare import Tolerances, compare_all
+from tunetree.signature.graph import Graph, Sample
 
 from . import common
 

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import tunetree as tt
-from tunetree._table import format_table
+from tunetree._util.table import format_table
 
 from . import common
 from .tuning_cost import build, load

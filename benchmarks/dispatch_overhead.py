@@ -30,7 +30,7 @@ from torch import nn
 import tunetree as tt
 from tunetree.backends import Eager
 from tunetree.backends.base import Runner
-from tunetree.wrap import Dispatcher, dispatcher_of, wrap
+from tunetree.runtime.wrap import Dispatcher, dispatcher_of, wrap
 
 from .common import command_line, header, parser, write_json
 

@@ -42,11 +42,11 @@ import torch
 from torch import nn
 
 import tunetree as tt
-from tunetree._table import format_seconds, format_table
-from tunetree.graph import Sample, detach_clone
-from tunetree.measure import MeasureConfig, measure
-from tunetree.modules import synchronize
-from tunetree.wrap import dispatcher_of
+from tunetree._util.table import format_seconds, format_table
+from tunetree.candidates.measure import MeasureConfig, measure
+from tunetree.runtime.wrap import dispatcher_of
+from tunetree.signature.graph import Sample, detach_clone
+from tunetree.signature.modules import synchronize
 
 from . import common
 

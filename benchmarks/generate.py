@@ -31,9 +31,9 @@ from typing import Any
 import torch
 
 import tunetree as tt
-from tunetree._table import format_table
-from tunetree.modules import module_paths
-from tunetree.wrap import dispatcher_of
+from tunetree._util.table import format_table
+from tunetree.runtime.wrap import dispatcher_of
+from tunetree.signature.modules import module_paths
 
 from . import common
 

@@ -27,11 +27,11 @@ from typing import Any
 import torch
 
 import tunetree as tt
-from tunetree._table import format_seconds, format_table
-from tunetree.endtoend import UNTUNED, runtime_name, side_by_side, single_runtime_plan
-from tunetree.progress import Progress
-from tunetree.tune import plan_from, tune_cut
-from tunetree.wrap import wrap
+from tunetree._util.progress import Progress
+from tunetree._util.table import format_seconds, format_table
+from tunetree.runtime.wrap import wrap
+from tunetree.search.endtoend import UNTUNED, runtime_name, side_by_side, single_runtime_plan
+from tunetree.search.tune import plan_from, tune_cut
 
 from . import common, models
 

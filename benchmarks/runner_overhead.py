@@ -70,8 +70,8 @@ from tunetree.backends import DeviceGraph, Inductor, OnnxRuntime, OpenVINO
 from tunetree.backends.base import Backend, Runner
 from tunetree.backends.device_graph import DeviceGraphRunner, _shape_key
 from tunetree.backends.dtypes import as_numpy
-from tunetree.graph import GraphKey, Sample, flatten
-from tunetree.wrap import Dispatcher, dispatcher_of
+from tunetree.runtime.wrap import Dispatcher, dispatcher_of
+from tunetree.signature.graph import GraphKey, Sample, flatten
 
 from . import common
 from .dynamic import Workload, _tokens, cnn, subset, trace

@@ -31,10 +31,10 @@ from typing import Any
 import torch
 
 import tunetree as tt
-from tunetree._table import format_table
-from tunetree.graph import as_samples
-from tunetree.measure import cycle_calls
-from tunetree.modules import run_model
+from tunetree._util.table import format_table
+from tunetree.candidates.measure import cycle_calls
+from tunetree.signature.graph import as_samples
+from tunetree.signature.modules import run_model
 
 from . import common, models
 

@@ -47,11 +47,11 @@ import torch
 from torch import nn
 
 import tunetree as tt
-from tunetree._table import format_table
-from tunetree.budget import BUILD
-from tunetree.graph import as_samples
-from tunetree.measure import cycle_calls
-from tunetree.modules import run_model
+from tunetree._util.table import format_table
+from tunetree.candidates.budget import BUILD
+from tunetree.candidates.measure import cycle_calls
+from tunetree.signature.graph import as_samples
+from tunetree.signature.modules import run_model
 
 from . import common, models
 
@@ -255,7 +255,7 @@ def _fast_paths_unknown() -> Iterator[None]:
     auto_tune tunes their submodules too (a depth the tuned model never runs)."""
     from unittest import mock
 
-    from tunetree import inspection
+    from tunetree.signature import inspection
 
     def first_call(model: Any, sample: Any, call: Any) -> dict[str, str]:
         inspection.run_model(model, sample, call)

@@ -34,7 +34,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import tunetree as tt
-from tunetree._table import format_table
+from tunetree._util.table import format_table
 
 from . import common
 

@@ -11,7 +11,7 @@ from torch import nn
 
 import tunetree as tt
 from tunetree.backends.base import Backend, Runner, original_forward
-from tunetree.graph import Graph
+from tunetree.signature.graph import Graph
 
 
 def spin(seconds: float) -> None:

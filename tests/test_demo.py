@@ -14,7 +14,7 @@ from torch import nn
 import tunetree as tt
 from tunetree import demo
 from tunetree.backends.base import Backend, Runner
-from tunetree.graph import Graph
+from tunetree.signature.graph import Graph
 
 from .fakes import _FnRunner, spin
 

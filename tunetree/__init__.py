@@ -5,11 +5,22 @@ from __future__ import annotations
 from . import backends
 from ._version import __version__
 from .accuracy import AccuracyBudget, Pareto, PlanStep, Verdict
-from .auto import AutoTuneResult, DepthRow, DepthStatus, SkippedWork, auto_tune
-from .budget import PhaseTime, TimeBreakdown
 from .cache import TuningCache
+from .candidates.budget import PhaseTime, TimeBreakdown
+from .candidates.evaluate import CandidateRow, Status
+from .candidates.measure import MeasureConfig, Timing, measure
+from .candidates.strategy import (
+    FirstWinsStrategy,
+    HighestThroughputStrategy,
+    LatencyBudgetStrategy,
+    MinLatencyStrategy,
+    OneBackendStrategy,
+    Strategy,
+    accuracy_strategy,
+    default_strategy,
+    quick_strategy,
+)
 from .checkpoint import load, save
-from .compare import Tolerance, Tolerances
 from .errors import (
     BackendError,
     BackendUnavailableError,
@@ -21,25 +32,15 @@ from .errors import (
     TunetreeError,
     UntrustedConfigError,
 )
-from .evaluate import CandidateRow, Status
-from .graph import Dim, Graph, GraphKey, Sample
-from .inspection import ModelInfo, ModuleRecord, inspect
-from .measure import MeasureConfig, Timing, measure
-from .plan import Plan, PlanEntry
-from .shapes import rebatch
-from .strategy import (
-    FirstWinsStrategy,
-    HighestThroughputStrategy,
-    LatencyBudgetStrategy,
-    MinLatencyStrategy,
-    OneBackendStrategy,
-    Strategy,
-    accuracy_strategy,
-    default_strategy,
-    quick_strategy,
-)
-from .tune import GraphResult, TuneResult, tune
-from .wrap import unwrap
+from .runtime.plan import Plan, PlanEntry
+from .runtime.wrap import unwrap
+from .search.auto import auto_tune
+from .search.auto_result import AutoTuneResult, DepthRow, DepthStatus, SkippedWork
+from .search.tune import GraphResult, TuneResult, tune
+from .signature.compare import Tolerance, Tolerances
+from .signature.graph import Dim, Graph, GraphKey, Sample
+from .signature.inspection import ModelInfo, ModuleRecord, inspect
+from .signature.shapes import rebatch
 
 __all__ = [
     "AccuracyBudget",

@@ -18,8 +18,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._args import add_budget_arguments
-from ._table import escape_controls, format_seconds, format_table
+from ._util.args import add_budget_arguments
+from ._util.table import escape_controls, format_seconds, format_table
 from .cache.cli import add_cache_commands
 
 if TYPE_CHECKING:

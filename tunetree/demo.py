@@ -12,11 +12,11 @@ from typing import Literal
 
 import torch
 
-from ._args import add_budget_arguments
+from ._util.args import add_budget_arguments
 from .accuracy import AccuracyBudget, output_error
-from .auto import AutoTuneResult, auto_tune
-from .compare import compare_all
-from .tune import TuneResult
+from .search.auto import AutoTuneResult, auto_tune
+from .search.tune import TuneResult
+from .signature.compare import compare_all
 
 
 def build_encoder(d_model: int = 256, layers: int = 4) -> torch.nn.Module:

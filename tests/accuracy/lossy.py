@@ -10,7 +10,7 @@ from torch import nn
 
 from tests.fakes import spin
 from tunetree.backends.base import Backend, ChangesResults, Runner
-from tunetree.graph import Graph
+from tunetree.signature.graph import Graph
 
 MS = 1e-3
 

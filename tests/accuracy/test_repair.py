@@ -5,8 +5,8 @@ import dataclasses
 from tests.fakes import Delayed
 from tunetree.accuracy import Verdict, repair, results_kept
 from tunetree.backends import Autocast
-from tunetree.graph import GraphKey
-from tunetree.plan import Plan, PlanEntry
+from tunetree.runtime.plan import Plan, PlanEntry
+from tunetree.signature.graph import GraphKey
 
 
 def entry(path: str, backend) -> PlanEntry:

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from tunetree.backends.base import Runner
-from tunetree.compare import compare_all
-from tunetree.graph import Graph, Sample, flatten
+from tunetree.signature.compare import compare_all
+from tunetree.signature.graph import Graph, Sample, flatten
 
 CPU = torch.device("cpu")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tunetree.backends import Backend, DeviceGraph, registered_backends
-from tunetree.compare import compare_all
+from tunetree.signature.compare import compare_all
 
 from .export_models import (
     CPU,

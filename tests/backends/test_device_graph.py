@@ -21,9 +21,9 @@ from tunetree.backends import (
     device_graph,
 )
 from tunetree.backends.device_graph import sample_from_key
-from tunetree.compare import Tolerances, compare_all
 from tunetree.errors import BackendError, InvalidInputError
-from tunetree.graph import Graph, GraphKey, Sample, flatten
+from tunetree.signature.compare import Tolerances, compare_all
+from tunetree.signature.graph import Graph, GraphKey, Sample, flatten
 
 from .export_models import graph_of
 
@@ -386,7 +386,7 @@ def test_captures_the_compiled_forward() -> None:
 
 
 def _ranged_mlp(device: torch.device, batches: tuple[int, ...]) -> tuple[nn.Module, Graph]:
-    from tunetree.shapes import group_graphs
+    from tunetree.signature.shapes import group_graphs
 
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval().to(device)

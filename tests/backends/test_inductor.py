@@ -58,9 +58,9 @@ def test_ranged_graph_compiles_once_for_the_whole_range(tmp_path: Path) -> None:
     """Marked dims: recorded sizes, the range's ends (1 too) and a prime in between all run
     on the first compiled graph."""
     from tunetree.backends.ranges import resize_sample
-    from tunetree.compare import compare_all
-    from tunetree.graph import Sample
-    from tunetree.shapes import group_graphs, probe_sizes
+    from tunetree.signature.compare import compare_all
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.shapes import group_graphs, probe_sizes
 
     module, _ = mlp(width=16, depth=2)
     samples = [Sample((torch.randn(b, 16),)) for b in (3, 8, 1)]
@@ -91,9 +91,9 @@ class _SizeBranch(torch.nn.Module):
 def test_a_graph_guarding_a_narrower_range_still_serves_the_whole_range() -> None:
     """A graph that guards ``16 <= batch`` does not serve the range's end (64): the runner
     then compiles with soft dynamic axes and recompiles across the guard instead of failing."""
-    from tunetree.compare import compare_all
-    from tunetree.graph import Sample
-    from tunetree.shapes import group_graphs
+    from tunetree.signature.compare import compare_all
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.shapes import group_graphs
 
     module = _SizeBranch().eval()
     samples = [Sample((torch.randn(b, 8),)) for b in (1, 64)]
@@ -121,9 +121,9 @@ def test_a_guard_found_at_the_range_low_end_is_served_compiled_too() -> None:
     """Compiled first at a large batch, a graph guards ``16 <= batch`` (a CNN's convolution
     kernel choice did on the EPYC); the range check runs batch 2 as well as the ends, so
     batches 2..15 are compiled for instead of running the original forward."""
-    from tunetree.compare import compare_all
-    from tunetree.graph import Sample
-    from tunetree.shapes import group_graphs
+    from tunetree.signature.compare import compare_all
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.shapes import group_graphs
 
     module = _SizeBranch().eval()
     samples = [Sample((torch.randn(b, 8),)) for b in (1, 64)]
@@ -142,9 +142,9 @@ def test_a_ranged_runner_never_compiles_while_serving() -> None:
     """Issue 22: a ranged runner served unseen calls by compiling each (4 s per shape on BERT)
     until dynamo's limit, then silently ran eager. Now grad mode does not matter, and a call its
     graph does not accept (here another memory layout) runs the original forward at once."""
-    from tunetree.compare import compare_all
-    from tunetree.graph import Sample
-    from tunetree.shapes import group_graphs
+    from tunetree.signature.compare import compare_all
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.shapes import group_graphs
 
     module, _ = mlp(width=16, depth=2)
     samples = [Sample((torch.randn(b, 16),)) for b in (3, 8, 1)]
@@ -177,9 +177,9 @@ def test_a_ranged_runner_serves_batch_one_compiled_where_its_graph_guards_it_out
     """Issue 22: a graph compiled at batch >= 2 that guards batch 1 out sent every batch-1 call
     to the original forward (1240 calls while tuning BERT). A second graph compiled for batch 1
     while building serves them."""
-    from tunetree.compare import compare_all
-    from tunetree.graph import Sample
-    from tunetree.shapes import group_graphs
+    from tunetree.signature.compare import compare_all
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.shapes import group_graphs
 
     module = _OneBranch().eval()
     samples = [Sample((torch.randn(b, 8),)) for b in (3, 1, 6)]
@@ -200,7 +200,7 @@ def test_bert_batch_one_calls_run_compiled_after_tuning() -> None:
     serving, whether its range's graph serves batch 1 itself (torch 2.13 with Inductor's
     on-disk cache warm) or a second graph does (cache empty)."""
     transformers = pytest.importorskip("transformers")
-    from tunetree.compare import compare_all
+    from tunetree.signature.compare import compare_all
 
     cfg = transformers.BertConfig(
         hidden_size=64,
@@ -235,8 +235,8 @@ def test_bert_batch_one_calls_run_compiled_after_tuning() -> None:
 def test_a_ranged_runner_compiles_again_after_a_dynamo_reset() -> None:
     """A user's ``torch._dynamo.reset()`` emptied the runner's cache, and every later call ran
     the original forward. It now compiles for its range once more."""
-    from tunetree.graph import Sample
-    from tunetree.shapes import group_graphs
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.shapes import group_graphs
 
     module, _ = mlp(width=16, depth=2)
     samples = [Sample((torch.randn(b, 16),)) for b in (3, 8, 2)]

@@ -19,8 +19,8 @@ from tunetree.backends import (
 )
 from tunetree.backends.onnxruntime import OnnxRuntimeRunner
 from tunetree.backends.value_dependence import ValueDependentError
-from tunetree.compare import compare_all
 from tunetree.errors import BackendError, InvalidInputError
+from tunetree.signature.compare import compare_all
 
 from .export_models import (
     CPU,
@@ -170,7 +170,7 @@ def test_full_size_models_match_eager(model: str) -> None:
 def test_load_checks_the_record_and_the_model_against_the_graph(tmp_path: Path) -> None:
     """Issue 19: a saved record whose input paths the graph lacks, or a graph whose fixed size
     the ONNX model does not take, is refused at load, not at the first call."""
-    from tunetree.graph import GraphKey, TensorSpec
+    from tunetree.signature.graph import GraphKey, TensorSpec
 
     module, samples = mlp(width=8, depth=1, batch=2)
     graph = graph_of(module, samples)
@@ -191,7 +191,7 @@ def test_a_session_spins_only_when_it_serves_the_whole_model() -> None:
     between calls threefold (depth 2 of BERT-2L on 2 cores): only a root runner spins."""
     import tunetree as tt
     from tests.fakes import mlp as mlp_model
-    from tunetree.wrap import dispatcher_of
+    from tunetree.runtime.wrap import dispatcher_of
 
     def quick_tune(model: torch.nn.Module, data: list[Any], depth: int) -> tt.TuneResult:
         return tt.tune(
@@ -234,8 +234,8 @@ class _SizeAsNumber(torch.nn.Module):
 def test_an_export_that_fixes_a_ranged_size_fails_the_build_naming_the_axis() -> None:
     """MobileNetV2's ranged graphs were exported with the example's image size and failed as
     "run" errors on the first call of another size; the build now says which axis was fixed."""
-    from tunetree.graph import Sample
-    from tunetree.shapes import group_graphs
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.shapes import group_graphs
 
     module = _SizeAsNumber().eval()
     samples = [Sample((torch.randn(2, w),)) for w in (4, 8, 6)]

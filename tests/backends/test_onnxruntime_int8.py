@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 import tunetree as tt
-from tunetree.artifacts import BackendRecord
 from tunetree.backends import (
     BACKEND_TYPES,
     OnnxRuntime,
@@ -25,10 +24,11 @@ from tunetree.backends import (
 )
 from tunetree.backends.onnxruntime import OnnxRuntimeRunner
 from tunetree.backends.onnxruntime_int8 import quantized_nodes
-from tunetree.compare import compare_all
 from tunetree.errors import BackendError, InvalidInputError, TunetreeError, UntrustedConfigError
-from tunetree.graph import Graph, Sample
-from tunetree.wrap import dispatcher_of
+from tunetree.runtime.artifacts import BackendRecord
+from tunetree.runtime.wrap import dispatcher_of
+from tunetree.signature.compare import compare_all
+from tunetree.signature.graph import Graph, Sample
 
 from .export_models import CPU, graph_of, hide_packages, mlp, run_all
 from .test_ranges import mlp_graph, unrecorded

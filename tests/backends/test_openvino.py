@@ -18,8 +18,8 @@ from tunetree.backends import (
     default_backends,
 )
 from tunetree.backends.value_dependence import ValueDependentError
-from tunetree.compare import Tolerances, compare_all
 from tunetree.errors import BackendError, InvalidInputError
+from tunetree.signature.compare import Tolerances, compare_all
 
 from .export_models import (
     CPU,

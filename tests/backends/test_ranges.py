@@ -19,9 +19,9 @@ from tunetree.backends.ranges import (
     export_dynamic_shapes,
     resize_sample,
 )
-from tunetree.compare import compare_all
-from tunetree.graph import Dim, Graph, Sample
-from tunetree.shapes import group_graphs, probe_sizes
+from tunetree.signature.compare import compare_all
+from tunetree.signature.graph import Dim, Graph, Sample
+from tunetree.signature.shapes import group_graphs, probe_sizes
 
 CPU = torch.device("cpu")
 

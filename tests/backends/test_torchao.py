@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from tunetree.backends import BACKEND_TYPES, TorchAO, backend_type, default_backends
-from tunetree.compare import Tolerances, compare_all
 from tunetree.errors import InvalidInputError
-from tunetree.graph import Sample
+from tunetree.signature.compare import Tolerances, compare_all
+from tunetree.signature.graph import Sample
 
 from .export_models import graph_of, run_all
 

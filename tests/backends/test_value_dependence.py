@@ -16,8 +16,8 @@ from tunetree.backends.value_dependence import (
     data_dependent_reason,
     traced_values_checked,
 )
-from tunetree.compare import compare_all
-from tunetree.strategy import MinLatencyStrategy
+from tunetree.candidates.strategy import MinLatencyStrategy
+from tunetree.signature.compare import compare_all
 
 from .export_models import CPU, data_dependent, graph_of, mlp, run_all
 

@@ -24,7 +24,7 @@ from torch import nn
 from tunetree.backends import Inductor
 from tunetree.backends.base import Backend, Runner, original_forward
 from tunetree.cache import default_directory
-from tunetree.graph import Graph, GraphKey
+from tunetree.signature.graph import Graph, GraphKey
 
 from ..fakes import spin
 

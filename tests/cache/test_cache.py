@@ -23,16 +23,16 @@ import tunetree as tt
 from tests.cache import fakes as cache_fakes
 from tests.cache.fakes import Counting, Flaky, Saving, tree
 from tests.fakes import Failing
-from tunetree import evaluate
 from tunetree.backends import Eager, Inductor
 from tunetree.cache import TuningCache, default_directory, open_cache
 from tunetree.cache import keys as cache_keys
 from tunetree.cache.entry import EntryManifest
 from tunetree.cache.maintenance import entry_info
 from tunetree.cache.store import MANIFEST, CacheStore
-from tunetree.evaluate import GraphSession
-from tunetree.graph import Graph, Sample
-from tunetree.tune import TuneResult
+from tunetree.candidates import evaluate
+from tunetree.candidates.evaluate import GraphSession
+from tunetree.search.tune import TuneResult
+from tunetree.signature.graph import Graph, Sample
 
 QUICK = tt.MeasureConfig.quick()
 

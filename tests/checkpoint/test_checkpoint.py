@@ -32,8 +32,8 @@ from tunetree.backends import BACKEND_TYPES
 from tunetree.backends.base import Backend, Runner, original_forward
 from tunetree.checkpoint import format as checkpoint_format
 from tunetree.checkpoint import writer
-from tunetree.graph import Graph, GraphKey, TensorSpec
-from tunetree.wrap import wrapped_paths
+from tunetree.runtime.wrap import wrapped_paths
+from tunetree.signature.graph import Graph, GraphKey, TensorSpec
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[2]
@@ -959,7 +959,7 @@ def test_ranges_survive_save_load_and_serve_unrecorded_sizes(
 ) -> None:
     from tests.cache.fakes import Saving
     from tunetree.cli import main
-    from tunetree.wrap import dispatcher_of
+    from tunetree.runtime.wrap import dispatcher_of
 
     g = torch.Generator().manual_seed(5)
     dataset = [torch.randn(b, 16, generator=g) for b in (2, 4, 8)]

@@ -22,7 +22,7 @@ from tests.checkpoint.fixtures.make_fixtures import HERE, inputs, model
 from tunetree.cache import keys
 from tunetree.checkpoint import loading, read_info
 from tunetree.checkpoint.reader import read_header
-from tunetree.wrap import wrapped_paths
+from tunetree.runtime.wrap import wrapped_paths
 
 EXPECTED: dict[str, Any] = json.loads((HERE / "v1_expected.json").read_text())
 needs_openvino = pytest.mark.skipif(

@@ -33,7 +33,7 @@ from tests.checkpoint.hostile import (
     set_input_paths,
 )
 from tunetree.cli import main as cli_main
-from tunetree.wrap import dispatcher_of
+from tunetree.runtime.wrap import dispatcher_of
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("openvino") is None, reason="the fixture holds OpenVINO runners"
@@ -485,7 +485,7 @@ def test_saved_output_shapes_are_bounded_by_the_file(
 
 
 def test_the_bound_grows_with_the_file() -> None:
-    from tunetree.artifacts import FLOOR_ELEMENTS, allowed_elements
+    from tunetree.runtime.artifacts import FLOOR_ELEMENTS, allowed_elements
 
     assert allowed_elements(7_000) == FLOOR_ELEMENTS
     assert allowed_elements(1 << 30) == 4 << 30  # a 1 GiB checkpoint: 4 Gi elements

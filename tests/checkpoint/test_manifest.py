@@ -11,9 +11,9 @@ import pytest
 import tunetree as tt
 from tests.checkpoint.fixtures.make_fixtures import HERE, model
 from tests.checkpoint.test_checkpoint import Parts, rewrite
-from tunetree.artifacts import BackendRecord
 from tunetree.checkpoint import Manifest, ManifestError
 from tunetree.checkpoint.reader import open_source, read_header, read_manifest
+from tunetree.runtime.artifacts import BackendRecord
 
 
 def _fixture_manifest() -> dict[str, Any]:
@@ -99,7 +99,7 @@ def test_backend_record_reads_both_first_release_shapes() -> None:
 
 
 def test_an_accuracy_record_is_read_field_by_field_and_refused_when_malformed() -> None:
-    from tunetree._records import Fields
+    from tunetree._util.records import Fields
     from tunetree.checkpoint.format import accuracy_note, read_accuracy
 
     good = {

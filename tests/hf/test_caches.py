@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tunetree.compare import compare
-from tunetree.graph import GraphKey, detach_clone, flatten, unflatten
 from tunetree.hf import ObjectState, is_cache_object, to_data
+from tunetree.signature.compare import compare
+from tunetree.signature.graph import GraphKey, detach_clone, flatten, unflatten
 
 transformers = pytest.importorskip("transformers")
 
@@ -83,7 +83,7 @@ def test_graph_keys_of_caches_hold_shapes_not_identities() -> None:
 def test_call_signatures_of_caches_follow_their_tensors_like_graph_keys() -> None:
     """The dispatcher's cheap signature (issue 22) tells caches apart exactly when GraphKey does,
     so a decode step on a cache of a known shape skips binding and keying."""
-    from tunetree.binding import ArgumentPlan, Binder, call_signature
+    from tunetree.signature.binding import ArgumentPlan, Binder, call_signature
 
     ids = torch.zeros(1, 1, dtype=torch.long)
     same = [dynamic_cache(1, 4), dynamic_cache(1, 4)]

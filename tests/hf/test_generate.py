@@ -18,10 +18,10 @@ from torch import nn
 import tunetree as tt
 from tests.fakes import _FnRunner
 from tunetree.backends.base import Backend, Runner, original_forward
-from tunetree.binding import Binder
 from tunetree.generation import step_of
-from tunetree.graph import Graph
-from tunetree.wrap import dispatcher_of
+from tunetree.runtime.wrap import dispatcher_of
+from tunetree.signature.binding import Binder
+from tunetree.signature.graph import Graph
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 import tunetree as tt
-from tunetree.compare import compare
-from tunetree.modules import module_paths
-from tunetree.state import ProcessState
-from tunetree.wrap import dispatcher_of
+from tunetree.runtime.wrap import dispatcher_of
+from tunetree.signature.compare import compare
+from tunetree.signature.modules import module_paths
+from tunetree.signature.state import ProcessState
 
 from .hf_zoo import Call, Family, tuning_calls, unseen_inside, unseen_outside
 from .zoo import state_digest
@@ -158,7 +158,7 @@ def check(
         row.checked_depth = fastest.depth
     tuned = result.model
     warnings = _Warnings()
-    logging.getLogger("tunetree.wrap").addHandler(warnings)
+    logging.getLogger("tunetree.runtime.wrap").addHandler(warnings)
     try:
         _check_calls(row, tuned, inside, expected[: len(inside)], "unseen call inside the ranges")
         row.fallbacks_inside = _fallbacks(tuned)
@@ -174,7 +174,7 @@ def check(
         if expected_other is not None:
             _check_calls(row, tuned, [other], [expected_other], "call with another keyword")
     finally:
-        logging.getLogger("tunetree.wrap").removeHandler(warnings)
+        logging.getLogger("tunetree.runtime.wrap").removeHandler(warnings)
         result.undo()
     return row
 

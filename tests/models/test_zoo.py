@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import tunetree as tt
-from tunetree.compare import compare_all
-from tunetree.graph import as_samples
-from tunetree.modules import module_paths, run_model
-from tunetree.state import eval_mode
+from tunetree.signature.compare import compare_all
+from tunetree.signature.graph import as_samples
+from tunetree.signature.modules import module_paths, run_model
+from tunetree.signature.state import eval_mode
 
 from .zoo import ZOO, Case, state_digest
 

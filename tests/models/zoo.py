@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tunetree.modules import module_paths
+from tunetree.signature.modules import module_paths
 
 
 @dataclasses.dataclass

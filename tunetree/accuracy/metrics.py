@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidInputError
-from ..graph import flatten
+from ..signature.graph import flatten
 
 Metric = str | Callable[[Any, Any], float]
 """A metric's name (:data:`METRICS`) or ``fn(eager_output, candidate_output) -> float``."""

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._plot import pyplot
-from .._table import format_seconds, format_table
+from .._util.plot import pyplot
+from .._util.table import format_seconds, format_table
 from .budget import AccuracyBudget
 from .metrics import metric_name
 from .repair import PlanStep

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from ..graph import GraphKey
-from ..plan import Plan, PlanEntry
+from ..runtime.plan import Plan, PlanEntry
+from ..signature.graph import GraphKey
 
 GraphId = tuple[str, GraphKey]
 """A graph of a plan: its module path and its key."""

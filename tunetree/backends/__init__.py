@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from ..signature.binding import original_forward
 from .autocast import Autocast
-from .base import Backend, ChangesResults, Runner, original_forward
+from .base import Backend, ChangesResults, Runner
 from .cpu_features import cpu_supports
 from .device_graph import DeviceGraph
 from .eager import Eager

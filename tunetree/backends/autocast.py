@@ -17,8 +17,9 @@ import torch
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..graph import Graph, GraphKey, dtype_name, flatten, unflatten
-from .base import ChangesResults, Runner, original_forward
+from ..signature.binding import original_forward
+from ..signature.graph import Graph, GraphKey, dtype_name, flatten, unflatten
+from .base import ChangesResults, Runner
 from .inductor import CUDA_GRAPH_MODES, MODES, compile_unavailable_reason, fresh_entry
 from .safe_config import check_choice
 

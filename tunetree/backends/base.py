@@ -21,10 +21,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..binding import forward_caller
-from ..compare import Tolerances
 from ..errors import BackendError
-from ..graph import Graph, GraphKey
+from ..signature.compare import Tolerances
+from ..signature.graph import Graph, GraphKey
 from .safe_config import check_plain
 
 
@@ -211,17 +210,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, str | int | float | bool) or value is None:
         return value
     return str(value)
-
-
-def original_forward(module: nn.Module) -> Any:
-    """The module's forward as its class defines it, bound to the module.
-
-    Never a tunetree dispatcher, so a runner that calls it cannot recurse into itself. It takes
-    calls in the canonical form of :mod:`tunetree.binding`; a decorated forward receives them
-    in keyword form (:func:`~tunetree.binding.forward_caller`).
-    """
-    forward = type(module).forward
-    return forward_caller(forward, forward.__get__(module, type(module)))
 
 
 def _qualified(cls: type) -> str:

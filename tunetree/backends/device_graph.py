@@ -23,10 +23,19 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..graph import _DTYPE_SHORT, Graph, GraphKey, Sample, TensorSpec, flatten, map_tensors
-from ..graph import unflatten as unflatten_tree
 from ..hf import cache_objects, is_cache_object, to_data
-from .base import Backend, Runner, original_forward
+from ..signature.binding import original_forward
+from ..signature.graph import (
+    _DTYPE_SHORT,
+    Graph,
+    GraphKey,
+    Sample,
+    TensorSpec,
+    flatten,
+    map_tensors,
+)
+from ..signature.graph import unflatten as unflatten_tree
+from .base import Backend, Runner
 from .inductor import compile_unavailable_reason, fresh_entry
 from .ranges import check_placeholders
 

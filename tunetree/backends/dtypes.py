@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import BackendError
-from ..graph import dtype_name
+from ..signature.graph import dtype_name
 
 _DTYPES: dict[str, torch.dtype] = {
     str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
@@ -37,7 +37,7 @@ def dtype_to_name(dtype: torch.dtype) -> str:
 def dtype_from_short_name(name: str) -> torch.dtype | None:
     """The torch dtype a graph signature calls ``name``, or None when there is none.
 
-    Names are like ``"f32"`` (see :func:`tunetree.graph.dtype_name`).
+    Names are like ``"f32"`` (see :func:`tunetree.signature.graph.dtype_name`).
     """
     return _SHORT_DTYPES.get(name)
 

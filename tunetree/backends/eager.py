@@ -9,8 +9,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..graph import Graph, GraphKey
-from .base import Backend, Runner, original_forward
+from ..signature.binding import original_forward
+from ..signature.graph import Graph, GraphKey
+from .base import Backend, Runner
 
 
 class EagerRunner(Runner):

@@ -23,10 +23,10 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError
-from ..graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
 from ..hf import loaded_cache_class, spec_holds_state, to_data, updated_in_place
+from ..signature.binding import original_forward
+from ..signature.graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
 from . import structure
-from .base import original_forward
 from .dtypes import check_numpy_dtypes, dtype_from_name, dtype_from_short_name, dtype_to_name
 from .ranges import check_placeholders, example_sample
 
@@ -578,7 +578,7 @@ def saved_shapes(
     """The ``shapes`` list: sizes in bounds, together at most ``max_elements``.
 
     ``max_elements`` never above :data:`MAX_SAVED_ELEMENTS`; loaders pass a bound from
-    the size of what they read (:func:`tunetree.artifacts.allowed_elements`).
+    the size of what they read (:func:`tunetree.runtime.artifacts.allowed_elements`).
     """
     max_elements = min(max_elements, MAX_SAVED_ELEMENTS)
     shapes = []
@@ -593,7 +593,7 @@ def saved_shapes(
         if total > max_elements:
             raise BackendError(
                 f"saved runner record's tensors hold over {max(max_elements, 0)} elements, "
-                "more than a file of this size can account for (tunetree.artifacts."
+                "more than a file of this size can account for (tunetree.runtime.artifacts."
                 "allowed_elements, at most tunetree.backends.flat.MAX_SAVED_ELEMENTS): "
                 "refused before allocating"
             )

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..graph import Graph, GraphKey, Sample, detach_clone
-from .base import Backend, Runner, original_forward
+from ..signature.binding import original_forward
+from ..signature.graph import Graph, GraphKey, Sample, detach_clone
+from .base import Backend, Runner
 from .packages import install_hint, missing_packages
 from .ranges import (
     AxisDims,

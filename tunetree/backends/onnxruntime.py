@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..graph import Dim, Graph, GraphKey
+from ..signature.graph import Dim, Graph, GraphKey
 from .base import Backend, Runner
 from .dtypes import as_numpy, as_torch, carries, check_numpy_dtypes, numpy_dtype
 from .export_context import attention_as_eager, describe_error, exporting, quiet

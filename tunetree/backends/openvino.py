@@ -27,9 +27,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..compare import Tolerances
 from ..errors import BackendError, InvalidInputError
-from ..graph import Graph, GraphKey
+from ..signature.compare import Tolerances
+from ..signature.graph import Graph, GraphKey
 from .base import Backend, Runner
 from .dtypes import as_numpy, as_torch, carries, check_numpy_dtypes
 from .export_context import (

@@ -1,6 +1,6 @@
 """A ranged graph as the building backends need it: Dims per axis and an example call.
 
-For each tensor input, the :class:`~tunetree.graph.Dim` of each dynamic axis, and an
+For each tensor input, the :class:`~tunetree.signature.graph.Dim` of each dynamic axis, and an
 example call to export or compile from.
 
 Exporters and compilers specialise sizes 0 and 1 and may unify dynamic axes whose example
@@ -18,7 +18,16 @@ from typing import Any
 import torch
 
 from ..errors import BackendError
-from ..graph import Dim, Graph, GraphKey, Sample, TensorSpec, flatten, resize_axis, unflatten
+from ..signature.graph import (
+    Dim,
+    Graph,
+    GraphKey,
+    Sample,
+    TensorSpec,
+    flatten,
+    resize_axis,
+    unflatten,
+)
 
 AxisDims = dict[int, Dim]
 """The dynamic axes of one tensor input: axis -> its dimension."""
@@ -142,7 +151,7 @@ def describe_ranges(key: GraphKey) -> str:
 def placeholder_elements(key: GraphKey) -> int:
     """Elements of the placeholder tensors a loader makes from ``key`` alone.
 
-    Every tensor at :meth:`~tunetree.graph.TensorSpec.example_shape`, to refuse a huge one
+    Every tensor at :meth:`~tunetree.signature.graph.TensorSpec.example_shape`, to refuse a huge one
     before making it.
     """
     return sum(math.prod(spec.example_shape()) for spec in key.tensor_specs())
@@ -155,7 +164,7 @@ def check_placeholders(key: GraphKey, max_elements: int) -> None:
         raise BackendError(
             f"rebuilding the runner would allocate placeholder inputs of {elements} elements "
             f"for the graph {key}, over the {max_elements} elements a file of this size can "
-            "account for (tunetree.artifacts.allowed_elements): refused before allocating"
+            "account for (tunetree.runtime.artifacts.allowed_elements): refused before allocating"
         )
 
 

@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..graph import Graph, GraphKey
-from .base import ChangesResults, Runner, original_forward
+from ..signature.binding import original_forward
+from ..signature.graph import Graph, GraphKey
+from .base import ChangesResults, Runner
 
 
 @contextlib.contextmanager

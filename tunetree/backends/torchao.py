@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..graph import Graph, GraphKey
-from .base import ChangesResults, Runner, original_forward
+from ..signature.binding import original_forward
+from ..signature.graph import Graph, GraphKey
+from .base import ChangesResults, Runner
 from .inductor import compile_unavailable_reason, fresh_entry
 from .packages import install_hint, not_installed_reason
 

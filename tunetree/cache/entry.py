@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._records import Fields
-from ..artifacts import BackendRecord, FileRecord
+from .._util.records import Fields
+from ..candidates.evaluate import Status
+from ..candidates.measure import Timing
 from ..errors import CacheError
-from ..evaluate import Status
-from ..measure import Timing
+from ..runtime.artifacts import BackendRecord, FileRecord
 
 
 class EntryFault(CacheError):

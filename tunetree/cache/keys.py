@@ -35,10 +35,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..artifacts import BackendRecord
 from ..backends.base import Backend
+from ..candidates.evaluate import GraphSession
 from ..checkpoint.environment import environment_record, flatten_record
-from ..evaluate import GraphSession
+from ..runtime.artifacts import BackendRecord
 
 SCHEMA = 1
 """Version of the entry format and of the key composition; part of every key and manifest."""
@@ -55,6 +55,46 @@ def canonical_json(value: Any) -> str:
 
 
 # --------------------------------------------------------------------------- stable values
+
+KEY_MODULE_NAMES = {
+    "tunetree._util.args": "tunetree._args",
+    "tunetree._util.fs": "tunetree._fs",
+    "tunetree._util.json_io": "tunetree._json",
+    "tunetree._util.plot": "tunetree._plot",
+    "tunetree._util.records": "tunetree._records",
+    "tunetree._util.table": "tunetree._table",
+    "tunetree._util.progress": "tunetree.progress",
+    "tunetree.signature.graph": "tunetree.graph",
+    "tunetree.signature.binding": "tunetree.binding",
+    "tunetree.signature.shapes": "tunetree.shapes",
+    "tunetree.signature.modules": "tunetree.modules",
+    "tunetree.signature.state": "tunetree.state",
+    "tunetree.signature.compare": "tunetree.compare",
+    "tunetree.signature.probes": "tunetree.probes",
+    "tunetree.signature.inspection": "tunetree.inspection",
+    "tunetree.runtime.plan": "tunetree.plan",
+    "tunetree.runtime.wrap": "tunetree.wrap",
+    "tunetree.runtime.artifacts": "tunetree.artifacts",
+    "tunetree.candidates.budget": "tunetree.budget",
+    "tunetree.candidates.measure": "tunetree.measure",
+    "tunetree.candidates.evaluate": "tunetree.evaluate",
+    "tunetree.candidates.strategy": "tunetree.strategy",
+    "tunetree.candidates.results": "tunetree.results",
+    "tunetree.search.tune": "tunetree.tune",
+    "tunetree.search.endtoend": "tunetree.endtoend",
+    "tunetree.search.auto": "tunetree.auto",
+    "tunetree.search.auto_result": "tunetree.auto",
+    "tunetree.search.accuracy_check": "tunetree.accuracy.fit",
+}
+"""tunetree's modules as keys name them: by where they lived before the core moved into rooms
+(issue 27), so a move changes no key of unchanged code. A module added later keys by its name."""
+
+
+def qualified_name(obj: Any) -> str:
+    """``module.qualname`` of a class or function, with tunetree's modules as keys name them."""
+    module = getattr(obj, "__module__", None) or ""
+    return f"{KEY_MODULE_NAMES.get(module, module)}.{obj.__qualname__}"
+
 
 
 def stable(value: Any, depth: int = 0) -> Any:
@@ -87,7 +127,7 @@ def stable(value: Any, depth: int = 0) -> Any:
 def _stable_object(value: Any, depth: int) -> Any:
     """:func:`stable` for classes, dataclasses, configuration objects and callables."""
     if isinstance(value, type):
-        return f"class:{value.__module__}.{value.__qualname__}"
+        return f"class:{qualified_name(value)}"
     if dataclasses.is_dataclass(value):
         fields = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
         return [type(value).__qualname__, stable(fields, depth + 1)]
@@ -100,9 +140,8 @@ def _stable_object(value: Any, depth: int) -> Any:
         if isinstance(as_dict, dict):
             return [type(value).__qualname__, stable(as_dict, depth + 1)]
     if callable(value) and hasattr(value, "__qualname__"):
-        module = getattr(value, "__module__", None) or ""
-        return f"callable:{module}.{value.__qualname__}"
-    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+        return f"callable:{qualified_name(value)}"
+    return f"<{qualified_name(type(value))}>"
 
 
 # --------------------------------------------------------------------------- code identity
@@ -201,7 +240,7 @@ def class_code_digest(cls: type) -> str:
     for klass in cls.__mro__:
         if klass in (nn.Module, object):
             continue
-        name = f"{klass.__module__}.{klass.__qualname__}"
+        name = qualified_name(klass)
         if klass.__module__.split(".")[0] == "torch":
             parts.append([name, "torch"])
             continue
@@ -245,7 +284,7 @@ def module_structure(module: nn.Module) -> dict[str, Any]:
         if not name.startswith("_") and name not in ("training", "forward")
     }
     return {
-        "class": f"{cls.__module__}.{cls.__qualname__}",
+        "class": qualified_name(cls),
         "code": class_code_digest(cls),
         "attributes": attrs,
         "parameters": [
@@ -351,10 +390,9 @@ def backend_record(backend: Backend) -> dict[str, Any]:
 
 def strategy_record(strategy: Any) -> dict[str, Any]:
     """A strategy: its type, its options (everything but the backends) and its candidates."""
-    cls = type(strategy)
     options = {k: stable(v) for k, v in sorted(vars(strategy).items()) if k != "backends"}
     return {
-        "type": f"{cls.__module__}.{cls.__qualname__}",
+        "type": qualified_name(type(strategy)),
         "options": options,
         "backends": [backend_record(b) for b in strategy.backends],
     }

@@ -16,7 +16,7 @@ from pathlib import Path
 import filelock
 import torch
 
-from ..evaluate import GraphSession
+from ..candidates.evaluate import GraphSession
 
 log = logging.getLogger(__name__)
 

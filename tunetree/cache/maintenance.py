@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._fs import read_regular
-from ..artifacts import remove_tree
+from .._util.fs import read_regular
+from ..runtime.artifacts import remove_tree
 from .entry import EntryFault
 from .store import HOST, JOURNAL, MAX_SMALL_BYTES, ORPHAN_AGE_S, CacheStore
 

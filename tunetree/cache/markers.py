@@ -20,8 +20,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from .._fs import is_real_dir, read_regular
-from .._json import loads_bounded
+from .._util.fs import is_real_dir, read_regular
+from .._util.json_io import loads_bounded
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,11 @@ import logging
 
 import torch
 
-from ..artifacts import (
+from ..backends.base import Backend, Runner
+from ..candidates.evaluate import CandidateRow, GraphSession, Status
+from ..candidates.strategy import Strategy
+from ..errors import BackendError
+from ..runtime.artifacts import (
     SavedRunner,
     allowed_elements,
     load_runner,
@@ -19,12 +23,8 @@ from ..artifacts import (
     remove_tree,
     remove_with,
 )
-from ..backends.base import Backend, Runner
-from ..compare import Comparison
-from ..errors import BackendError
-from ..evaluate import CandidateRow, GraphSession, Status
-from ..graph import detach_clone
-from ..strategy import Strategy
+from ..signature.compare import Comparison
+from ..signature.graph import detach_clone
 from .entry import CandidateRecord, EntryManifest
 from .store import CacheStore
 

@@ -36,10 +36,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from .._fs import fsync_dir, is_real_dir, read_regular
-from .._json import loads_bounded
-from ..artifacts import FileRecord, file_sha256, remove_tree
+from .._util.fs import fsync_dir, is_real_dir, read_regular
+from .._util.json_io import loads_bounded
 from ..errors import CacheError
+from ..runtime.artifacts import FileRecord, file_sha256, remove_tree
 from .entry import EntryFault, EntryManifest, EntryMissing
 from .markers import EntryMarkers
 

@@ -1,4 +1,4 @@
-""":class:`TuningCache`: the :class:`~tunetree.results.GraphCache` that ``tune`` consults.
+""":class:`TuningCache`: the :class:`~tunetree.candidates.results.GraphCache` ``tune`` asks.
 
 A hit reads only that entry's manifest and its winner's artifacts (a partial load),
 rebuilds the winner's runner and re-validates its outputs against eager before using it.
@@ -29,11 +29,11 @@ from typing import Any
 import filelock
 import torch
 
+from ..candidates.evaluate import GraphSession, Status
+from ..candidates.results import GraphCache, GraphResult
+from ..candidates.strategy import Strategy
 from ..errors import CacheError
-from ..evaluate import GraphSession, Status
-from ..graph import GraphKey
-from ..results import GraphCache, GraphResult
-from ..strategy import Strategy
+from ..signature.graph import GraphKey
 from . import keys, maintenance
 from .entry import ArtifactRecord, EntryFault, EntryManifest, EntryMissing
 from .locks import WriterLocks, device_lock

@@ -14,10 +14,10 @@ import time
 import uuid
 from pathlib import Path
 
-from ..artifacts import BackendRecord, FileRecord, remove_tree, save_runner
 from ..backends.base import Runner
-from ..evaluate import CandidateRow, GraphSession
-from ..results import GraphResult
+from ..candidates.evaluate import CandidateRow, GraphSession
+from ..candidates.results import GraphResult
+from ..runtime.artifacts import BackendRecord, FileRecord, remove_tree, save_runner
 from . import keys
 from .entry import ArtifactRecord, CandidateRecord, EntryManifest
 from .store import JOURNAL, CacheStore

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from ..artifacts import allowed_elements
 from ..backends.base import Backend
 from ..errors import (
     BackendError,
@@ -28,6 +27,7 @@ from ..errors import (
     IncompatibleCheckpointError,
     UntrustedConfigError,
 )
+from ..runtime.artifacts import allowed_elements
 from .environment import unrecorded_libraries
 from .format import RUNNERS, EntryRecord, Manifest
 from .reader import Budget, Source, extract
@@ -120,7 +120,7 @@ def check_plan(
     The record must list what the plan needs; each needed entry's backend must be known,
     allowed (``trust_config``) and available on ``device``; its runner record must fit its
     graph and ask for no more memory than a checkpoint of ``size`` bytes accounts for
-    (:func:`~tunetree.artifacts.allowed_elements`). Returns the backend of each needed entry
+    (:func:`~tunetree.runtime.artifacts.allowed_elements`). Returns the backend of each needed entry
     by index. Raises :class:`CheckpointError` (:class:`IncompatibleCheckpointError` where
     the file is sound but cannot load here) or :class:`BackendError` for a runner record.
     """

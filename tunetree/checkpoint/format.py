@@ -21,10 +21,10 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._records import Fields
-from ..artifacts import BackendRecord
+from .._util.records import Fields
 from ..errors import CheckpointError, IncompatibleCheckpointError
-from ..graph import Dim, GraphKey, TensorSpec
+from ..runtime.artifacts import BackendRecord
+from ..signature.graph import Dim, GraphKey, TensorSpec
 from .environment import Difference
 
 FORMAT_VERSION = 1

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..errors import IncompatibleCheckpointError
-from ..graph import GraphKey
+from ..signature.graph import GraphKey
 from .compat import (
     check_plan,
     extract_runners,

@@ -12,16 +12,16 @@ from typing import Any
 
 import torch
 
-from ..artifacts import SavedRunner, allowed_elements, load_runner, remove_with
 from ..backends.base import Backend, Runner
 from ..errors import (
     CheckpointError,
     IncompatibleCheckpointError,
     InvalidInputError,
 )
-from ..graph import GraphKey
-from ..modules import find_module, resolve_device, root_modules
-from ..wrap import wrap, wrapped_paths
+from ..runtime.artifacts import SavedRunner, allowed_elements, load_runner, remove_with
+from ..runtime.wrap import wrap, wrapped_paths
+from ..signature.graph import GraphKey
+from ..signature.modules import find_module, resolve_device, root_modules
 from .compat import (
     check_plan,
     extract_runners,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .._json import loads_bounded
+from .._util.json_io import loads_bounded
 from ..errors import CheckpointError, IncompatibleCheckpointError
 from . import format as fmt
 from .environment import Difference

@@ -1,14 +1,14 @@
 """The environment record's schema, checked before any entry of a record read from a file is used.
 
 Every entry must be present with its type, lists and strings bounded, backend kinds of the closed
-form :data:`~tunetree.artifacts.KIND`.
+form :data:`~tunetree.runtime.artifacts.KIND`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..artifacts import KIND
+from ..runtime.artifacts import KIND
 
 MAX_TEXT = 4096
 """Longest string entry accepted in a record."""

@@ -20,13 +20,13 @@ from typing import Any
 
 import torch
 
-from .._fs import fsync_dir
-from ..artifacts import BackendRecord, file_sha256, files_under, save_runner
+from .._util.fs import fsync_dir
 from ..backends.base import Backend
 from ..errors import BackendError, CheckpointError, InvalidInputError
-from ..modules import hidden_modules, module_paths, resolve_device, root_modules
-from ..plan import Plan, PlanEntry
-from ..wrap import dispatcher_of
+from ..runtime.artifacts import BackendRecord, file_sha256, files_under, save_runner
+from ..runtime.plan import Plan, PlanEntry
+from ..runtime.wrap import dispatcher_of
+from ..signature.modules import hidden_modules, module_paths, resolve_device, root_modules
 from .environment import environment_record
 from .format import (
     DIR_ENVIRONMENT,

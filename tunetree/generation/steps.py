@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .._table import format_seconds, format_table
+from .._util.table import format_seconds, format_table
 from ..backends.ranges import describe_ranges
-from ..graph import Sample
-from ..results import GraphResult
+from ..candidates.results import GraphResult
+from ..signature.graph import Sample
 
 _TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
 
@@ -46,7 +46,7 @@ class GenerationStep:
 
 ParameterNames = Callable[[str], Sequence[str]]
 """The forward's parameter names (no ``self``) of the module at a path: canonical calls pass
-them by position (:mod:`tunetree.binding`)."""
+them by position (:mod:`tunetree.signature.binding`)."""
 
 
 def _tokens(sample: Sample, names: Sequence[str]) -> torch.Tensor | None:

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from tunetree.signature.compare import Tolerances, compare, compare_all
+
+
+def test_equal_nested_outputs_match() -> None:
+    a = {"x": torch.ones(3), "y": (torch.zeros(2), 3)}
+    assert compare(a, {"x": torch.ones(3), "y": (torch.zeros(2), 3)}).ok
+
+
+def test_float32_within_and_beyond_tolerance() -> None:
+    ref = torch.ones(100)
+    assert compare(ref, ref + 5e-4).ok  # rtol 1e-3
+    bad = compare(ref, ref + 1e-2)
+    assert not bad.ok
+    assert "max abs diff 0.01" in bad.reason
+    assert math.isclose(bad.max_abs_diff, 1e-2, rel_tol=1e-3)
+
+
+def test_structure_dtype_shape_and_values_checked() -> None:
+    assert not compare((torch.ones(2),), [torch.ones(2)]).ok
+    assert not compare(torch.ones(2), torch.ones(2, dtype=torch.float64)).ok
+    assert not compare(torch.ones(2), torch.ones(3)).ok
+    assert not compare(torch.ones(2, dtype=torch.long), torch.tensor([1, 2])).ok
+    assert not compare((torch.ones(1), 1), (torch.ones(1), 2)).ok
+
+
+def test_nan_must_match_position() -> None:
+    ref = torch.tensor([1.0, float("nan")])
+    assert compare(ref, ref.clone()).ok
+    assert not compare(ref, torch.tensor([float("nan"), 1.0])).ok
+
+
+def test_dataclass_outputs_and_uniform_tolerance() -> None:
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+
+    ref = [Out(torch.ones(4))]
+    cand = [Out(torch.ones(4) * 1.01)]
+    assert not compare_all(ref, cand).ok
+    assert compare_all(ref, cand, Tolerances.uniform(atol=0.05, rtol=0.0)).ok
+
+
+def test_bf16_tolerance_is_looser_than_f32() -> None:
+    t = Tolerances()
+    assert t.for_dtype(torch.bfloat16).rtol > t.for_dtype(torch.float32).rtol
+
+
+def test_a_structure_difference_is_named_by_where_it_is_in_one_line() -> None:
+    """A whole output spec with a cache object ran to a screen of text in a table's status."""
+    reference = {"hidden": torch.ones(2), "cache": [(torch.ones(1), torch.ones(1))] * 20}
+    candidate = {"hidden": torch.ones(2), "cache": [(torch.ones(1), torch.ones(1))] * 19 + [()]}
+    reason = compare(reference, candidate).reason
+    assert reason.startswith("output structure differs at output.cache[19]: tuple")
+    assert "vs eager tuple" in reason and len(reason) < 200 and "\n" not in reason

@@ -1,0 +1,101 @@
+"""Candidates for ranged graphs are checked on probe shapes and value probes (issue 12)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from tests.fakes import _FnRunner, quick_tune
+from tunetree.backends.base import Backend, Runner, original_forward
+from tunetree.backends.eager import Eager
+from tunetree.candidates.evaluate import Status
+from tunetree.signature.graph import Graph, GraphKey
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedOnly(Backend):
+    """Right on the exact shapes it was built with, off by one on every other shape."""
+
+    kind: ClassVar[str] = "test-recorded-only"
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        seen = {s.key for s in graph.samples}
+        forward = original_forward(module)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            out = forward(*args, **kwargs)
+            return out if GraphKey.of(args, kwargs) in seen else out + 1
+
+        return _FnRunner(self, run)
+
+
+@dataclasses.dataclass(frozen=True)
+class BakedBranch(Backend):
+    """Bakes the branch the first recorded sample took, as a tracing exporter would."""
+
+    kind: ClassVar[str] = "test-baked-branch"
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        positive = bool(graph.samples[0].args[0].sum() > 0)
+        return _FnRunner(self, lambda x: x * 2 if positive else x - 1)
+
+
+class Branchy(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 if x.sum() > 0 else x - 1
+
+
+def batches(*sizes: int) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(b, 8) for b in sizes]
+
+
+def test_probe_shape_failure_rejects_candidate_for_the_range() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).eval()
+    result = quick_tune(model, batches(2, 4, 9), [RecordedOnly(), Eager()])
+    (graph,) = result.graphs
+    assert str(graph.graph.key) == "(f32[batch 2..9, 8])"
+    rows = {r.backend.kind: r for r in graph.rows}
+    bad = rows["test-recorded-only"]
+    assert bad.status is Status.REJECTED
+    assert bad.reason.startswith("wrong on probe batch=5: ")
+    assert graph.winner is rows["eager"]
+
+
+def test_exact_graphs_do_not_get_shape_probes() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh()).eval()
+    result = quick_tune(model, batches(4, 4), [RecordedOnly(), Eager()])
+    assert result.graphs[0].rows[0].status is Status.OK
+
+
+def test_value_probe_rejects_a_baked_branch() -> None:
+    x = torch.full((3, 8), 3.0)
+    result = quick_tune(Branchy().eval(), [x], [BakedBranch(), Eager()])
+    rows = {r.backend.kind: r for r in result.graphs[0].rows}
+    assert rows["test-baked-branch"].status is Status.REJECTED
+    assert rows["test-baked-branch"].reason.startswith("wrong on value probe")
+    assert rows["eager"].status is Status.OK
+
+
+class Log(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClampedLog(Backend):
+    """Right wherever log is finite, finite where eager's log is nan."""
+
+    kind: ClassVar[str] = "test-clamped-log"
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        return _FnRunner(self, lambda x: torch.log(x.clamp(min=1e-30)))
+
+
+def test_value_probes_eager_cannot_answer_are_skipped() -> None:
+    # negated inputs make log() nan: not valid inputs, so they reject nothing
+    result = quick_tune(Log().eval(), [torch.rand(3, 8) + 1], [ClampedLog(), Eager()])
+    assert result.graphs[0].rows[0].status is Status.OK

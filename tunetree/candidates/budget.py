@@ -1,0 +1,279 @@
+"""Tuning time: a budget's deadline and a stopwatch of where the time went.
+
+Both read one clock, :func:`now`, that tests can replace.
+
+``auto_tune(time_budget=...)`` asks the :class:`Deadline` before every depth, graph, candidate
+build and measurement whether that work is expected to end in time, and measurements stop their
+trial loops at it (see :func:`tunetree.auto_tune`). A :class:`Stopwatch` charges every moment of
+a tune to exactly one phase (the innermost one open), so the phases of its
+:class:`TimeBreakdown` add up to the wall time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._util.table import format_table
+
+TIME_BUDGET_ERROR = "time budget used up"
+
+INSPECTION = "inspection"
+SETUP = "setup"
+"""Choosing the strategy's backends (their availability checks import runtimes), the cache."""
+BUILD = "build"
+"""A candidate's build and its first run on every sample (a lazy compile happens there)."""
+CHECK = "check"
+"""Comparison of a candidate's outputs with eager's, on the samples and on probes."""
+SCREENING = "screening"
+MEASUREMENT = "measurement"
+REMATCH = "rematch"
+SHAPES = "per-shape measurement"
+CACHE = "cache"
+END_TO_END_CHECK = "end-to-end check"
+END_TO_END = "end-to-end measurement"
+OTHER = "other"
+"""Time inside no phase: planning, wrapping, bookkeeping."""
+
+
+class BuildStopped(BaseException):
+    """Raised inside a build the time budget stopped (see :func:`stopped_after`).
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so that no library's ``except Exception``
+    takes it for a failure of its own and carries on.
+    """
+
+
+@contextlib.contextmanager
+def stopped_after(seconds: float) -> Iterator[None]:
+    """Raise :class:`BuildStopped` in this thread if the block runs longer than ``seconds``.
+
+    A watcher thread sets the exception asynchronously (``PyThreadState_SetAsyncExc``): it is
+    raised at this thread's next Python instruction, so a block inside a long C call (a
+    compiler subprocess) stops when that call returns. An exception set as the block ended is
+    withdrawn before it can be raised outside it.
+    """
+    target = threading.get_ident()
+    lock = threading.Lock()
+    state = {"finished": False, "fired": False}
+    wake = threading.Event()
+
+    def watch() -> None:
+        if wake.wait(max(seconds, 0.0)):
+            return
+        with lock:
+            if not state["finished"]:
+                state["fired"] = True
+                _set_async_exc(target, BuildStopped)
+
+    watcher = threading.Thread(target=watch, name="tunetree-budget-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        with lock:
+            state["finished"] = True
+            if state["fired"]:
+                _set_async_exc(target, None)  # withdraw it if it was not raised yet
+        wake.set()
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
+    )
+
+
+def now() -> float:
+    """The clock every deadline reads (a module function, so a test can substitute it)."""
+    return time.perf_counter()
+
+
+@dataclass
+class Deadline:
+    """The moment a time budget runs out, on :func:`now`'s clock.
+
+    ``reserve_s`` is time kept free for work that must follow what is being decided (the
+    end-to-end measurement of the depth in progress): a build or a measurement is started only
+    when it is expected to end ``reserve_s`` before the deadline.
+    """
+
+    at: float
+    builds: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
+    """The longest build (with its checks) seen so far per backend kind (see :meth:`room_for`)."""
+    reserve_s: float = field(default=0.0, compare=False)
+
+    @classmethod
+    def after(cls, seconds: float, start: float | None = None) -> Deadline:
+        """The deadline ``seconds`` after ``start`` (default: now)."""
+        return cls((now() if start is None else start) + seconds)
+
+    def passed(self) -> bool:
+        """True once the deadline has passed."""
+        return now() > self.at
+
+    def left_s(self) -> float:
+        """Seconds left until the deadline (0 once passed)."""
+        return max(0.0, self.at - now())
+
+    @contextlib.contextmanager
+    def build(self, kind: str) -> Iterator[None]:
+        """Time the block as one build of backend ``kind`` (see :meth:`room_for`)."""
+        start = now()
+        try:
+            yield
+        finally:
+            self.builds[kind] = max(now() - start, self.builds.get(kind, 0.0))
+
+    def expected_build_s(self, kind: str) -> float:
+        """How long a build of ``kind`` is expected to take.
+
+        The longest build of that kind so far; for a kind not built yet, the longest build of
+        any kind (builds of one graph by different backends are of one order of magnitude).
+        """
+        if kind in self.builds:
+            return self.builds[kind]
+        return max(self.builds.values(), default=0.0)
+
+    def room_for(self, kind: str) -> bool:
+        """Whether a build of ``kind`` is expected to end before the deadline (and its reserve).
+
+        So a budget is overrun by at most one unexpectedly long build, instead of one build of
+        whichever backend comes next.
+        """
+        return self.room_for_s(self.expected_build_s(kind))
+
+    def free_s(self) -> float:
+        """Seconds left before the reserve (0 once only the reserve is left)."""
+        return max(0.0, self.left_s() - self.reserve_s)
+
+    def room_for_s(self, seconds: float) -> bool:
+        """Whether work expected to take ``seconds`` ends before the deadline and its reserve."""
+        return not self.passed() and seconds + self.reserve_s <= self.left_s()
+
+    @contextlib.contextmanager
+    def reserving(self, seconds: float) -> Iterator[None]:
+        """Keep ``seconds`` free at the end of the budget while the block runs."""
+        before = self.reserve_s
+        self.reserve_s = seconds
+        try:
+            yield
+        finally:
+            self.reserve_s = before
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """Time charged to one phase (with its detail, e.g. the backend of a build)."""
+
+    phase: str
+    detail: str
+    seconds: float
+    count: int
+    """How many times the phase was entered."""
+
+    @property
+    def label(self) -> str:
+        """``build (inductor)``: the phase as tables show it."""
+        return f"{self.phase} ({self.detail})" if self.detail else self.phase
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Where a tune's wall time went, phase by phase; the phases and ``other`` add up to it."""
+
+    wall_s: float
+    phases: tuple[PhaseTime, ...] = ()
+
+    @property
+    def accounted_s(self) -> float:
+        """Seconds charged to a named phase."""
+        return sum(p.seconds for p in self.phases)
+
+    @property
+    def other_s(self) -> float:
+        """Seconds in no phase (planning, wrapping, bookkeeping)."""
+        return max(0.0, self.wall_s - self.accounted_s)
+
+    def seconds(self, phase: str, detail: str | None = None) -> float:
+        """Seconds charged to ``phase`` (all its details, or only ``detail``)."""
+        return sum(
+            p.seconds
+            for p in self.phases
+            if p.phase == phase and (detail is None or p.detail == detail)
+        )
+
+    def table(self) -> str:
+        """The phases, largest first, with their share of the wall time."""
+        wall = self.wall_s or 1.0
+        rows: list[list[Any]] = [
+            [p.label, p.count, f"{p.seconds:.2f} s", f"{100 * p.seconds / wall:.1f}%"]
+            for p in sorted(self.phases, key=lambda p: -p.seconds)
+        ]
+        rows.append([OTHER, "-", f"{self.other_s:.2f} s", f"{100 * self.other_s / wall:.1f}%"])
+        rows.append(["total (wall)", "-", f"{self.wall_s:.2f} s", "100%"])
+        return format_table(["phase", "times", "seconds", "share"], rows, title="tuning time")
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready form (benchmarks store it)."""
+        return {
+            "wall_s": self.wall_s,
+            "other_s": self.other_s,
+            "phases": [
+                {"phase": p.phase, "detail": p.detail, "seconds": p.seconds, "count": p.count}
+                for p in self.phases
+            ],
+        }
+
+
+class Stopwatch:
+    """Charges every moment since its start to the innermost open phase (or to ``other``).
+
+    Phases nest: time inside an inner phase is not charged to the outer one, so the recorded
+    phases never count a second twice and add up to the wall time with ``other``.
+    """
+
+    def __init__(self) -> None:
+        self.start = now()
+        self._mark = self.start
+        self._open: list[tuple[str, str]] = []
+        self._seconds: dict[tuple[str, str], float] = {}
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def _charge(self) -> None:
+        t = now()
+        if self._open:
+            key = self._open[-1]
+            self._seconds[key] = self._seconds.get(key, 0.0) + (t - self._mark)
+        self._mark = t
+
+    @contextlib.contextmanager
+    def phase(self, name: str, detail: str = "") -> Iterator[None]:
+        """Charge the block's time (less that of phases inside it) to ``name`` (``detail``)."""
+        self._charge()
+        key = (name, detail)
+        self._open.append(key)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        self._seconds.setdefault(key, 0.0)
+        try:
+            yield
+        finally:
+            self._charge()
+            self._open.pop()
+
+    def breakdown(self) -> TimeBreakdown:
+        """The phases so far, in the order first entered, and the wall time since the start."""
+        self._charge()
+        phases = tuple(
+            PhaseTime(name, detail, seconds, self._counts[(name, detail)])
+            for (name, detail), seconds in self._seconds.items()
+        )
+        return TimeBreakdown(now() - self.start, phases)

@@ -1,0 +1,78 @@
+"""What tuning one graph produces, and what a persistent cache of such results offers.
+
+Kept below both :mod:`tunetree.tune` and :mod:`tunetree.cache` so the cache depends only
+downward: tune uses a cache through :class:`GraphCache`, and the cache builds
+:class:`GraphResult` objects without importing tune.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from .._util.table import format_table
+from ..signature.graph import Graph
+from .evaluate import CandidateRow, GraphSession
+
+if TYPE_CHECKING:
+    from .strategy import Strategy
+
+
+@dataclass
+class GraphResult:
+    """Every candidate's row for one graph of one module, and the winner."""
+
+    path: str
+    graph: Graph = field(repr=False)
+    rows: list[CandidateRow]
+    winner: CandidateRow | None
+    strategy: str = ""
+
+    @property
+    def eager_latency_s(self) -> float | None:
+        """Median latency of the eager row, or None when eager was not measured."""
+        for row in self.rows:
+            if row.backend.kind == "eager" and row.timing is not None:
+                return row.timing.median_s
+        return None
+
+    def fastest_keeping(self) -> CandidateRow | None:
+        """The fastest usable results-keeping candidate other than eager, or None.
+
+        A candidate the screening dropped counts: it is correct, and its screening timing ranks
+        it. What an accuracy budget's repair gives a graph back to.
+        """
+        keeping = [
+            r
+            for r in self.rows
+            if r.usable
+            and r.backend.preserves_results
+            and r.backend.kind != "eager"
+            and r.latency_s is not None
+        ]
+        return min(keeping, key=lambda r: r.latency_s or 0.0, default=None)
+
+    def per_shape_table(self) -> str:
+        """Latency of the winner and eager on each recorded shape of a ranged graph.
+
+        Empty when the graph has one shape or nothing was measured per shape.
+        """
+        rows = [r for r in self.rows if r.per_shape]
+        if not rows:
+            return ""
+        labels = list(rows[0].per_shape)
+        return format_table(
+            ["shape", *(r.backend.name for r in rows)],
+            [[label, *(str(r.per_shape.get(label, "-")) for r in rows)] for label in labels],
+            title=f"{self.path or '<model>'} {self.graph.key}: latency per recorded shape",
+        )
+
+
+class GraphCache(Protocol):
+    """What :func:`tune_cut` asks of a persistent tuning cache (see :mod:`tunetree.cache`)."""
+
+    def lookup(self, session: GraphSession, strategy: Strategy) -> GraphResult | None:
+        """A validated earlier result for this graph, or None (a miss or an invalid entry)."""
+
+    def store(self, session: GraphSession, strategy: Strategy, result: GraphResult) -> None:
+        """Record a fresh result; must never raise for I/O problems (log them instead)."""

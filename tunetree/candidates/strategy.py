@@ -1,0 +1,341 @@
+"""Strategies: which candidates to build for a graph and how to pick the winner.
+
+Every graph gets its own strategy instance (:meth:`Strategy.copy`), so no state is
+shared between graphs or between tunes. A strategy returns a row for every candidate,
+not only the winner.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .._util.table import format_table
+from ..backends import Backend, default_backends, original_forward, reduced_precision_backends
+from ..errors import InvalidInputError
+from ..signature.graph import Graph, Sample, flatten, unflatten
+from .evaluate import CandidateRow, GraphSession, Status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StrategyOutcome:
+    """Every candidate's row and the winning row (None when no candidate is usable)."""
+
+    rows: list[CandidateRow]
+    winner: CandidateRow | None
+
+
+class Strategy:
+    """Base class: holds candidate backends in the order they are tried."""
+
+    fastest_wins: ClassVar[bool] = False
+    """True when :meth:`select` picks the fastest candidate: candidates that cannot be within
+    the screening margin of the leader are then dropped after a short screening measurement
+    (see :meth:`GraphSession.measure`)."""
+
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        if not backends:
+            raise InvalidInputError(f"{type(self).__name__} needs at least one backend")
+        for backend in backends:
+            if not isinstance(backend, Backend):
+                raise InvalidInputError(
+                    f"{backend!r} is not a backend: use e.g. tt.backends.Inductor()"
+                )
+        self.backends: list[Backend] = list(backends)
+
+    def copy(self) -> Strategy:
+        """An independent instance for one graph."""
+        return copy.deepcopy(self)
+
+    def run(self, session: GraphSession) -> StrategyOutcome:
+        """Evaluate candidates for the session's graph and choose a winner."""
+        rows = [session.evaluate(b) for b in self.backends]
+        session.measure(rows, screen=self.fastest_wins)
+        measured = [r for r in rows if r.usable and r.timing is not None and not r.screened_out]
+        return StrategyOutcome(rows, self.select(measured) if measured else None)
+
+    def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        """Pick the winner among measured, correct rows (in backend order)."""
+        raise NotImplementedError
+
+    def for_twin(self, winners: Sequence[Backend]) -> Strategy | None:
+        """The strategy for a graph whose twin (same structure, same graph) ``winners`` won.
+
+        ``winners`` is the twin's winner, then (when the winner changes results) its fastest
+        results-keeping candidate, which an accuracy budget's repair returns to. None: tune it
+        in full. Strategies where the fastest wins narrow the race to those and eager, which
+        are built, checked and measured on this graph as always: the same computation on other
+        weights is not worth every candidate's build again.
+        """
+        return None
+
+    def describe(self) -> str:
+        """The strategy's name as reports show it."""
+        return type(self).__name__
+
+    def __str__(self) -> str:
+        return format_table(
+            ["#", "backend", "keeps results", "config"],
+            [
+                [i + 1, b.name, "yes" if b.preserves_results else "no (opt-in)", b.config()]
+                for i, b in enumerate(self.backends)
+            ],
+            title=self.describe(),
+        )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}([{', '.join(b.name for b in self.backends)}])"
+
+
+class FirstWinsStrategy(Strategy):
+    """The first candidate, in the given order, that builds and matches eager wins.
+
+    Later candidates are not built (cheapest tuning).
+    """
+
+    def run(self, session: GraphSession) -> StrategyOutcome:
+        """Evaluate candidates in order until one is usable and measured; later ones are skipped."""
+        rows: list[CandidateRow] = []
+        winner = None
+        for backend in self.backends:
+            if winner is not None:
+                rows.append(CandidateRow(backend, Status.SKIPPED, "an earlier candidate won"))
+                continue
+            row = session.evaluate(backend)
+            rows.append(row)
+            if row.usable:
+                session.measure([row])
+                winner = row if row.timing is not None else None
+        return StrategyOutcome(rows, winner)
+
+
+class OneBackendStrategy(FirstWinsStrategy):
+    """Use exactly one backend; the module keeps its forward if that backend fails."""
+
+    def __init__(self, backend: Backend) -> None:
+        super().__init__([backend])
+
+
+class _TwinsNarrowed(Strategy):
+    """A strategy where the fastest wins, so a twin's race can be narrowed to its winner.
+
+    ``share_twins=False`` tunes every graph in full.
+    """
+
+    fastest_wins: ClassVar[bool] = True
+
+    def __init__(self, backends: Sequence[Backend], *, share_twins: bool = True) -> None:
+        super().__init__(backends)
+        self.share_twins = share_twins
+
+    def for_twin(self, winners: Sequence[Backend]) -> Strategy | None:
+        """A copy racing ``winners`` against eager only (None with ``share_twins=False``)."""
+        if not self.share_twins:
+            return None
+        narrowed = self.copy()
+        eager = [b for b in self.backends if b.kind == "eager" and b not in winners]
+        narrowed.backends = [*winners, *eager]
+        return narrowed
+
+
+class MinLatencyStrategy(_TwinsNarrowed):
+    """Measure every candidate; the lowest median latency wins.
+
+    Modules with the same structure and graph as one already tuned (the layers of a stack)
+    race only that one's winner against eager (see :meth:`Strategy.for_twin`); pass
+    ``share_twins=False`` to tune each in full.
+    """
+
+    def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        """The measured candidate with the lowest median latency."""
+        return min(measured, key=lambda r: r.latency_s or float("inf"))
+
+
+class HighestThroughputStrategy(_TwinsNarrowed):
+    """Measure every candidate; the highest throughput (samples per second) wins.
+
+    With ``search_max_batch_size=True`` each usable candidate is also rebuilt at doubled
+    batch sizes (along axis 0) until throughput grows by less than 5 % or memory runs
+    out; the largest useful batch is reported per row and throughput is compared there.
+    The tuned plan still serves the graph that was recorded. Off by default.
+
+    Modules with the same structure and graph as one already tuned (the layers of a stack)
+    race only that one's winner against eager (see :meth:`Strategy.for_twin`); pass
+    ``share_twins=False`` to tune each in full.
+    """
+
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        *,
+        search_max_batch_size: bool = False,
+        max_batch_size: int = 1024,
+        share_twins: bool = True,
+    ) -> None:
+        super().__init__(backends, share_twins=share_twins)
+        self.search_max_batch_size = search_max_batch_size
+        self.max_batch_size = max_batch_size
+
+    def for_twin(self, winners: Sequence[Backend]) -> Strategy | None:
+        """As for every strategy where the fastest wins; None with the batch size search."""
+        return None if self.search_max_batch_size else super().for_twin(winners)
+
+    def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        """The measured candidate with the highest throughput."""
+        return max(measured, key=lambda r: r.throughput or 0.0)
+
+    def run(self, session: GraphSession) -> StrategyOutcome:
+        """Measure every candidate; with ``search_max_batch_size``, also search larger batches.
+
+        The winner is then the usable candidate with the highest throughput at its best batch size.
+        """
+        outcome = super().run(session)
+        if not self.search_max_batch_size or outcome.winner is None:
+            return outcome
+        best: dict[int, float] = {}
+        for i, row in enumerate(outcome.rows):
+            if row.usable and row.throughput is not None and not row.screened_out:
+                best[i] = self._search(session, row)
+        winner_index = max(best, key=lambda i: best[i])
+        return StrategyOutcome(outcome.rows, outcome.rows[winner_index])
+
+    def _search(self, session: GraphSession, row: CandidateRow) -> float:
+        throughput = row.throughput or 0.0
+        row.max_batch_size = row.batch
+        factor = 2
+        while row.batch * factor <= self.max_batch_size:
+            try:
+                graph = _scaled_graph(session.module, session.graph, factor)
+            except Exception as exc:
+                log.info("batch search stopped for %s: %s", row.backend.name, exc)
+                break
+            # replace() keeps the session's measure lock (the cache's device lock); builds
+            # of the search are not reported to on_build, as before.
+            scaled = dataclasses.replace(session, graph=graph, on_build=None)
+            candidate = scaled.evaluate(row.backend)
+            if candidate.usable:
+                scaled.measure([candidate])
+            if candidate.throughput is None or candidate.throughput < throughput * 1.05:
+                break
+            throughput = candidate.throughput
+            row.max_batch_size = candidate.batch
+            factor *= 2
+            if session.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return throughput
+
+    def describe(self) -> str:
+        """The strategy's name as reports show it, noting the batch size search."""
+        extra = " (max batch size search)" if self.search_max_batch_size else ""
+        return f"HighestThroughputStrategy{extra}"
+
+
+class LatencyBudgetStrategy(Strategy):
+    """The first candidate, in the given order, whose median latency is within ``budget_ms``.
+
+    When none is, the fastest one.
+    """
+
+    def __init__(self, budget_ms: float, backends: Sequence[Backend]) -> None:
+        if budget_ms <= 0:
+            raise InvalidInputError("budget_ms must be positive")
+        super().__init__(backends)
+        self.budget_ms = budget_ms
+
+    def select(self, measured: list[CandidateRow]) -> CandidateRow:
+        """The first measured candidate within ``budget_ms``, else the fastest one."""
+        for row in measured:
+            if row.latency_s is not None and row.latency_s * 1e3 <= self.budget_ms:
+                return row
+        fastest = min(measured, key=lambda r: r.latency_s or float("inf"))
+        log.info("no candidate within %.3g ms; using the fastest, %s", self.budget_ms, fastest)
+        return fastest
+
+    def describe(self) -> str:
+        """The strategy's name as reports show it, with its budget."""
+        return f"LatencyBudgetStrategy({self.budget_ms:g} ms)"
+
+
+def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:
+    """Highest throughput over every registered backend that runs on ``device``.
+
+    Only backends that keep the model's results are considered. Backends that cannot run here are
+    left out with one log line naming what to install.
+    """
+    dev = torch.device(device)
+    chosen = []
+    for backend in default_backends(dev):
+        if not backend.preserves_results:
+            continue
+        reason = backend.unavailable_reason(dev)
+        if reason:
+            # A missing package is actionable (the reason names the extra): say it loudly.
+            level = logging.WARNING if "pip install" in reason else logging.INFO
+            log.log(level, "default strategy on %s leaves out %s: %s", dev, backend.name, reason)
+            continue
+        chosen.append(backend)
+    return HighestThroughputStrategy(chosen)
+
+
+def accuracy_strategy(
+    device: torch.device | str = "cpu", quick: bool = False
+) -> HighestThroughputStrategy:
+    """:func:`default_strategy` plus the results-changing candidates an accuracy budget allows.
+
+    What ``auto_tune(accuracy=...)`` tries when no strategy is given: every default backend and
+    :func:`tunetree.backends.reduced_precision_backends` that run on ``device`` (with
+    ``quick``, only those that build quickly). Each candidate is admitted by its measured error
+    (see :class:`tunetree.AccuracyBudget`).
+    """
+    dev = torch.device(device)
+    base = quick_strategy(dev) if quick else default_strategy(dev)
+    extra = []
+    for backend in reduced_precision_backends(dev):
+        reason = backend.unavailable_reason(dev)
+        if reason:
+            log.info("accuracy strategy on %s leaves out %s: %s", dev, backend.name, reason)
+        elif backend.quick_build or not quick:
+            extra.append(backend)
+    others = [b for b in base.backends if b.kind != "eager"]
+    eager = [b for b in base.backends if b.kind == "eager"]
+    return HighestThroughputStrategy([*others, *extra, *eager])
+
+
+def quick_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:
+    """:func:`default_strategy` without the backends that build slowly (``quick_build=False``).
+
+    What ``auto_tune(quick=True)`` tries: on a CPU OpenVINO, ONNX Runtime and eager, without
+    Inductor's compiles; on CUDA graph capture, ONNX Runtime and eager.
+    """
+    quick = [b for b in default_strategy(device).backends if b.quick_build]
+    return HighestThroughputStrategy(quick)
+
+
+def _scaled_graph(module: torch.nn.Module, graph: Graph, factor: int) -> Graph:
+    """The graph with every sample's tensors repeated ``factor`` times along axis 0.
+
+    Also returns eager's outputs for them.
+    """
+
+    def scale(sample: Sample) -> Sample:
+        leaves, spec = flatten((sample.args, sample.kwargs))
+        scaled = [
+            torch.cat([leaf] * factor) if isinstance(leaf, torch.Tensor) and leaf.dim() else leaf
+            for leaf in leaves
+        ]
+        args, kwargs = unflatten(scaled, spec)
+        return Sample(tuple(args), dict(kwargs))
+
+    samples = [scale(s) for s in graph.samples[:1]]
+    forward = original_forward(module)
+    with torch.no_grad():
+        outputs = [s.run(forward) for s in samples]
+    return Graph(samples[0].key, samples, outputs)

@@ -1,0 +1,287 @@
+"""Swap a module's forward for a dispatcher that routes each call to the runner of its graph.
+
+The dispatcher is set as the module's *instance* attribute ``forward``: the class, its
+parameters, buffers, ``state_dict`` keys, hooks and ``.to()`` are untouched, and
+deleting the attribute undoes the wrap. A call whose input signature was not tuned
+runs the original forward (logged once per signature), never crashes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from ..backends.base import Runner
+from ..errors import InvalidInputError
+from ..signature.binding import ArgumentPlan, Binder, call_signature
+from ..signature.graph import GraphKey
+from ..signature.modules import find_module, module_paths, root_modules, set_root
+from .plan import Plan
+
+log = logging.getLogger(__name__)
+
+
+MEMO_LIMIT = 4096
+"""Most exact signatures a dispatcher remembers its routing decision for (then it forgets)."""
+
+_MISS = object()
+
+
+class Dispatcher:
+    """Replaces ``module.forward``: picks the runner for the call's graph.
+
+    A call is bound to the forward's signature first (:mod:`tunetree.signature.binding`), so
+    equivalent calls share a graph. An exact signature tuned as such goes straight to its
+    runner; otherwise the first ranged graph of the same pattern whose ranges hold the
+    call's sizes serves it. Decisions are remembered per exact signature; for calls of
+    tensors and plain constants (the common case) so is the binding
+    (:class:`~tunetree.signature.binding.ArgumentPlan`), so a steady stream of calls costs a cheap
+    signature (:func:`~tunetree.signature.binding.call_signature`) and one dict lookup each.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        path: str,
+        runners: Mapping[GraphKey, Runner],
+        plan: Plan | None = None,
+    ) -> None:
+        self.path = path
+        self.runners = runners
+        self.plan = plan
+        """The plan this dispatcher belongs to (measured latencies, depth), when known."""
+        self.original = type(module).forward.__get__(module, type(module))
+        """The class's forward, bound: the fallback calls it exactly as the module was called."""
+        self.binder = Binder.of_module(module)
+        # Callers that inspect forward (Hugging Face's generate) see the real parameters.
+        with contextlib.suppress(TypeError, ValueError):
+            self.__signature__ = inspect.signature(self.original)
+        self.fallback_calls = 0
+        """Calls this dispatcher served with the original forward (no runner for them)."""
+        self._warned: set[GraphKey] = set()
+        self._warned_opaque = False
+        self._warned_training = False
+
+    @property
+    def runners(self) -> dict[GraphKey, Runner]:
+        """The runner of each tuned graph (exact or ranged key)."""
+        return self._runners
+
+    @runners.setter
+    def runners(self, runners: Mapping[GraphKey, Runner]) -> None:
+        self._runners = dict(runners)
+        self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
+        self._routes: dict[GraphKey, Runner | None] = dict(self._exact)
+        self._fast: dict[tuple[Any, ...], tuple[Runner | None, ArgumentPlan]] = {}
+        self._ranged: dict[GraphKey, list[tuple[GraphKey, Runner]]] = {}
+        for key, runner in self._runners.items():
+            if key.is_dynamic:
+                self._ranged.setdefault(key.pattern(), []).append((key, runner))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Serve a call with the runner for its signature, or the original forward.
+
+        The original forward runs in training mode (with a warning, once) and for signatures no
+        runner serves.
+        """
+        if self.original.__self__.training:
+            # Runners are inference-only (an exported graph has no dropout, no autograd).
+            if not self._warned_training:
+                self._warned_training = True
+                log.warning(
+                    "%s is in training mode: running its original forward (tuned runners "
+                    "serve eval mode only)",
+                    self.path or "<model>",
+                )
+            self.fallback_calls += 1
+            return self.original(*args, **kwargs)
+        fast = call_signature(args, kwargs)
+        memo = self._fast.get(fast) if fast is not None else None
+        if memo is not None:  # a call of tensors and constants with a signature seen before
+            served, plan = memo
+            if served is None:
+                self.fallback_calls += 1
+                return self.original(*args, **kwargs)
+            bound_args, bound_kwargs = plan.apply(args, kwargs)
+            return served(*bound_args, **bound_kwargs)
+        bound_args, bound_kwargs = self.binder.bind(args, kwargs)
+        key = GraphKey.of(bound_args, bound_kwargs)
+        runner: Any = self._routes.get(key, _MISS)
+        if runner is _MISS:
+            runner = self.route(key)
+        if fast is not None:
+            learned = ArgumentPlan.learn((args, kwargs), (bound_args, bound_kwargs))
+            if learned is not None:
+                if len(self._fast) >= MEMO_LIMIT:
+                    self._fast.clear()
+                self._fast[fast] = (runner, learned)
+        if runner is None:  # exactly as the user called it: a decorator may read keywords
+            self.fallback_calls += 1
+            return self.original(*args, **kwargs)
+        return runner(*bound_args, **bound_kwargs)
+
+    def route(self, key: GraphKey) -> Runner | None:
+        """The runner serving the exact signature ``key`` (None: the original forward).
+
+        It is remembered for the next call with it.
+        """
+        runner = self._exact.get(key)
+        if runner is None:
+            runner = next(
+                (r for ranged, r in self._ranged.get(key.pattern(), []) if ranged.accepts(key)),
+                None,
+            )
+        if runner is None:
+            self._warn(key)
+        if len(self._routes) >= len(self._exact) + MEMO_LIMIT:
+            self._routes = dict(self._exact)
+        self._routes[key] = runner
+        return runner
+
+    def _warn(self, key: GraphKey) -> None:
+        """Log once why a call takes the original forward."""
+        where = self.path or "<model>"
+        if key.has_opaque:  # identity-keyed objects: warn once per module, not per call
+            if not self._warned_opaque:
+                self._warned_opaque = True
+                log.warning(
+                    "%s: called with an object it was not tuned with (%s); running the "
+                    "original forward, since a tuned runner may have baked the tuning-time "
+                    "object in",
+                    where,
+                    key,
+                )
+            return
+        pattern = key.pattern()
+        ranges = self._ranged.get(pattern)
+        # One warning per pattern when ranges exist (every size outside them), else per key.
+        once = pattern if ranges else key
+        if once in self._warned:
+            return
+        self._warned.add(once)
+        if ranges:
+            log.warning(
+                "%s: input %s is outside the tuned range%s %s; running the original "
+                "forward (tune with inputs of these sizes to widen the range)",
+                where,
+                key,
+                "s" if len(ranges) > 1 else "",
+                " or ".join(str(k) for k, _ in ranges),
+            )
+        else:
+            log.warning(
+                "%s: input signature %s was not seen while tuning; running the original "
+                "forward (tune with an input like this one to speed it up)",
+                where,
+                key,
+            )
+
+    def __repr__(self) -> str:
+        backends = sorted({r.backend.name for r in self.runners.values()})
+        return f"Dispatcher({self.path or '<model>'}: {', '.join(backends)})"
+
+
+def dispatcher_of(module: nn.Module) -> Dispatcher | None:
+    """The dispatcher wrapping ``module``, or None."""
+    forward = module.__dict__.get("forward")
+    return forward if isinstance(forward, Dispatcher) else None
+
+
+def wrapped_paths(model: Any) -> list[str]:
+    """Paths of every wrapped module in a model or pipeline."""
+    return [path for path, module in module_paths(model) if dispatcher_of(module) is not None]
+
+
+def wrap(
+    model: Any,
+    runners: Mapping[str, Mapping[GraphKey, Runner]],
+    plan: Plan | None = None,
+    *,
+    in_place: bool = True,
+) -> Any:
+    """Wrap every module path in ``runners`` and return the model to call.
+
+    With ``in_place=True`` modules inside the model are wrapped in place. The root module
+    itself (path ``""``) is never changed: a shallow copy that shares its parameters is
+    wrapped and returned. With ``in_place=False`` nothing the caller holds changes: the
+    root (module or pipeline object) and every module on the way to a wrapped path are
+    shallow copies sharing parameters, buffers and hooks (:func:`copy_along`). ``plan``,
+    when given, is kept on every dispatcher so that saving the tuned model keeps the plan's
+    measurements.
+    """
+    if not in_place and runners:
+        model = copy_along(model, list(runners))
+    elif "" in runners and isinstance(model, nn.Module):
+        model = copy.copy(model)  # shares parameters, buffers, submodules and hooks
+        model.__dict__.pop("forward", None)
+    for path, graph_runners in runners.items():
+        module = model if path == "" else find_module(model, path)
+        if dispatcher_of(module) is not None:
+            raise InvalidInputError(
+                f"{path or '<model>'} is already wrapped: undo the previous tune first"
+            )
+        module.__dict__["forward"] = Dispatcher(module, path, graph_runners, plan)
+    if list(runners) == [""] and isinstance(model, nn.Module):
+        for runner in runners[""].values():
+            runner.serve_alone()  # the whole model: nothing runs between the runner's calls
+    return model
+
+
+def _shallow(module: nn.Module) -> nn.Module:
+    """A copy sharing parameters, buffers and hooks, with its own child table and no wrap."""
+    twin = copy.copy(module)
+    twin.__dict__["_modules"] = dict(module._modules)
+    twin.__dict__.pop("forward", None)
+    return twin
+
+
+def copy_along(model: Any, paths: list[str]) -> Any:
+    """A shallow copy of ``model`` whose modules on the way to each of ``paths`` are copied too.
+
+    Every module on the way to each path (included) is its own shallow copy, so wrapping those paths
+    leaves ``model`` untouched. A module reached by two paths (a shared submodule) is copied once.
+    """
+    copies: dict[int, nn.Module] = {}
+
+    def twin_of(module: nn.Module) -> nn.Module:
+        if id(module) not in copies:
+            copies[id(module)] = _shallow(module)
+        return copies[id(module)]
+
+    if isinstance(model, nn.Module):
+        root: Any = twin_of(model)
+        prefixes = {"": model}
+    else:
+        root = copy.copy(model)
+        prefixes = root_modules(model)
+    for path in paths:
+        prefix = next(
+            p
+            for p in sorted(prefixes, key=len, reverse=True)
+            if p == "" or path == p or path.startswith(p + ".")
+        )
+        parent = twin_of(prefixes[prefix])
+        if prefix:
+            set_root(root, prefix, parent)
+        rest = path[len(prefix) :].lstrip(".")
+        for name in rest.split(".") if rest else []:
+            child = twin_of(parent._modules[name])  # type: ignore[arg-type]
+            parent._modules[name] = child
+            parent = child
+    return root
+
+
+def unwrap(model: Any) -> list[str]:
+    """Remove every dispatcher from ``model``; returns the paths that were unwrapped."""
+    undone = []
+    for path, module in module_paths(model):
+        if dispatcher_of(module) is not None:
+            del module.__dict__["forward"]
+            undone.append(path)
+    return undone

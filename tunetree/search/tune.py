@@ -1,0 +1,397 @@
+"""tune(): wrap one cut of a model with the best candidate per graph."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._util.progress import Progress
+from .._util.table import format_seconds, format_table
+from ..accuracy import AccuracyBudget
+from ..backends.base import Backend
+from ..cache import open_cache
+from ..cache.keys import structure_digest
+from ..candidates.budget import (
+    CACHE,
+    INSPECTION,
+    TIME_BUDGET_ERROR,
+    Deadline,
+    Stopwatch,
+    TimeBreakdown,
+)
+from ..candidates.evaluate import CandidateRow, GraphSession, Status
+from ..candidates.measure import MeasureConfig
+from ..candidates.results import GraphCache, GraphResult
+from ..candidates.strategy import Strategy, default_strategy
+from ..errors import InvalidInputError
+from ..runtime.plan import Plan, PlanEntry
+from ..runtime.wrap import unwrap, wrap, wrapped_paths
+from ..signature.compare import Tolerances
+from ..signature.inspection import ModelInfo, inspect
+from ..signature.modules import CallFn, find_module, resolve_device
+from ..signature.shapes import DynamicShapes
+from ..signature.state import check_eval_mode, eval_mode, preserved_state
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` did. ``result.model`` is always the thing to call."""
+
+    model: Any
+    depth: int
+    plan: Plan
+    graphs: list[GraphResult]
+    info: ModelInfo = field(repr=False)
+    dry_run: bool = False
+    original: Any = field(default=None, repr=False)
+    breakdown: TimeBreakdown | None = None
+    """Where the tuning time went, by phase (None for a dry run)."""
+
+    def timing(self) -> str:
+        """The tuning time by phase as a table (see :class:`tunetree.TimeBreakdown`)."""
+        return str(self.breakdown) if self.breakdown is not None else "nothing was timed"
+
+    def undo(self) -> Any:
+        """Remove every wrap this tune installed; returns the untuned model."""
+        unwrap(self.original)
+        return self.original
+
+    def table(self) -> str:
+        """Every candidate of every graph as a table; the winner's backend is marked with ``*``.
+
+        Columns: module, graph, backend, status, latency, speed-up over eager, build time, the
+        largest absolute difference from eager and, under an accuracy budget, the error in its
+        module metric.
+        """
+        rows = []
+        with_error = any(r.error is not None for g in self.graphs for r in g.rows)
+        for g in self.graphs:
+            eager = g.eager_latency_s
+            for row in g.rows:
+                mark = "*" if row is g.winner else ""
+                ratio = (
+                    f"{eager / row.latency_s:.2f}x"
+                    if eager and row.latency_s and row.timing is not None
+                    else "-"
+                )
+                rows.append(
+                    [
+                        g.path or "<model>",
+                        str(g.graph.key),
+                        mark + row.backend.name,
+                        row.describe(),
+                        row.latency_text(),
+                        ratio,
+                        format_seconds(row.build_s),
+                        "-" if row.max_abs_diff is None else f"{row.max_abs_diff:.2g}",
+                    ]
+                    + ([] if not with_error else ["-" if row.error is None else f"{row.error:.2g}"])
+                )
+        headers = ["module", "graph", "backend", "status", "latency", "vs eager", "build"]
+        return format_table(headers + ["max diff"] + (["error"] if with_error else []), rows)
+
+    def shapes(self) -> str:
+        """Per recorded shape, the latency of each ranged graph's winner and of eager."""
+        return "\n\n".join(t for g in self.graphs if (t := g.per_shape_table()))
+
+    def __str__(self) -> str:
+        if self.dry_run:
+            s = self.info.summary(self.depth)
+            return (
+                f"Dry run at depth {self.depth}: would tune {s.modules} modules, "
+                f"{s.graphs} graphs ({100 * s.time_share:.1f}% of eager time). Nothing was tuned."
+            )
+        chosen = sum(1 for g in self.graphs if g.winner is not None)
+        head = (
+            f"Tuned depth {self.depth}: {len(self.graphs)} graphs in "
+            f"{len({g.path for g in self.graphs})} modules, {chosen} with a usable candidate "
+            "(* = winner)"
+        )
+        note = self.info.coverage_note()
+        timing = f"\n{self.breakdown}" if self.breakdown is not None else ""
+        return head + "\n" + self.table() + (f"\nNote: {note}" if note else "") + timing
+
+
+GraphMemo = dict[tuple[str, Any], GraphResult]
+"""Graphs already tuned, by (path, graph key): reused instead of tuned twice."""
+
+
+def tune_cut(
+    model: Any,
+    info: ModelInfo,
+    depth: int,
+    *,
+    strategy: Strategy | None,
+    tolerances: Tolerances,
+    measure_config: MeasureConfig,
+    progress: Progress,
+    memo: GraphMemo | None = None,
+    on_build: Callable[[Backend], None] | None = None,
+    cache: GraphCache | None = None,
+    deadline: Deadline | None = None,
+    clock: Stopwatch | None = None,
+    accuracy: AccuracyBudget | None = None,
+) -> list[GraphResult]:
+    """Run the strategy on every graph of every module in the cut at ``depth``.
+
+    The model must be unwrapped; nothing is wrapped here. Once ``deadline`` has no time left but
+    its reserve, graphs not started are skipped (their modules keep their forward); started
+    graphs build no candidate expected to cross it but eager. ``clock`` is charged the builds,
+    checks, measurements and cache look-ups. ``accuracy`` admits results-changing candidates
+    by their error (see :attr:`GraphSession.accuracy`).
+    """
+    base = strategy or default_strategy(info.device)
+    clock = clock or Stopwatch()
+    todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
+    results = []
+    twins: dict[tuple[str, Any], GraphResult] = {}
+    started = time.perf_counter()
+    for done, (path, key, graph) in enumerate(todo):
+        where = path or "<model>"
+        if memo is not None and (path, key) in memo:
+            progress(f"depth {depth}", where, graph, "reused")
+            results.append(memo[(path, key)])
+            continue
+        if deadline is not None and deadline.free_s() <= 0:
+            rows = [CandidateRow(b, Status.SKIPPED, TIME_BUDGET_ERROR) for b in base.backends]
+            results.append(GraphResult(path, graph, rows, None, base.describe()))
+            progress(f"depth {depth}", where, graph, f"skipped: {TIME_BUDGET_ERROR}")
+            continue
+        session = GraphSession(
+            find_module(model, path),
+            path,
+            graph,
+            info.device,
+            tolerances,
+            measure_config,
+            progress,
+            on_build,
+            deadline=deadline,
+            clock=clock,
+            call_s=_call_s(info, path),
+            accuracy=accuracy,
+        )
+        result = _tune_graph(session, base, cache, twins)
+        if memo is not None and not _budget_cut(result):
+            memo[(path, key)] = result
+        results.append(result)
+        winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
+        progress(f"depth {depth}", where, graph, f"winner: {winner}", _eta(started, done, todo))
+    return results
+
+
+def _call_s(info: ModelInfo, path: str) -> float:
+    """Seconds per eager call of the module at ``path``, as the inspection saw them."""
+    record = info.modules[path]
+    return record.total_s / record.calls if record.calls else 0.0
+
+
+def _tune_graph(
+    session: GraphSession,
+    base: Strategy,
+    cache: GraphCache | None,
+    twins: dict[tuple[str, Any], GraphResult],
+) -> GraphResult:
+    """One graph: the cached result, else the strategy's (stored unless the budget cut it).
+
+    A graph whose twin (a module of the same structure called with the same graph, see
+    :func:`~tunetree.cache.keys.structure_digest`) was tuned before in this cut races what
+    :meth:`Strategy.for_twin` leaves: usually the twin's winner against eager, measured with
+    :meth:`MeasureConfig.confirming`.
+    """
+    twin_key = (structure_digest(session.module), session.graph.key)
+    twin = twins.get(twin_key)
+    narrowed = base.for_twin(_twin_winners(twin)) if twin and twin.winner else None
+    if narrowed is not None:
+        assert twin is not None and twin.winner is not None
+        confirming = dataclasses.replace(
+            session, measure_config=session.measure_config.confirming()
+        )
+        result = _tune_with(confirming, narrowed, cache)
+        note = f"not built: twin of {twin.path or '<model>'}, where {twin.winner.backend.name} won"
+        result.rows += [
+            CandidateRow(b, Status.SKIPPED, note)
+            for b in base.backends
+            if b not in narrowed.backends
+        ]
+        result.strategy = f"{base.describe()} (twin of {twin.path or '<model>'})"
+        return result
+    result = _tune_with(session, base, cache)
+    if result.winner is not None and not _budget_cut(result):
+        twins.setdefault(twin_key, result)
+    return result
+
+
+def _twin_winners(twin: GraphResult) -> list[Backend]:
+    """The backends a twin's race keeps: the twin's winner, and its fallback.
+
+    The fallback, when the winner changes results, is the twin's fastest usable results-keeping
+    candidate other than eager: what an accuracy budget's repair returns to.
+    """
+    assert twin.winner is not None
+    winners = [twin.winner.backend]
+    fallback = twin.fastest_keeping()
+    if not twin.winner.backend.preserves_results and fallback is not None:
+        winners.append(fallback.backend)
+    return winners
+
+
+def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) -> GraphResult:
+    """The cached result for ``base``, else a fresh run of it (stored unless the budget cut it)."""
+    own = base.copy()
+    if cache is not None:
+        with session.clock.phase(CACHE):
+            cached = cache.lookup(session, own)
+        if cached is not None:
+            return cached
+    outcome = own.run(session)
+    result = GraphResult(session.path, session.graph, outcome.rows, outcome.winner, own.describe())
+    _measure_shapes(session, result)
+    session.graph.checks = None  # probe outputs can be large; the graph is tuned once
+    if cache is not None and not _budget_cut(result):
+        with session.clock.phase(CACHE):
+            cache.store(session, own, result)
+    return result
+
+
+def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
+    """Per-shape latencies of the winner and eager on a ranged graph.
+
+    The mean over the recorded mix decided the winner; these show how each size fares.
+    """
+    if result.winner is None or not session.graph.key.is_dynamic:
+        return
+    eager = next((r for r in result.rows if r.backend.kind == "eager" and r.usable), None)
+    rows = [result.winner] + ([eager] if eager is not None and eager is not result.winner else [])
+    session.measure_shapes(rows)
+
+
+def _budget_cut(result: GraphResult) -> bool:
+    """Whether the time budget skipped any of the graph's candidates."""
+    return any(r.reason == TIME_BUDGET_ERROR for r in result.rows)
+
+
+def _eta(started: float, done: int, todo: list[Any]) -> str:
+    """``graph i/n, ETA s`` for the progress line (estimated from the graphs so far)."""
+    elapsed = time.perf_counter() - started
+    left = elapsed / (done + 1) * (len(todo) - done - 1)
+    return f"graph {done + 1}/{len(todo)}, ETA {left:.0f} s"
+
+
+def plan_from(results: list[GraphResult], depth: int) -> Plan:
+    """The plan made of every graph's winner."""
+    entries = [
+        PlanEntry(
+            g.path,
+            g.graph.key,
+            g.winner.backend,
+            g.winner.runner,
+            g.winner.latency_s,
+            g.eager_latency_s,
+        )
+        for g in results
+        if g.winner is not None and g.winner.runner is not None
+    ]
+    return Plan(entries, depth)
+
+
+def check_untuned(model: Any) -> None:
+    """Refuse a model that still carries dispatchers from an earlier tune."""
+    already = wrapped_paths(model)
+    if already:
+        raise InvalidInputError(
+            f"the model is already tuned ({len(already)} wrapped modules, e.g. "
+            f"{already[0] or '<model>'}); call result.undo() or tt.unwrap(model) first"
+        )
+
+
+def check_device(model: Any, device: torch.device | str | None) -> torch.device:
+    """The tuning device; refuses a device other than where the model's weights are."""
+    here = resolve_device(model, None)
+    dev = resolve_device(model, device)
+    if device is not None and dev.type != here.type:
+        raise InvalidInputError(
+            f"the model's weights are on {here} but device={dev} was asked for: "
+            f"move the model first (model.to({str(dev)!r}))"
+        )
+    return dev
+
+
+def tune(
+    model: Any,
+    dataset: Iterable[Any],
+    *,
+    depth: int = 0,
+    strategy: Strategy | None = None,
+    device: torch.device | str | None = None,
+    call: CallFn | None = None,
+    tolerances: Tolerances | None = None,
+    measure_config: MeasureConfig | None = None,
+    dry_run: bool = False,
+    verbose: bool = True,
+    info: ModelInfo | None = None,
+    cache: GraphCache | str | os.PathLike[str] | bool | None = None,
+    dynamic_shapes: DynamicShapes = None,
+    allow_training: bool = False,
+) -> TuneResult:
+    """Tune one cut: every executed module at ``depth`` plus executed leaves shallower than it.
+
+    Each graph (input signature) of each module gets its own copy of ``strategy`` (default:
+    :func:`default_strategy` for the device).
+
+    Returns a :class:`TuneResult`; call ``result.model``. At depth 0 that is a new object
+    sharing the model's parameters and the object given in stays untuned: for a pipeline,
+    or a model whose forward never runs through ``__call__`` (a ``generate`` loop), depth 0
+    is the outermost modules it calls (``print(tt.inspect(...))`` says which), and they are
+    wrapped in shallow copies inside a shallow copy of the object. At deeper cuts the
+    modules inside ``model`` are wrapped in place (``result.undo()`` reverts).
+
+    A model with modules in training mode is refused (call ``model.eval()``), unless
+    ``allow_training=True``: its eval behaviour is then tuned, and the runners serve eval
+    mode only. Tuning never changes the model's buffers, parameters or the RNG state.
+
+    ``cache``: graphs tuned before (same module structure, graph, strategy, environment)
+    are loaded from the tuning cache instead of built; None or True uses
+    ``$TUNETREE_CACHE_DIR`` or ``~/.cache/tunetree``, a path another directory, False none
+    (see :class:`tunetree.TuningCache`).
+
+    ``dynamic_shapes``: None (axes that vary across the samples become ranges served by
+    one runner), False (every exact shape is its own graph) or a torch.export-style nest
+    of :class:`tunetree.Dim` for the model's inputs (see :func:`tunetree.inspect`).
+    """
+    check_untuned(model)
+    if not allow_training:
+        check_eval_mode(model)
+    dev = check_device(model, device)
+    progress = Progress(verbose)
+    clock = Stopwatch()
+    with preserved_state(model), eval_mode(model):
+        if info is None:
+            progress("inspecting the model")
+            with clock.phase(INSPECTION):
+                info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+        if dry_run:
+            return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
+        graphs = tune_cut(
+            model,
+            info,
+            depth,
+            strategy=strategy,
+            tolerances=tolerances or Tolerances(),
+            measure_config=measure_config or MeasureConfig(),
+            progress=progress,
+            cache=open_cache(cache),
+            clock=clock,
+        )
+    plan = plan_from(graphs, depth)
+    tuned = wrap(model, plan.runners(), plan, in_place=depth > 0)
+    return TuneResult(tuned, depth, plan, graphs, info, original=model, breakdown=clock.breakdown())

@@ -1,0 +1,233 @@
+"""Output comparison against eager, with per-dtype tolerances.
+
+A candidate keeps results when, on every recorded sample, its output has the same
+structure and container types as eager's, every tensor has the same dtype and shape,
+every non-tensor leaf is equal, and every floating-point element satisfies
+``|candidate - eager| <= atol + rtol * |eager|`` (NaN only where eager has NaN).
+Integer and boolean tensors must be equal.
+
+Default tolerances (see :data:`DEFAULT_TOLERANCES`) admit the reordering of
+floating-point reductions that fused or compiled kernels do, and reject reduced
+precision: bf16 arithmetic on a float32 model differs from eager by about 1e-2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..hf import to_data
+from .graph import dtype_name, flatten
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Allowed difference ``atol + rtol * |reference|`` for one dtype."""
+
+    atol: float
+    rtol: float
+
+
+DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(atol=1e-7, rtol=1e-6),
+    torch.float32: Tolerance(atol=1e-4, rtol=1e-3),
+    torch.float16: Tolerance(atol=1e-2, rtol=1e-2),
+    torch.bfloat16: Tolerance(atol=2e-2, rtol=2e-2),
+}
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Per-dtype tolerances.
+
+    ``Tolerances.uniform(atol, rtol)`` sets one for every float dtype, e.g. for an opt-in
+    reduced-precision candidate whose error the user accepts.
+    """
+
+    by_dtype: Mapping[torch.dtype, Tolerance] = field(
+        default_factory=lambda: dict(DEFAULT_TOLERANCES)
+    )
+
+    @classmethod
+    def uniform(cls, atol: float, rtol: float) -> Tolerances:
+        """The same tolerance for every float dtype."""
+        tol = Tolerance(atol, rtol)
+        return cls({dt: tol for dt in DEFAULT_TOLERANCES})
+
+    def for_dtype(self, dtype: torch.dtype) -> Tolerance:
+        """The tolerance for ``dtype``; exact (``atol = rtol = 0``) for a dtype without one."""
+        return self.by_dtype.get(dtype, Tolerance(0.0, 0.0))
+
+    def to_json(self) -> dict[str, dict[str, float]]:
+        """Tolerances by dtype name, as JSON data."""
+        return {dtype_name(dt): {"atol": t.atol, "rtol": t.rtol} for dt, t in self.by_dtype.items()}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Outcome of comparing a candidate's outputs with eager's."""
+
+    ok: bool
+    max_abs_diff: float = 0.0
+    reason: str = ""
+
+    def __str__(self) -> str:
+        return "match" if self.ok else self.reason
+
+
+def structure_difference(candidate: Any, reference: Any, where: str = "output") -> str:
+    """Where two pytree specs first differ, and how, in a line (not both whole specs).
+
+    A whole spec of a model output holding a cache runs to a screen of text per row.
+    """
+    if (
+        candidate.type is not reference.type
+        or candidate.context != reference.context
+        or candidate.num_children != reference.num_children
+    ):
+        return f"at {where}: {_spec_node(candidate)} vs eager {_spec_node(reference)}"
+    context = candidate.context
+    named = (
+        isinstance(context, list | tuple)
+        and len(context) == candidate.num_children
+        and all(isinstance(c, str) for c in context)
+    )
+    for i in range(candidate.num_children):
+        mine, theirs = candidate.child(i), reference.child(i)
+        if mine != theirs:
+            label = f".{context[i]}" if named else f"[{i}]"
+            return structure_difference(mine, theirs, f"{where}{label}")
+    return f"at {where}"
+
+
+def _spec_node(spec: Any) -> str:
+    """A pytree node's type and context, shortened."""
+    if spec.is_leaf():
+        return "a leaf"
+    name = getattr(spec.type, "__name__", str(spec.type))
+    context = str(spec.context)
+    context = context if len(context) <= 120 else context[:117] + "..."
+    return f"{name} {context} ({spec.num_children} children)"
+
+
+def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None) -> Comparison:
+    """Compare one output with eager's output of the same call."""
+    tolerances = tolerances or Tolerances()
+    ref_leaves, ref_spec = flatten(reference)
+    cand_leaves, cand_spec = flatten(candidate)
+    if ref_spec != cand_spec:
+        return Comparison(
+            False, math.inf, f"output structure differs {structure_difference(cand_spec, ref_spec)}"
+        )
+    worst = 0.0
+    for i, (ref, cand) in enumerate(zip(ref_leaves, cand_leaves, strict=True)):
+        if isinstance(ref, torch.Tensor) != isinstance(cand, torch.Tensor):
+            return Comparison(
+                False, math.inf, f"output {_name(reference, i)}: tensor vs non-tensor"
+            )
+        if not isinstance(ref, torch.Tensor):
+            if ref is not cand and ref != cand:
+                return Comparison(False, math.inf, _constant_reason(_name(reference, i), ref, cand))
+            continue
+        if ref.dtype != cand.dtype or ref.shape != cand.shape:
+            return Comparison(
+                False,
+                math.inf,
+                f"output {_name(reference, i)}: {dtype_name(cand.dtype)}{list(cand.shape)} "
+                f"vs eager {dtype_name(ref.dtype)}{list(ref.shape)}",
+            )
+        ok, diff = _close(ref, cand.to(ref.device), tolerances.for_dtype(ref.dtype))
+        worst = max(worst, diff)
+        if not ok:
+            tol = tolerances.for_dtype(ref.dtype)
+            return Comparison(
+                False,
+                worst,
+                f"output {_name(reference, i)} differs from eager: max abs diff {diff:.3g}"
+                f"{_where(ref, cand.to(ref.device))} "
+                f"(tolerance {dtype_name(ref.dtype)} atol={tol.atol:g} rtol={tol.rtol:g})",
+            )
+    return Comparison(True, worst)
+
+
+def _name(tree: Any, index: int) -> str:
+    """A readable name of leaf ``index`` of an output: ``0``, ``logits``, ``cache.layers[1].keys``.
+
+    Computed only for a reason, so comparisons that pass never pay for it.
+    """
+    with_paths, _ = pytree.tree_flatten_with_path(to_data(tree))
+    if len(with_paths) <= index or not with_paths[index][0]:
+        return str(index)
+    parts = []
+    for key in with_paths[index][0]:
+        if isinstance(key, pytree.MappingKey) and isinstance(key.key, str):
+            parts.append(f".{key.key}")
+        elif isinstance(key, pytree.GetAttrKey):
+            parts.append(f".{key.name}")
+        else:
+            parts.append(str(key))
+    return "".join(parts).lstrip(".")
+
+
+def _where(ref: torch.Tensor, cand: torch.Tensor) -> str:
+    """`` at [i, j, ...]``: the index of the largest difference (padding shows up here)."""
+    if ref.dim() == 0 or not (ref.is_floating_point() or ref.is_complex()):
+        return ""
+    diff = torch.nan_to_num((ref.double() - cand.double()).abs(), nan=math.inf)
+    index = torch.unravel_index(diff.argmax(), ref.shape)
+    return " at [" + ", ".join(str(int(i)) for i in index) + "]"
+
+
+def _constant_reason(name: str, ref: Any, cand: Any) -> str:
+    """Why two non-tensor leaves differ; an object tunetree cannot look into is named by type."""
+    plain = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+    if isinstance(ref, plain) and isinstance(cand, plain):
+        return f"output {name}: {cand!r} != eager {ref!r}"
+    return (
+        f"output {name} is a {type(ref).__qualname__} object, which tunetree cannot compare (not "
+        "a tensor, a container of tensors or a known cache object): no candidate can be checked"
+    )
+
+
+def _close(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance) -> tuple[bool, float]:
+    if ref.numel() == 0:
+        return True, 0.0
+    if not (ref.is_floating_point() or ref.is_complex()):
+        equal = bool(torch.equal(ref, cand))
+        return equal, 0.0 if equal else math.inf
+    ref64, cand64 = ref.double(), cand.double()
+    nan_ref, nan_cand = torch.isnan(ref64), torch.isnan(cand64)
+    if not torch.equal(nan_ref, nan_cand):
+        return False, math.inf
+    ref64 = torch.where(nan_ref, 0.0, ref64)
+    cand64 = torch.where(nan_cand, 0.0, cand64)
+    inf_ref = torch.isinf(ref64)
+    if not torch.equal(ref64[inf_ref], cand64[inf_ref]):
+        return False, math.inf
+    ref64 = torch.where(inf_ref, 0.0, ref64)
+    cand64 = torch.where(inf_ref, 0.0, cand64)
+    diff = (ref64 - cand64).abs()
+    max_diff = float(diff.max())
+    if not math.isfinite(max_diff):
+        return False, math.inf
+    ok = bool((diff <= tol.atol + tol.rtol * ref64.abs()).all())
+    return ok, max_diff
+
+
+def compare_all(
+    references: list[Any], candidates: list[Any], tolerances: Tolerances | None = None
+) -> Comparison:
+    """Compare outputs of every recorded sample; the first mismatch decides."""
+    worst = 0.0
+    for i, (ref, cand) in enumerate(zip(references, candidates, strict=True)):
+        result = compare(ref, cand, tolerances)
+        if not result.ok:
+            prefix = f"sample {i}: " if len(references) > 1 else ""
+            return Comparison(False, result.max_abs_diff, prefix + result.reason)
+        worst = max(worst, result.max_abs_diff)
+    return Comparison(True, worst)

@@ -1,0 +1,496 @@
+"""Inspect a model: which modules run, at which depth, how often, for how long, with which inputs.
+
+Depth counts executed-module hops below the root: the model is depth 0, a module it
+calls is depth 1, and so on. Containers that are never called themselves
+(``nn.ModuleList``, ``nn.ModuleDict``) are transparent. Nothing is wrapped here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .._util.table import format_table
+from ..errors import InvalidInputError
+from .binding import Binder
+from .graph import Dim, Graph, GraphKey, Sample, as_samples, detach_clone, map_tensors, to_device
+from .modules import CallFn, module_paths, resolve_device, run_model, synchronize
+from .shapes import (
+    AxisRef,
+    DynamicShapes,
+    declared_axes,
+    dim_sizes,
+    group_graphs,
+    largest,
+    probe_sizes,
+    ranged_key,
+    resize,
+)
+from .state import preserved_state
+
+log = logging.getLogger(__name__)
+
+FAST_PATH_OPS: dict[str, type[nn.Module]] = {
+    "_transformer_encoder_layer_fwd": nn.TransformerEncoderLayer,
+    "_native_multi_head_attention": nn.MultiheadAttention,
+}
+"""PyTorch's fused inference fast paths: the op, and the module type that takes it.
+
+Without autograd, in eval mode, these modules run one fused kernel instead of their
+submodules; eager is then already close to what a backend makes of the same math (on a
+2-core Xeon the demo encoder was left untuned: no depth beat it). A forward hook on such a
+module turns its fast path off, so inspection records none inside it."""
+
+
+@dataclass
+class ModuleRecord:
+    """One executed module."""
+
+    path: str
+    type_name: str
+    depth: int
+    parent: str | None
+    children: list[str] = field(default_factory=list)
+    calls: int = 0
+    total_s: float = 0.0
+    self_s: float = 0.0
+    graphs: dict[GraphKey, Graph] = field(default_factory=dict)
+
+    @property
+    def is_leaf(self) -> bool:
+        """True when this module calls no other module."""
+        return not self.children
+
+
+@dataclass(frozen=True)
+class DepthSummary:
+    """What a cut at one depth wraps."""
+
+    depth: int
+    modules: int
+    graphs: int
+    time_share: float
+
+
+@dataclass
+class ModelInfo:
+    """The result of :func:`inspect`: executed modules in execution order, and eager outputs."""
+
+    modules: dict[str, ModuleRecord]
+    samples: list[Sample]
+    outputs: list[Any]
+    total_s: float
+    device: torch.device
+    root_called: bool = True
+    """False when the model is a pipeline object or a module whose forward never ran
+    through ``__call__`` (a ``generate`` loop calling ``self.forward``): depth 0 is then the
+    outermost modules it called, not the object itself."""
+    model_type: str = ""
+    root_is_module: bool = True
+    fused: dict[str, str] = field(default_factory=dict)
+    """Modules that run as one fused fast-path op (:data:`FAST_PATH_OPS`), path to op name.
+
+    Their submodules never run in inference, so they are not recorded: each is a leaf."""
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest depth that has modules."""
+        return max((m.depth for m in self.modules.values()), default=0)
+
+    def cut(self, depth: int) -> list[str]:
+        """Paths a tune at ``depth`` wraps.
+
+        Every executed module at ``depth`` plus every executed leaf shallower than it, so the cut
+        covers the whole forward.
+        """
+        if depth < 0:
+            raise InvalidInputError(f"depth must be >= 0, got {depth}")
+        return [
+            m.path
+            for m in self.modules.values()
+            if m.depth == depth or (m.depth < depth and m.is_leaf)
+        ]
+
+    def summary(self, depth: int) -> DepthSummary:
+        """What a cut at ``depth`` wraps: modules, graphs and share of the forward time."""
+        paths = self.cut(depth)
+        graphs = sum(len(self.modules[p].graphs) for p in paths)
+        share = sum(self.modules[p].total_s for p in paths) / self.total_s if self.total_s else 0
+        return DepthSummary(depth, len(paths), graphs, share)
+
+    def summaries(self) -> list[DepthSummary]:
+        """One summary per depth, from 0 to the deepest."""
+        return [self.summary(d) for d in range(self.max_depth + 1)]
+
+    def depth0_text(self) -> str:
+        """What depth 0 is for this model, and why."""
+        if self.root_called:
+            return f"depth 0 is the model itself ({self.model_type})"
+        tops = [m.path for m in self.modules.values() if m.depth == 0]
+        shown = _first_few(tops)
+        why = (
+            "its forward never ran through __call__ (e.g. a generate loop calling self.forward)"
+            if self.root_is_module
+            else "it is not a module"
+        )
+        return (
+            f"depth 0 is not the {self.model_type} object itself: {why}; depth 0 is the "
+            f"outermost modules it called ({shown})"
+        )
+
+    def coverage_note(self, threshold: float = 0.5) -> str:
+        """A sentence when less than ``threshold`` of eager time is inside tunable modules."""
+        share = self.summary(0).time_share if self.modules else 0.0
+        if share >= threshold:
+            return ""
+        if self.root_called:
+            cause = "the rest runs outside any module"
+        elif self.root_is_module:
+            cause = "the root's forward is never called through __call__"
+        else:
+            cause = f"the rest runs in the {self.model_type} object's own code, outside modules"
+
+        return f"only {100 * share:.1f}% of eager time is inside tunable modules: {cause}"
+
+    def fast_path_note(self) -> str:
+        """A sentence when modules run PyTorch's fused fast paths (empty otherwise)."""
+        if not self.fused:
+            return ""
+        ops = sorted(set(self.fused.values()))
+        kinds = ", ".join(f"{FAST_PATH_OPS[op].__name__} (aten.{op})" for op in ops)
+        paths = list(self.fused)
+        shown = _first_few([p or "<model>" for p in paths])
+        return (
+            f"{len(paths)} modules run PyTorch's fused inference fast path, {kinds}: {shown}. "
+            "Eager is already one fused kernel per module there, so tuning may gain little "
+            "or nothing and leave the model untuned; their submodules never run and are not tuned"
+        )
+
+    def __str__(self) -> str:
+        total = self.total_s or 1.0
+        tree = format_table(
+            ["module", "type", "depth", "calls", "graphs", "total %", "self %"],
+            [
+                [
+                    ("  " * m.depth) + (m.path or "<model>"),
+                    m.type_name,
+                    m.depth,
+                    m.calls,
+                    len(m.graphs),
+                    f"{100 * m.total_s / total:.1f}",
+                    f"{100 * m.self_s / total:.1f}",
+                ]
+                for m in self.modules.values()
+            ],
+            title=f"Executed modules ({len(self.modules)}, {len(self.samples)} samples)",
+        )
+        cuts = format_table(
+            ["depth", "modules wrapped", "graphs", "time covered %"],
+            [[s.depth, s.modules, s.graphs, f"{100 * s.time_share:.1f}"] for s in self.summaries()],
+            title="Cuts",
+        )
+        notes = [self.depth0_text()] + [
+            n for n in [self.coverage_note(), self.fast_path_note()] if n
+        ]
+        return tree + "\n\n" + cuts + self._graphs_table() + "\n" + "\n".join(notes)
+
+    def _graphs_table(self, max_depth: int = 1, limit: int = 20) -> str:
+        """The graphs of the shallow modules with their ranges (``i64[batch 1..16, ...]``)."""
+        rows = [
+            [m.path or "<model>", str(g.key), len(g.samples)]
+            for m in self.modules.values()
+            if m.depth <= max_depth
+            for g in m.graphs.values()
+        ]
+        if not rows:
+            return ""
+        more = f" (first {limit} of {len(rows)})" if len(rows) > limit else ""
+        return "\n\n" + format_table(
+            ["module", "graph (a range: one runner serves every size in it)", "samples"],
+            rows[:limit],
+            title=f"Graphs at depth <= {max_depth}{more}",
+        )
+
+
+def _shape_only(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device="meta")
+
+
+class _Recorder:
+    """Forward hooks that build :class:`ModuleRecord` s during eager calls."""
+
+    def __init__(self, device: torch.device, max_samples_per_graph: int) -> None:
+        self.device = device
+        self.max_samples = max_samples_per_graph
+        self.records: dict[str, ModuleRecord] = {}
+        self.stack: list[tuple[str, float, float]] = []  # path, start, time in children
+        self.pending: list[Sample | None] = []
+        self.binders: dict[str, Binder] = {}
+        self.calls: dict[str, list[tuple[Sample, Any]]] = {}
+        self.probe_calls: dict[str, list[tuple[Sample, Any]]] = {}
+        self.kept: dict[tuple[str, GraphKey], int] = {}
+        self.probing = False
+        """True while the root runs probe calls: they are kept apart and not counted."""
+
+    def pre(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self.probing:  # only the shapes matter: meta tensors hold no memory
+            bound = self._bind(path, module, args, kwargs)
+            self.pending.append(Sample(*map_tensors(_shape_only, (bound.args, bound.kwargs))))
+            self.stack.append((path, 0.0, 0.0))
+            return
+        parent = self.stack[-1][0] if self.stack else None
+        record = self.records.get(path)
+        if record is None:
+            record = ModuleRecord(path, type(module).__name__, len(self.stack), parent)
+            self.records[path] = record
+            if parent is not None and path not in self.records[parent].children:
+                self.records[parent].children.append(path)
+        record.depth = min(record.depth, len(self.stack))
+        sample = self._bind(path, module, args, kwargs)
+        key = sample.key
+        count = self.kept.get((path, key), 0)
+        keep = count < self.max_samples
+        if keep:
+            self.kept[(path, key)] = count + 1
+        self.pending.append(detach_clone(sample) if keep else None)
+        synchronize(self.device)
+        self.stack.append((path, time.perf_counter(), 0.0))
+
+    def _bind(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> Sample:
+        """The call in its canonical form (:mod:`tunetree.signature.binding`)."""
+        binder = self.binders.get(path)
+        if binder is None:
+            binder = self.binders[path] = Binder.of_module(module)
+        bound_args, bound_kwargs = binder.bind(tuple(args), dict(kwargs))
+        return Sample(tuple(bound_args), dict(bound_kwargs))
+
+    def post(self, path: str, output: Any) -> None:
+        if self.probing:
+            self.stack.pop()
+            sample = self.pending.pop()
+            if sample is not None and path in self.records:
+                self.probe_calls.setdefault(path, []).append((sample, None))
+            return
+        synchronize(self.device)
+        end = time.perf_counter()
+        top, start, in_children = self.stack.pop()
+        assert top == path, f"module calls did not nest: {top} vs {path}"
+        elapsed = end - start
+        if self.stack:
+            parent, pstart, pchildren = self.stack[-1]
+            self.stack[-1] = (parent, pstart, pchildren + elapsed)
+        record = self.records[path]
+        record.calls += 1
+        record.total_s += elapsed
+        record.self_s += elapsed - in_children
+        sample = self.pending.pop()
+        if sample is not None:
+            self.calls.setdefault(path, []).append((sample, detach_clone(output)))
+
+    def group(self, dynamic: bool, declared: dict[AxisRef, Dim] | None) -> None:
+        """Group every module's recorded calls into graphs.
+
+        Ranges come from the root first, whose dimension names the other modules borrow.
+        """
+        known: list[tuple[frozenset[int], str]] = []
+        roots = [r.path for r in self.records.values() if r.parent is None]
+        for path in roots + [p for p in self.records if p not in roots]:
+            graphs = group_graphs(
+                self.calls.get(path, []),
+                dynamic=dynamic,
+                declared=declared if path == "" else None,
+                known=known,
+                probes=self.probe_calls.get(path, []),
+            )
+            self.records[path].graphs = graphs
+            if path in roots:
+                known.extend(k for g in graphs.values() for k in dim_sizes(g))
+
+    @contextmanager
+    def hooks(self, model: Any, inside: set[str] | None = None) -> Iterator[None]:
+        """Recording hooks on every module, but none below the paths in ``inside``."""
+        handles = []
+        seen: set[int] = set()
+        for path, module in module_paths(model):
+            if id(module) in seen or any(_inside(path, outer) for outer in inside or ()):
+                continue
+            seen.add(id(module))
+            handles.append(
+                module.register_forward_pre_hook(
+                    lambda m, a, k, p=path: self.pre(p, m, a, k), with_kwargs=True
+                )
+            )
+            # The pre-hook is registered last, so it runs after the user's pre-hooks and sees
+            # what forward sees; the post-hook is prepended, so it records forward's own
+            # output before the user's hooks transform it (a tuned module keeps running
+            # those hooks around its runner).
+            handles.append(
+                module.register_forward_hook(
+                    lambda m, a, k, o, p=path: self.post(p, o), with_kwargs=True, prepend=True
+                )
+            )
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def inspect(
+    model: Any,
+    dataset: Iterable[Any],
+    *,
+    call: CallFn | None = None,
+    device: torch.device | str | None = None,
+    max_samples_per_graph: int = 4,
+    dynamic_shapes: DynamicShapes = None,
+) -> ModelInfo:
+    """Run ``model`` once per dataset item with forward hooks and record every executed module.
+
+    ``dataset`` items are what the model is called with: a tensor, a tuple/list of
+    positional arguments, or a dict of keyword arguments. ``model`` may also be a plain
+    object whose attributes hold modules, run by ``call(model, *args, **kwargs)``.
+    ``dynamic_shapes``: None makes axes whose size varies across the recorded calls dynamic
+    (one graph serves a range of sizes); False keys every exact shape apart; a
+    torch.export-style nest of :class:`tunetree.Dim` declares the root's dimensions (the
+    root is then also run, unrecorded, at the ranges' ends so every module sees them).
+    ``print()`` the result for the module tree and, per depth, how many modules a cut wraps,
+    what depth 0 is for this model and how much of the time no module covers.
+
+    Recording never changes the model: buffers and the RNG state are put back afterwards,
+    and a module's recorded output is its forward's own, before the user's forward hooks.
+    """
+    samples = as_samples(dataset)
+    dev = resolve_device(model, device)
+    samples = [s.to(dev) for s in samples]
+    recorder = _Recorder(dev, max_samples_per_graph)
+    with torch.no_grad(), preserved_state(model):
+        fused = _first_call(model, samples[0], call)  # untimed: one-off costs
+        outputs = []
+        with recorder.hooks(model, inside=set(fused)):
+            start = time.perf_counter()
+            for sample in samples:
+                outputs.append(detach_clone(run_model(model, sample, call)))
+            synchronize(dev)
+            total = time.perf_counter() - start
+            if not recorder.records:
+                raise InvalidInputError("no module ran: check the model and the call function")
+            declared = _declared(model, recorder, dynamic_shapes)
+            if declared:
+                _run_probes(model, recorder, declared, call)
+    recorder.group(dynamic_shapes is not False, declared)
+    return ModelInfo(
+        recorder.records,
+        samples,
+        [to_device(o, dev) for o in outputs],
+        total,
+        dev,
+        root_called="" in recorder.records,
+        model_type=type(model).__name__,
+        root_is_module=isinstance(model, nn.Module),
+        fused=fused,
+    )
+
+
+class _FastPathOps(TorchDispatchMode):
+    """Collects the parameters passed to fused fast-path ops (:data:`FAST_PATH_OPS`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parameters: dict[int, str] = {}
+        """id of each parameter a fast-path op read, to that op's name."""
+
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        name = func.overloadpacket.__name__
+        if name in FAST_PATH_OPS:
+            for value in args:
+                if isinstance(value, nn.Parameter):
+                    self.parameters[id(value)] = name
+        return func(*args, **(kwargs or {}))
+
+    def modules(self, model: Any) -> dict[str, str]:
+        """The modules whose fast path ran, path to op.
+
+        Each module of the op's type that owns a parameter the op read; the outermost where
+        they nest.
+        """
+        found: dict[str, str] = {}
+        for path, module in module_paths(model):
+            for op, kind in FAST_PATH_OPS.items():
+                if isinstance(module, kind) and any(
+                    self.parameters.get(id(p)) == op for p in module.parameters()
+                ):
+                    found[path] = op
+        return {p: op for p, op in found.items() if not any(_inside(p, q) for q in found)}
+
+
+def _first_few(paths: list[str], limit: int = 4) -> str:
+    """The first ``limit`` paths, comma-separated, with ``...`` when there are more."""
+    return ", ".join(paths[:limit]) + (", ..." if len(paths) > limit else "")
+
+
+def _inside(path: str, outer: str) -> bool:
+    """Whether module ``path`` is a strict descendant of module ``outer``."""
+    return path != outer and (outer == "" or path.startswith(outer + "."))
+
+
+def _first_call(model: Any, sample: Sample, call: CallFn | None) -> dict[str, str]:
+    """Run the untimed first call; return the modules that ran a fused fast path.
+
+    A model that cannot run under a dispatch mode (some tensor subclasses) is run again
+    without it, and no fast path is known.
+    """
+    counter = _FastPathOps()
+    try:
+        with counter:
+            run_model(model, sample, call)
+    except Exception as exc:
+        log.debug("fast-path detection failed (%r); first call run again without it", exc)
+        run_model(model, sample, call)
+        return {}
+    return counter.modules(model) if counter.parameters else {}
+
+
+def _declared(model: Any, recorder: _Recorder, spec: DynamicShapes) -> dict[AxisRef, Dim]:
+    """The root's declared dimensions, resolved against its first recorded call."""
+    if spec is None or spec is False:
+        return {}
+    root_calls = recorder.calls.get("")
+    if not isinstance(model, nn.Module) or not root_calls:
+        raise InvalidInputError(
+            "dynamic_shapes declares the inputs of the model's forward: it needs an "
+            "nn.Module called directly (not a pipeline or a call= entry point)"
+        )
+    return declared_axes(spec, root_calls[0][0], recorder.binders[""].names)
+
+
+def _run_probes(
+    model: nn.Module, recorder: _Recorder, declared: dict[AxisRef, Dim], call: CallFn | None
+) -> None:
+    """Run the root at the declared ranges' ends and an odd size in between.
+
+    So every module records the sizes it sees there; these calls are kept apart as probes.
+    """
+    root_calls = recorder.calls[""]
+    patterns: dict[GraphKey, list[Sample]] = {}
+    for sample, _ in root_calls:
+        patterns.setdefault(sample.key.pattern(), []).append(sample)
+    recorder.probing = True
+    try:
+        for group in patterns.values():
+            key = ranged_key([s.key for s in group], declared)
+            base = largest(group)
+            for sizes in probe_sizes(key):
+                run_model(model, resize(base, key, sizes), call)
+    finally:
+        recorder.probing = False
