@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 import tunetree as tt
-from tunetree.backends.base import Backend, Runner, original_forward
+from tunetree.backends.base import Backend, Runner
+from tunetree.signature.binding import original_forward
 from tunetree.signature.graph import Graph
 
 

@@ -22,8 +22,9 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tunetree.backends import Inductor
-from tunetree.backends.base import Backend, Runner, original_forward
+from tunetree.backends.base import Backend, Runner
 from tunetree.cache import default_directory
+from tunetree.signature.binding import original_forward
 from tunetree.signature.graph import Graph, GraphKey
 
 from ..fakes import spin

@@ -29,10 +29,11 @@ import tunetree as tt
 import tunetree.backends
 from tunetree import checkpoint
 from tunetree.backends import BACKEND_TYPES
-from tunetree.backends.base import Backend, Runner, original_forward
+from tunetree.backends.base import Backend, Runner
 from tunetree.checkpoint import format as checkpoint_format
 from tunetree.checkpoint import writer
 from tunetree.runtime.wrap import wrapped_paths
+from tunetree.signature.binding import original_forward
 from tunetree.signature.graph import Graph, GraphKey, TensorSpec
 
 CPU = torch.device("cpu")
@@ -799,7 +800,7 @@ def test_pickled_artifact_is_only_data(tmp_path: Path, artifact_backend: Artifac
 
 def test_no_unpickling_in_checkpoint_code() -> None:
     package = ROOT / "tunetree"
-    files = [*sorted((package / "checkpoint").glob("*.py")), package / "artifacts.py"]
+    files = [*sorted((package / "checkpoint").glob("*.py")), package / "runtime" / "artifacts.py"]
     for path in [*files, package / "cli.py"]:
         name, source = path.name, path.read_text()
         banned_calls = ("import pickle", "pickle.load", "torch.load(", "weights_only=False")

@@ -94,3 +94,29 @@ def test_v1_cache_entry_is_a_hit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert result.graphs[0].winner is not None
     assert result.graphs[0].winner.backend.kind == "openvino"
     _assert_expected("v1_cache", _outputs(result.model), atol=1e-5)
+
+
+def test_a_checkpoint_names_no_tunetree_module(tmp_path: Path) -> None:
+    """Moving a module (issue 27) cannot break a checkpoint: none is named in one.
+
+    Every member of the archive is read, the manifest included; backends are recorded by kind.
+    """
+    import re
+    import zipfile
+
+    result = tt.tune(
+        model(),
+        inputs(),
+        strategy=tt.OneBackendStrategy(tt.backends.Eager()),
+        measure_config=tt.MeasureConfig.quick(),
+        verbose=False,
+        cache=False,
+    )
+    path = tmp_path / "model.tt"
+    tt.save(result, path)
+    data = path.read_bytes()
+    start = data.index(b"PK\x03\x04")
+    with zipfile.ZipFile(path) as archive:
+        texts = [data[:start], *(archive.read(n) for n in archive.namelist())]
+    for text in texts:
+        assert not re.findall(rb"tunetree\.[A-Za-z_]", text)

@@ -17,10 +17,10 @@ from torch import nn
 
 import tunetree as tt
 from tests.fakes import _FnRunner
-from tunetree.backends.base import Backend, Runner, original_forward
+from tunetree.backends.base import Backend, Runner
 from tunetree.generation import step_of
 from tunetree.runtime.wrap import dispatcher_of
-from tunetree.signature.binding import Binder
+from tunetree.signature.binding import Binder, original_forward
 from tunetree.signature.graph import Graph
 
 transformers = pytest.importorskip("transformers")

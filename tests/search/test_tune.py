@@ -124,7 +124,8 @@ def test_opaque_objects_never_reuse_a_runner_tuned_with_another_object() -> None
     import dataclasses
     from typing import Any, ClassVar
 
-    from tunetree.backends.base import Backend, Runner, original_forward
+    from tunetree.backends.base import Backend, Runner
+    from tunetree.signature.binding import original_forward
 
     class Scale:
         def __init__(self, factor: float) -> None:

@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from tests.fakes import _FnRunner, quick_tune
-from tunetree.backends.base import Backend, Runner, original_forward
+from tunetree.backends.base import Backend, Runner
 from tunetree.backends.eager import Eager
 from tunetree.candidates.evaluate import Status
+from tunetree.signature.binding import original_forward
 from tunetree.signature.graph import Graph, GraphKey
 
 

@@ -1,0 +1,33 @@
+"""The house keeps its shape (issue 27): entry points at the top, rooms below, no grab-bags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tunetree as tt
+
+PACKAGE = Path(tt.__file__).parent
+TOP_LEVEL = {"__init__.py", "errors.py", "_version.py", "cli.py", "demo.py", "__main__.py"}
+MAX_LINES = 700
+
+
+def test_only_entry_points_sit_at_the_top() -> None:
+    assert {p.name for p in PACKAGE.glob("*.py")} <= TOP_LEVEL
+
+
+def test_no_module_is_a_grab_bag() -> None:
+    long = {
+        str(p.relative_to(PACKAGE)): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_every_room_is_a_package_with_a_docstring() -> None:
+    rooms = [p for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"]
+    assert len(rooms) >= 9
+    for room in rooms:
+        init = room / "__init__.py"
+        assert init.exists(), room.name
+        assert init.read_text().lstrip().startswith('"""'), f"{room.name} says what it holds"
