@@ -10,13 +10,21 @@ import torch
 from torch import nn
 
 import tunetree as tt
+from tests.clock import VirtualClock
 from tunetree.backends.base import Backend, Runner
 from tunetree.signature.binding import original_forward
 from tunetree.signature.graph import Graph
 
 
 def spin(seconds: float) -> None:
-    """Busy-wait: steadier than sleep for sub-millisecond delays."""
+    """Busy-wait: steadier than sleep for sub-millisecond delays.
+
+    Under the ``virtual_time`` fixture it advances the virtual clock instead (``tests/clock.py``).
+    """
+    clock = time.perf_counter
+    if isinstance(clock, VirtualClock):
+        clock.advance(seconds)
+        return
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import tunetree as tt
+from tests.clock import VirtualClock
 from tests.fakes import Delayed, Failing, mlp
 
 QUICK = tt.MeasureConfig.quick()
@@ -47,7 +48,7 @@ def test_latency_budget_prefers_the_first_within_budget() -> None:
         tt.LatencyBudgetStrategy(0, backends)
 
 
-def test_highest_throughput_searches_batch_size() -> None:
+def test_highest_throughput_searches_batch_size(virtual_time: VirtualClock) -> None:
     # A fixed per-call overhead makes larger batches worth it until the overhead is amortised.
     strategy = tt.HighestThroughputStrategy(
         [Delayed(0.002, "overhead")], search_max_batch_size=True, max_batch_size=16

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 import time
 from typing import Any, ClassVar
 
@@ -15,6 +13,7 @@ from torch import nn
 import tunetree as tt
 import tunetree.search.auto
 from tests.cache.fakes import BUILDS, Saving
+from tests.clock import Disturbance, VirtualClock
 from tests.fakes import Busy, Delayed, Shortcut, spin
 from tunetree.candidates import budget, evaluate
 from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline, Stopwatch
@@ -179,19 +178,19 @@ def _assert_budget_held(result: tt.AutoTuneResult, wall: float, time_budget: flo
     assert any(TIME_BUDGET_ERROR in r.error for r in result.rows)  # the depths say so too
 
 
-def test_budget_holds_with_slow_builds_and_long_measurements() -> None:
+def test_budget_holds_with_slow_builds_and_long_measurements(virtual_time: VirtualClock) -> None:
     result, wall = _budgeted(5.0)
     _assert_budget_held(result, wall, 5.0)
 
 
-def test_budget_holds_beside_a_busy_core() -> None:
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.2)
-        result, wall = _budgeted(5.0)
-    finally:
-        spinner.kill()
-        spinner.wait()
+def test_budget_holds_when_a_busy_neighbour_disturbs_every_call(
+    virtual_time: VirtualClock,
+) -> None:
+    """As beside a busy process: calls up to 2x slower, and stalls of 30 ms (issue 33: on the
+    virtual clock, so the decisions are tested, not the machine; ``benchmarks/budget_under_load.py``
+    measures the real thing)."""
+    virtual_time.noise = Disturbance(jitter=1.0, stall_chance=0.05, stall_s=0.03, seed=3)
+    result, wall = _budgeted(5.0)
     _assert_budget_held(result, wall, 5.0)
 
 
@@ -211,40 +210,46 @@ def test_measure_stops_at_a_passed_deadline() -> None:
     assert calls == {"a": 7, "b": 7}  # one warm-up call, then per block one untimed, one timed
 
 
-def test_measure_holds_its_time_cap_when_calls_are_slower_than_the_warm_up_said() -> None:
+def test_measure_holds_its_time_cap_when_calls_are_slower_than_the_warm_up_said(
+    virtual_time: VirtualClock,
+) -> None:
     calls = [0]
 
-    def slower() -> None:  # fast while warming up, then 20 us per call
+    def slower() -> None:  # a clock tick while warming up, then 1 ms per call
         calls[0] += 1
         if calls[0] > 30:
-            spin(0.02 * MS)
+            spin(1 * MS)
 
     config = MeasureConfig(
         warmup_s=0.0, min_warmup_calls=30, block_s=0.002, trials=50, max_s_per_candidate=0.05
     )
     timing = measure({"x": slower}, "cpu", config)["x"]
-    # The warm-up's estimate (about a microsecond per call) fits some 25 blocks of 2 ms into
-    # 0.05 s; the time really spent (each block tens of ms) stops it at min_trials' 3 blocks.
+    # The warm-up's estimate (a tick, 10 us, per call) fits some 24 blocks of 2 ms into 0.05 s;
+    # the time really spent (each block of 200 calls 0.2 s) stops it at min_trials' 3 blocks.
     assert timing.trials == 3
 
 
 def test_default_budget_and_quick_mode() -> None:
-    torch.manual_seed(0)
-    model = Busy(0.0, 0.0, [Busy(0.0, 0.0, [Busy(0.0, 0.0)])]).eval()
+    def model() -> nn.Module:
+        # A fresh model per call: whichever depth wins on these equal timings (the machine's
+        # noise decides) may wrap the model in place, and a wrapped model is refused.
+        torch.manual_seed(0)
+        return Busy(0.0, 0.0, [Busy(0.0, 0.0, [Busy(0.0, 0.0)])]).eval()
+
     data = [torch.randn(2, 4)]
     one = tt.OneBackendStrategy(Shortcut())
-    default = tt.auto_tune(model, data, strategy=one, measure_config=QUICK, verbose=False)
+    default = tt.auto_tune(model(), data, strategy=one, measure_config=QUICK, verbose=False)
     assert default.time_budget == tunetree.search.auto.DEFAULT_TIME_BUDGET_S
     assert [r.depth for r in default.rows] == [0, 1, 2]
-    quick = tt.auto_tune(model, data, strategy=one, quick=True, verbose=False)
+    quick = tt.auto_tune(model(), data, strategy=one, quick=True, verbose=False)
     assert quick.time_budget == tunetree.search.auto.QUICK_TIME_BUDGET_S
     assert [r.depth for r in quick.rows] == [0, 1]
     unlimited = tt.auto_tune(
-        model, data, strategy=one, time_budget=None, measure_config=QUICK, verbose=False
+        model(), data, strategy=one, time_budget=None, measure_config=QUICK, verbose=False
     )
     assert unlimited.time_budget is None and not unlimited.skipped()
     with pytest.raises(tt.InvalidInputError, match="time_budget"):
-        tt.auto_tune(model, data, strategy=one, time_budget=-1.0, verbose=False)
+        tt.auto_tune(model(), data, strategy=one, time_budget=-1.0, verbose=False)
     assert all(b.quick_build for b in tt.quick_strategy("cpu").backends)
     assert not tt.backends.Inductor.quick_build
     assert all(b.kind != "inductor" for b in tt.quick_strategy("cpu").backends)
@@ -368,10 +373,8 @@ def test_a_depth_with_the_plan_of_a_measured_depth_is_not_measured_again() -> No
 
 
 def test_stopped_after_interrupts_a_long_block_and_nothing_else() -> None:
-    start = time.perf_counter()
     with pytest.raises(budget.BuildStopped), budget.stopped_after(0.2):
-        spin(5.0)
-    assert time.perf_counter() - start < 2.0
+        spin(120.0)  # stopped, or the test fails (DID NOT RAISE) rather than waiting on a clock
     with budget.stopped_after(5.0):
         spin(0.05)
     spin(0.3)  # nothing is raised after a block that ended in time
@@ -388,12 +391,10 @@ def test_a_build_still_running_when_the_budget_ends_is_stopped() -> None:
     torch.manual_seed(0)
     model = Busy(0.0, 1 * MS, [Busy(1 * MS, 1 * MS) for _ in range(2)]).eval()
     strategy = tt.HighestThroughputStrategy([SlowBuild(build_s=60.0), tt.backends.Eager()])
-    start = time.perf_counter()
     result = tt.auto_tune(
         model, [torch.randn(2, 4)], strategy=strategy, time_budget=4.0, verbose=False, cache=False
     )
-    wall = time.perf_counter() - start
-    assert wall <= 1.1 * 4.0, result.timing()
+    # The 60 s build was stopped at the budget (a build that ran on would have been measured).
     stopped = [s for s in result.skipped() if s.backend.startswith("fake-slow-build")]
     assert stopped and stopped[0].what == "build"
     assert result.depth is None  # eager only was measured
