@@ -154,29 +154,57 @@ def check(
             (r for r in result.rows if r.depth in result.plans),
             key=lambda r: r.speedup or 0.0,
         )
-        result.use(fastest.depth)
         row.checked_depth = fastest.depth
-    tuned = result.model
+    # Every depth that has a plan is checked, not only the selected one: any of them could
+    # have been selected on another machine or under another load (issue 33).
+    try:
+        for depth in sorted(result.plans):
+            calls = _Calls(inside, outside, other, expected, expected_other)
+            _check_plan(row, result.use(depth), depth, calls)
+    finally:
+        result.undo()
+    return row
+
+
+@dataclasses.dataclass
+class _Calls:
+    """The unseen calls one plan is checked on, with eager's outputs of each."""
+
+    inside: list[Call]
+    outside: list[Call]
+    other: Call
+    expected: list[Any]
+    expected_other: Any
+
+
+def _check_plan(row: ZooRow, tuned: Any, depth: int, calls: _Calls) -> None:
+    """The unseen calls on the plan of ``depth``: eager's results, and fallbacks only outside."""
+    problems = len(row.problems)
+    before = _fallbacks(tuned)
+    inside, expected = calls.inside, calls.expected
     warnings = _Warnings()
     logging.getLogger("tunetree.runtime.wrap").addHandler(warnings)
     try:
         _check_calls(row, tuned, inside, expected[: len(inside)], "unseen call inside the ranges")
-        row.fallbacks_inside = _fallbacks(tuned)
-        if row.fallbacks_inside:
-            row.problems.append(f"{row.fallbacks_inside} calls inside the ranges fell back")
+        fell_back = _fallbacks(tuned) - before
+        row.fallbacks_inside += fell_back
+        if fell_back:
+            row.problems.append(f"{fell_back} calls inside the ranges fell back")
         warnings.messages.clear()
-        _check_calls(row, tuned, outside, expected[len(inside) :], "call outside the ranges")
-        row.fallback_warnings = len(warnings.messages)
-        if row.checked_depth is not None and _fallbacks(tuned) == row.fallbacks_inside:
+        inside_total = _fallbacks(tuned)
+        _check_calls(row, tuned, calls.outside, expected[len(inside) :], "call outside the ranges")
+        row.fallback_warnings += len(warnings.messages)
+        if _fallbacks(tuned) == inside_total:
             row.problems.append("the call outside the ranges did not run the original forward")
-        if _fallbacks(tuned) > row.fallbacks_inside and not warnings.messages:
+        elif not warnings.messages:
             row.problems.append("the call outside the ranges fell back without a warning")
-        if expected_other is not None:
-            _check_calls(row, tuned, [other], [expected_other], "call with another keyword")
+        if calls.expected_other is not None:
+            _check_calls(
+                row, tuned, [calls.other], [calls.expected_other], "call with another keyword"
+            )
     finally:
         logging.getLogger("tunetree.runtime.wrap").removeHandler(warnings)
-        result.undo()
-    return row
+    row.problems[problems:] = [f"depth {depth}: {p}" for p in row.problems[problems:]]
 
 
 def _check_calls(

@@ -236,3 +236,50 @@ def test_auto_tune_refuses_a_min_depth_below_every_executed_module() -> None:
     instead of trying nothing and reporting the model "left untuned"."""
     with pytest.raises(tt.TunetreeError, match=r"min_depth=2 .* \(depth 1\).*fused"):
         tt.auto_tune(encoder(fast_path=True), [torch.randn(2, 8, 32)], min_depth=2, cache=False)
+
+
+class _MaskedLayer(nn.Module):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return x if mask is None else x * mask.unsqueeze(-1)
+
+
+class _SkipsMaskOfOne(nn.Module):
+    """Like a Llama model: a batch of one unpadded row gives its layer no mask at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = _MaskedLayer()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.layer(x, None if x.shape[0] == 1 else mask)
+
+
+def test_a_submodule_pattern_that_follows_the_root_serves_the_roots_whole_range() -> None:
+    """Issue 33: Llama's depth-1 plan sent unseen calls inside the root's ranges to the original
+    forward. The layer's masked pattern saw only the padded calls (batch 2..3, seq 20..32) of a
+    root tuned on batch 1..3, seq 8..32; its axes follow the root's call for call, so its graph
+    takes the root's whole range (and its candidates are checked at the widened ends)."""
+    data = [(torch.randn(b, s, 4), torch.ones(b, s)) for b, s in ((1, 8), (2, 20), (3, 32))]
+    info = tt.inspect(_SkipsMaskOfOne().eval(), data)
+    (root,) = info.modules[""].graphs
+    assert root.dims() == {"batch": tt.Dim("batch", 1, 3), "seq": tt.Dim("seq", 8, 32)}
+    masked = next(k for k in info.modules["layer"].graphs if k.is_dynamic)
+    assert masked.dims() == root.dims()
+
+
+def test_an_axis_that_only_shares_sizes_with_the_root_keeps_its_own_range() -> None:
+    """Sizes that do not follow the root call for call keep the range they were seen in."""
+
+    class Reversed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = _MaskedLayer()
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            flipped = x.flip(0)[:, : 40 - x.shape[1]]  # seq 32 -> 8, 20 -> 20, 8 -> 32
+            return self.layer(flipped, None if x.shape[0] == 1 else mask[:, : flipped.shape[1]])
+
+    data = [(torch.randn(b, s, 4), torch.ones(b, s)) for b, s in ((1, 8), (2, 20), (3, 32))]
+    info = tt.inspect(Reversed().eval(), data)
+    masked = next(k for k in info.modules["layer"].graphs if k.is_dynamic)
+    assert masked.dims() == {"batch": tt.Dim("batch", 1, 3), "seq": tt.Dim("seq", 8, 20)}

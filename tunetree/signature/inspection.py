@@ -26,6 +26,7 @@ from .modules import CallFn, module_paths, resolve_device, run_model, synchroniz
 from .shapes import (
     AxisRef,
     DynamicShapes,
+    RootDim,
     declared_axes,
     dim_sizes,
     group_graphs,
@@ -33,6 +34,7 @@ from .shapes import (
     probe_sizes,
     ranged_key,
     resize,
+    root_dims,
 )
 from .state import preserved_state
 
@@ -235,6 +237,9 @@ class _Recorder:
         self.pending: list[Sample | None] = []
         self.binders: dict[str, Binder] = {}
         self.calls: dict[str, list[tuple[Sample, Any]]] = {}
+        self.origins: dict[str, list[int]] = {}
+        """Per module, the index of the root call each of its recorded calls came from."""
+        self.root_calls = 0
         self.probe_calls: dict[str, list[tuple[Sample, Any]]] = {}
         self.kept: dict[tuple[str, GraphKey], int] = {}
         self.probing = False
@@ -247,6 +252,8 @@ class _Recorder:
             self.stack.append((path, 0.0, 0.0))
             return
         parent = self.stack[-1][0] if self.stack else None
+        if parent is None:
+            self.root_calls += 1
         record = self.records.get(path)
         if record is None:
             record = ModuleRecord(path, type(module).__name__, len(self.stack), parent)
@@ -294,25 +301,33 @@ class _Recorder:
         sample = self.pending.pop()
         if sample is not None:
             self.calls.setdefault(path, []).append((sample, detach_clone(output)))
+            self.origins.setdefault(path, []).append(self.root_calls - 1)
 
     def group(self, dynamic: bool, declared: dict[AxisRef, Dim] | None) -> None:
         """Group every module's recorded calls into graphs.
 
-        Ranges come from the root first, whose dimension names the other modules borrow.
+        Ranges come from the root first, whose dimension names the other modules borrow; an
+        axis of another module that follows a root dimension call for call serves its whole
+        range (:func:`~.shapes.ranged_key`).
         """
         known: list[tuple[frozenset[int], str]] = []
+        followed: list[RootDim] = []
         roots = [r.path for r in self.records.values() if r.parent is None]
         for path in roots + [p for p in self.records if p not in roots]:
+            calls, origins = self.calls.get(path, []), self.origins.get(path, [])
             graphs = group_graphs(
-                self.calls.get(path, []),
+                calls,
                 dynamic=dynamic,
                 declared=declared if path == "" else None,
                 known=known,
                 probes=self.probe_calls.get(path, []),
+                followed=followed if path not in roots else (),
+                origins=origins,
             )
             self.records[path].graphs = graphs
             if path in roots:
                 known.extend(k for g in graphs.values() for k in dim_sizes(g))
+                followed.extend(_root_dims(graphs, calls, origins))
 
     @contextmanager
     def hooks(self, model: Any, inside: set[str] | None = None) -> Iterator[None]:
@@ -494,3 +509,15 @@ def _run_probes(
                 run_model(model, resize(base, key, sizes), call)
     finally:
         recorder.probing = False
+
+
+def _root_dims(
+    graphs: dict[GraphKey, Graph], calls: list[tuple[Sample, Any]], origins: list[int]
+) -> list[RootDim]:
+    """The root's dimensions, each with its size per root call (see :func:`~.shapes.root_dims`)."""
+    origin_of = {id(sample): origin for (sample, _), origin in zip(calls, origins, strict=True)}
+    found: list[RootDim] = []
+    for graph in graphs.values():
+        if all(id(s) in origin_of for s in graph.samples):
+            found.extend(root_dims(graph, [origin_of[id(s)] for s in graph.samples]))
+    return found

@@ -99,10 +99,33 @@ def map_leaves(sample: Sample, fn: Callable[[int, torch.Tensor], torch.Tensor]) 
 # --------------------------------------------------------------------------- inference
 
 
+@dataclasses.dataclass(frozen=True)
+class RootDim:
+    """A dimension of the root's graphs and the size it took in each root call.
+
+    A submodule axis whose size equals this dimension's in every root call it was recorded in
+    *follows* it: it serves the root's whole range, not only the sizes its own pattern saw
+    (:func:`ranged_key`).
+    """
+
+    dim: Dim
+    sizes: Mapping[int, int]
+    """Root call index -> the size this dimension took in that call."""
+
+    def followed_by(self, sizes: Sequence[int], origins: Sequence[int]) -> bool:
+        """Whether an axis of these ``sizes``, recorded in root calls ``origins``, follows it."""
+        return bool(origins) and all(
+            self.sizes.get(origin) == size for origin, size in zip(origins, sizes, strict=True)
+        )
+
+
 def ranged_key(
     keys: Sequence[GraphKey],
     declared: Mapping[AxisRef, Dim] | None = None,
     known: Iterable[tuple[frozenset[int], str]] = (),
+    *,
+    followed: Sequence[RootDim] = (),
+    origins: Sequence[int] = (),
 ) -> GraphKey:
     """The key of one graph serving every exact key in ``keys`` (which share a pattern).
 
@@ -110,6 +133,13 @@ def ranged_key(
     seen; axes with identical size sequences share one name. ``declared`` fixes the
     ``Dim`` of given axes (a size seen outside it is refused); ``known`` lends names of
     dimensions seen elsewhere (e.g. the root's ``batch``) to axes with the same set of sizes.
+
+    ``origins`` gives, for the first ``len(origins)`` keys, the root call each was recorded
+    in; an axis that follows one of the root's dimensions (``followed``) call for call takes
+    that dimension's name and its whole range. A submodule that the root calls in two ways
+    (a Llama layer gets no mask for an unpadded batch of 1 and a mask for padded batches)
+    then serves every size the root serves, not only the sizes its own pattern happened to
+    see: its candidates are checked on probes at the widened range's ends like any other.
     """
     if not keys:
         raise ValueError("ranged_key needs at least one key")
@@ -129,11 +159,24 @@ def ranged_key(
     taken = {d.name for d in declared.values()}
     known_names = dict(known)
     for sizes, refs in groups.items():
-        name = known_names.get(frozenset(sizes))
-        if name is None or name in taken:
-            name = _fresh_name(refs, taken)
+        root = next(
+            (
+                r
+                for r in followed
+                if r.dim.name not in taken and r.followed_by(sizes[: len(origins)], origins)
+            ),
+            None,
+        )
+        if root is not None:
+            name = root.dim.name
+            low, high = min(root.dim.min, *sizes), max(root.dim.max, *sizes)
+        else:
+            name = known_names.get(frozenset(sizes)) or ""
+            if not name or name in taken:
+                name = _fresh_name(refs, taken)
+            low, high = min(sizes), max(sizes)
         taken.add(name)
-        dim = Dim(name, min(sizes), max(sizes))
+        dim = Dim(name, low, high)
         for ref in refs:
             dims[ref] = dim
     return _with_dims(keys[0], dims)
@@ -186,6 +229,8 @@ def group_graphs(
     declared: Mapping[AxisRef, Dim] | None = None,
     known: Iterable[tuple[frozenset[int], str]] = (),
     probes: Sequence[tuple[Sample, Any]] = (),
+    followed: Sequence[RootDim] = (),
+    origins: Sequence[int] = (),
 ) -> dict[GraphKey, Graph]:
     """Group recorded ``(sample, eager output)`` calls of one module into graphs.
 
@@ -194,12 +239,18 @@ def group_graphs(
     ``declared`` applies to every group (the root's declared dimensions). ``probes`` are
     calls made only to find ranges: they widen the ranges of the graph whose pattern they
     share and land in its ``probes``, never in its samples (a probe of no recorded
-    pattern is dropped).
+    pattern is dropped). ``origins`` (the root call of each of ``calls``) and ``followed``
+    (the root's dimensions) let an axis that follows a root dimension take its whole range
+    (:func:`ranged_key`).
     """
     groups: dict[GraphKey, list[tuple[Sample, Any]]] = {}
-    for sample, output in calls:
+    group_origins: dict[GraphKey, list[int]] = {}
+    for i, (sample, output) in enumerate(calls):
         exact = sample.key
-        groups.setdefault(exact.pattern() if dynamic else exact, []).append((sample, output))
+        group = exact.pattern() if dynamic else exact
+        groups.setdefault(group, []).append((sample, output))
+        if len(origins) == len(calls):
+            group_origins.setdefault(group, []).append(origins[i])
     extra: dict[GraphKey, list[Sample]] = {}
     if dynamic:
         for sample, _ in probes:
@@ -210,11 +261,34 @@ def group_graphs(
     graphs: dict[GraphKey, Graph] = {}
     for group, members in groups.items():
         exact_keys = [s.key for s, _ in members] + [p.key for p in extra.get(group, [])]
-        key = ranged_key(exact_keys, declared, known) if dynamic else exact_keys[0]
+        key = (
+            ranged_key(
+                exact_keys,
+                declared,
+                known,
+                followed=followed,
+                origins=group_origins.get(group, []),
+            )
+            if dynamic
+            else exact_keys[0]
+        )
         graphs[key] = Graph(
             key, [s for s, _ in members], [o for _, o in members], extra.get(group, [])
         )
     return graphs
+
+
+def root_dims(graph: Graph, origins: Sequence[int]) -> list[RootDim]:
+    """Each named dimension of a root graph with its size per root call.
+
+    ``origins`` is the root call index of each of ``graph.samples``.
+    """
+    by_name: dict[str, dict[int, int]] = {}
+    for origin, sample in zip(origins, graph.samples, strict=True):
+        for name, size in sizes_of(sample, graph.key).items():
+            by_name.setdefault(name, {})[origin] = size
+    dims = graph.key.dims()
+    return [RootDim(dims[name], sizes) for name, sizes in by_name.items() if name in dims]
 
 
 def dim_sizes(graph: Graph) -> list[tuple[frozenset[int], str]]:
