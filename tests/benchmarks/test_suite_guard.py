@@ -1,5 +1,9 @@
 """Regression guard: the benchmark suite runs end to end on tiny models, and auto_tune never
-hands back something slower than eager beyond its tie tolerance (plus measurement noise)."""
+keeps a selection slower than its untuned measurement (a decision, tested on given timings).
+
+How fast the suite's rows are is the benchmark's to report, never a unit test's: two
+independent timings on a busy 2-core machine differ by more than any fixed noise bound
+(issue 33)."""
 
 from __future__ import annotations
 
@@ -11,13 +15,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-NOISE = 0.15
-"""Allowed measurement noise between two independent timings of the same model on a shared
-2-core CI machine; auto_tune's own decision is checked without it below."""
 
 
 @pytest.mark.timeout(900)
-def test_quick_suite_runs_and_auto_tune_is_not_slower(tmp_path: Path) -> None:
+def test_quick_suite_runs_end_to_end(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
@@ -41,10 +42,6 @@ def test_quick_suite_runs_and_auto_tune_is_not_slower(tmp_path: Path) -> None:
     assert {"eager", "torch.compile", "tt.auto_tune"} <= set(rows)
     assert any(name.startswith("tt inductor") for name in rows)
     assert all(r.get("median_ms") for r in rows.values()), rows
-    tie_tolerance = 0.02
-    assert rows["tt.auto_tune"]["median_ms"] <= rows["eager"]["median_ms"] * (
-        1 + tie_tolerance + NOISE
-    )
     assert (tmp_path / "suite-cpu.png").is_file()
 
 
