@@ -14,6 +14,9 @@ from tunetree.candidates.evaluate import CandidateRow, GraphSession, Status, clo
 from tunetree.candidates.measure import MeasureConfig, Timing
 from tunetree.signature.graph import Graph, Sample
 
+pytestmark = pytest.mark.usefixtures("virtual_time")
+"""Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
+
 
 def row(median: float, spread: float, batch: int = 1, status: Status = Status.OK) -> CandidateRow:
     timing = Timing(median, median - spread, median + spread, median - spread, 5, 1)

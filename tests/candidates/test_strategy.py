@@ -7,6 +7,9 @@ import tunetree as tt
 from tests.clock import VirtualClock
 from tests.fakes import Delayed, Failing, mlp
 
+pytestmark = pytest.mark.usefixtures("virtual_time")
+"""Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
+
 QUICK = tt.MeasureConfig.quick()
 
 
@@ -31,14 +34,14 @@ def test_one_backend_strategy() -> None:
     assert graph.winner is None and graph.rows[0].status is tt.Status.FAILED
 
 
-def test_min_latency_picks_the_fastest() -> None:
+def test_min_latency_picks_the_fastest(virtual_time: VirtualClock) -> None:
     graph = run(
         tt.MinLatencyStrategy([Delayed(0.003, "a"), Delayed(0.0005, "b"), Delayed(0.002, "c")])
     )
     assert graph.winner.backend.label == "b"
 
 
-def test_latency_budget_prefers_the_first_within_budget() -> None:
+def test_latency_budget_prefers_the_first_within_budget(virtual_time: VirtualClock) -> None:
     backends = [Delayed(0.012, "slow"), Delayed(0.004, "ok"), Delayed(0.0, "fastest")]
     graph = run(tt.LatencyBudgetStrategy(8.0, backends))
     assert graph.winner.backend.label == "ok"

@@ -9,6 +9,9 @@ from tests.fakes import Busy, Delayed, Shortcut, spin
 from tunetree.runtime.wrap import dispatcher_of, wrapped_paths
 from tunetree.search.auto import TIME_BUDGET_ERROR
 
+pytestmark = pytest.mark.usefixtures("virtual_time")
+"""Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
+
 MS = 1e-3
 QUICK = tt.MeasureConfig(warmup_s=0.02, block_s=0.02, trials=7, max_s_per_candidate=0.4)
 

@@ -9,6 +9,9 @@ from tests.fakes import Delayed, Failing, Wrong, mlp
 from tests.fakes import quick_tune as tune
 from tunetree.runtime.wrap import dispatcher_of
 
+pytestmark = pytest.mark.usefixtures("virtual_time")
+"""Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
+
 QUICK = tt.MeasureConfig.quick()
 
 
