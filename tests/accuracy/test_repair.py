@@ -2,11 +2,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from tests.fakes import Delayed
 from tunetree.accuracy import Verdict, repair, results_kept
 from tunetree.backends import Autocast
 from tunetree.runtime.plan import Plan, PlanEntry
 from tunetree.signature.graph import GraphKey
+
+pytestmark = pytest.mark.usefixtures("virtual_time")
+"""Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
 
 
 def entry(path: str, backend) -> PlanEntry:

@@ -8,6 +8,9 @@ from tests.accuracy.lossy import Chain, Lossy
 from tests.fakes import Delayed
 from tunetree.backends import Eager
 
+pytestmark = pytest.mark.usefixtures("virtual_time")
+"""Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
+
 QUICK = tt.MeasureConfig(warmup_s=0.01, block_s=0.01, trials=5, max_s_per_candidate=0.3)
 
 
