@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..hf.caches import is_cache_class
+from ..hf.positions import Derived, key_value
 
 _CONSTANTS = (type(None), bool, int, float, str)
 _PLAIN = (*_CONSTANTS, torch.dtype, torch.device)
@@ -246,9 +247,12 @@ def _part(value: Any) -> Any:
         items = [_part(v) for v in value]
         return None if any(i is None for i in items) else (kind, tuple(items))
     if is_cache_class(kind):
-        attributes = sorted(vars(value).items())
-        items = [_part(v) for _, v in attributes]
+        fields = vars(value)
+        names = sorted(fields)
+        items = [_part(key_value(fields, k)) for k in names]
         if any(i is None for i in items):
             return None
-        return (kind, tuple(zip((k for k, _ in attributes), items, strict=True)))
+        return (kind, tuple(zip(names, items, strict=True)))
+    if kind is Derived:
+        return (kind, value)
     return None

@@ -23,6 +23,7 @@ from ..errors import InvalidInputError
 from .binding import Binder
 from .graph import Dim, Graph, GraphKey, Sample, as_samples, detach_clone, map_tensors, to_device
 from .modules import CallFn, module_paths, resolve_device, run_model, synchronize
+from .recording import Ledger, RecordingSummary, default_budget_bytes, tensor_bytes
 from .shapes import (
     AxisRef,
     DynamicShapes,
@@ -99,6 +100,8 @@ class ModelInfo:
     """Modules that run as one fused fast-path op (:data:`FAST_PATH_OPS`), path to op name.
 
     Their submodules never run in inference, so they are not recorded: each is a leaf."""
+    recording: RecordingSummary | None = None
+    """What the recording copied and what it kept as signatures only (:mod:`.recording`)."""
 
     @property
     def max_depth(self) -> int:
@@ -227,23 +230,24 @@ def _shape_only(tensor: torch.Tensor) -> torch.Tensor:
 class _Recorder:
     """Forward hooks that build :class:`ModuleRecord` s during eager calls."""
 
-    def __init__(self, device: torch.device, max_samples_per_graph: int) -> None:
+    def __init__(self, device: torch.device, max_samples_per_graph: int, max_bytes: int) -> None:
         self.device = device
-        self.max_samples = max_samples_per_graph
+        self.ledger = Ledger(max_samples_per_graph, max_bytes)
         self.records: dict[str, ModuleRecord] = {}
         self.stack: list[tuple[str, float, float]] = []  # path, start, time in children
-        self.pending: list[Sample | None] = []
+        self.pending: list[tuple[GraphKey | None, Sample | None]] = []
         self.binders: dict[str, Binder] = {}
         self.calls: dict[str, list[tuple[Sample, Any]]] = {}
         self.probe_calls: dict[str, list[tuple[Sample, Any]]] = {}
-        self.kept: dict[tuple[str, GraphKey], int] = {}
         self.probing = False
         """True while the root runs probe calls: they are kept apart and not counted."""
 
     def pre(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.probing:  # only the shapes matter: meta tensors hold no memory
             bound = self._bind(path, module, args, kwargs)
-            self.pending.append(Sample(*map_tensors(_shape_only, (bound.args, bound.kwargs))))
+            self.pending.append(
+                (None, Sample(*map_tensors(_shape_only, (bound.args, bound.kwargs))))
+            )
             self.stack.append((path, 0.0, 0.0))
             return
         parent = self.stack[-1][0] if self.stack else None
@@ -256,11 +260,12 @@ class _Recorder:
         record.depth = min(record.depth, len(self.stack))
         sample = self._bind(path, module, args, kwargs)
         key = sample.key
-        count = self.kept.get((path, key), 0)
-        keep = count < self.max_samples
-        if keep:
-            self.kept[(path, key)] = count + 1
-        self.pending.append(detach_clone(sample) if keep else None)
+        copy = None
+        if self.ledger.admit(path, sample, key):
+            copy = detach_clone(sample)
+            self.ledger.copied += 1
+            self.ledger.copied_now(tensor_bytes((copy.args, copy.kwargs)))
+        self.pending.append((key, copy))
         synchronize(self.device)
         self.stack.append((path, time.perf_counter(), 0.0))
 
@@ -275,7 +280,7 @@ class _Recorder:
     def post(self, path: str, output: Any) -> None:
         if self.probing:
             self.stack.pop()
-            sample = self.pending.pop()
+            _, sample = self.pending.pop()
             if sample is not None and path in self.records:
                 self.probe_calls.setdefault(path, []).append((sample, None))
             return
@@ -291,9 +296,13 @@ class _Recorder:
         record.calls += 1
         record.total_s += elapsed
         record.self_s += elapsed - in_children
-        sample = self.pending.pop()
+        key, sample = self.pending.pop()
+        if key is not None:
+            self.ledger.timed(path, key, elapsed)
         if sample is not None:
-            self.calls.setdefault(path, []).append((sample, detach_clone(output)))
+            copied = detach_clone(output)
+            self.ledger.copied_now(tensor_bytes(copied))
+            self.calls.setdefault(path, []).append((sample, copied))
 
     def group(self, dynamic: bool, declared: dict[AxisRef, Dim] | None) -> None:
         """Group every module's recorded calls into graphs.
@@ -302,6 +311,9 @@ class _Recorder:
         """
         known: list[tuple[frozenset[int], str]] = []
         roots = [r.path for r in self.records.values() if r.parent is None]
+        stats: dict[str, dict[GraphKey, tuple[int, float]]] = {}
+        for (path, key), counted in self.ledger.stats.items():
+            stats.setdefault(path, {})[key] = (counted.calls, counted.seconds)
         for path in roots + [p for p in self.records if p not in roots]:
             graphs = group_graphs(
                 self.calls.get(path, []),
@@ -309,6 +321,8 @@ class _Recorder:
                 declared=declared if path == "" else None,
                 known=known,
                 probes=self.probe_calls.get(path, []),
+                described=self.ledger.described.get(path, {}),
+                stats=stats.get(path),
             )
             self.records[path].graphs = graphs
             if path in roots:
@@ -352,6 +366,7 @@ def inspect(
     device: torch.device | str | None = None,
     max_samples_per_graph: int = 4,
     dynamic_shapes: DynamicShapes = None,
+    max_record_bytes: int | None = None,
 ) -> ModelInfo:
     """Run ``model`` once per dataset item with forward hooks and record every executed module.
 
@@ -367,17 +382,23 @@ def inspect(
 
     Recording never changes the model: buffers and the RNG state are put back afterwards,
     and a module's recorded output is its forward's own, before the user's forward hooks.
+    Copies of calls are rationed (:mod:`tunetree.signature.recording`): a generation step is
+    copied a few times per ``generate``, never once per token, and all copies together stay
+    within ``max_record_bytes`` (default: a quarter of the device's free memory); a call not
+    copied still counts, and its sizes still widen its graph's ranges.
     """
     samples = as_samples(dataset)
     dev = resolve_device(model, device)
     samples = [s.to(dev) for s in samples]
-    recorder = _Recorder(dev, max_samples_per_graph)
+    budget = default_budget_bytes(dev) if max_record_bytes is None else max_record_bytes
+    recorder = _Recorder(dev, max_samples_per_graph, budget)
     with torch.no_grad(), preserved_state(model):
         fused = _first_call(model, samples[0], call)  # untimed: one-off costs
         outputs = []
         with recorder.hooks(model, inside=set(fused)):
             start = time.perf_counter()
-            for sample in samples:
+            for item, sample in enumerate(samples):
+                recorder.ledger.item = item
                 outputs.append(detach_clone(run_model(model, sample, call)))
             synchronize(dev)
             total = time.perf_counter() - start
@@ -387,6 +408,14 @@ def inspect(
             if declared:
                 _run_probes(model, recorder, declared, call)
     recorder.group(dynamic_shapes is not False, declared)
+    ledger = recorder.ledger
+    summary = RecordingSummary(
+        ledger.copied,
+        ledger.copied_bytes,
+        sum(len(keys) for keys in ledger.described.values()),
+        ledger.over_budget,
+        budget,
+    )
     return ModelInfo(
         recorder.records,
         samples,
@@ -397,6 +426,7 @@ def inspect(
         model_type=type(model).__name__,
         root_is_module=isinstance(model, nn.Module),
         fused=fused,
+        recording=summary,
     )
 
 
