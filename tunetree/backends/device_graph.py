@@ -23,7 +23,14 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..hf import cache_objects, is_cache_object, to_data
+from ..hf import (
+    cache_objects,
+    capacity_of,
+    is_cache_object,
+    nested_cache_objects,
+    positions_of,
+    to_data,
+)
 from ..signature.binding import original_forward
 from ..signature.graph import (
     _DTYPE_SHORT,
@@ -225,13 +232,23 @@ class DeviceGraphRunner(Runner):
         )
 
         # A call that updates its inputs (a decode step appends to its cache) starts every
-        # warm-up and the capture from the sample's values again.
+        # warm-up and the capture from the sample's values again, its cache objects' ints too
+        # (a sliding-window layer's position decides which branch of its code runs).
         first = [(static, leaves[i].detach()) for i, static in self.tensor_slots]
+        self.objects = nested_cache_objects((args, kwargs))
+        ints = [
+            (obj, {k: v for k, v in vars(obj).items() if isinstance(v, _CONSTANT_TYPES)})
+            for obj in self.objects
+        ]
 
         def reset() -> None:
             for static, value in first:
                 static.copy_(value)
+            for obj, values in ints:
+                obj.__dict__.update(values)
 
+        # The call's structure, cache positions read as values (tunetree.hf.positions).
+        structure = GraphKey.of(args, kwargs)
         with api.device_guard(device), torch.no_grad():
             # Warm up on a side stream: lazy initialisation (cuBLAS handles, Inductor's first
             # compile, autotuning) must not happen inside the capture.
@@ -241,7 +258,7 @@ class DeviceGraphRunner(Runner):
                 for _ in range(warmup):
                     reset()
                     forward(*args, **kwargs)
-                    if flatten((args, dict(sorted(kwargs.items()))))[1] != self.spec:
+                    if GraphKey.of(args, kwargs) != structure:
                         raise BackendError(
                             "the call changes the structure of its own arguments (a cache "
                             "initialised on first use, as in a prefill step): a device graph "
@@ -249,6 +266,7 @@ class DeviceGraphRunner(Runner):
                         )
             api.current_stream().wait_stream(side)
             reset()
+            before = positions_of(self.objects)
             self.graph = api.graph()
             try:
                 with api.capture(self.graph):
@@ -259,6 +277,14 @@ class DeviceGraphRunner(Runner):
                     "The forward must not synchronise with the CPU (.item(), .tolist(), "
                     "printing tensors, data-dependent shapes); use another backend for it"
                 ) from exc
+        self.advances = [
+            (i, name, vars(self.objects[i])[name] - value) for i, name, value in before
+        ]
+        """Positions the step advances (``(object index, attribute, by how much)``): a replay
+        runs no Python, so the runner moves them as eager's code did during the capture."""
+        self.fallback = original_forward(module)
+        self.eager_calls = 0
+        """Calls served by the original forward: their positions would cross the capacity."""
         # Outputs that are inputs updated in place (a static cache's key/value tensors, which
         # eager returns in the very cache object it was given) are handed back as they are, as
         # eager does; a caller that passes them back in is then served without a copy.
@@ -272,7 +298,22 @@ class DeviceGraphRunner(Runner):
         they are (no rebuild per call)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Copy the inputs into the captured static inputs and replay the graph."""
+        """Copy the inputs into the captured static inputs and replay the graph.
+
+        Positions of the caller's cache objects are advanced on the returned objects as eager
+        advances them; a call whose positions would end past a layer's capacity (a sliding
+        window filling up: other branches of the layer's code) runs the original forward.
+        """
+        moved: list[tuple[Any, str, int]] = []
+        if self.advances:
+            given = nested_cache_objects((args, kwargs))
+            for i, name, by in self.advances:
+                value = vars(given[i]).get(name)
+                capacity = capacity_of(given[i])
+                if not isinstance(value, int) or capacity is None or value + by > capacity:
+                    self.eager_calls += 1
+                    return self.fallback(*args, **kwargs)
+                moved.append((self.objects[i], name, value + by))
         slots = self.top_slots
         if slots is not None and len(args) == self.n_args and kwargs.keys() == self.kw_names:
             for where, static in slots:
@@ -282,6 +323,8 @@ class DeviceGraphRunner(Runner):
             for (i, static), path in zip(self.tensor_slots, self.paths, strict=True):
                 _copy_into(static, _pick(root, path), i)
         self.graph.replay()
+        for obj, name, value in moved:
+            obj.__dict__[name] = value
         out = self.static_out
         if not self.clone_outputs:
             return out

@@ -7,6 +7,6 @@ steps, so that a result says what a prefill and a decode step cost.
 
 from __future__ import annotations
 
-from .steps import GenerationStep, generation_steps, step_of, steps_table
+from .steps import GenerationStep, generation_steps, graph_step, step_of, steps_table
 
-__all__ = ["GenerationStep", "generation_steps", "step_of", "steps_table"]
+__all__ = ["GenerationStep", "generation_steps", "graph_step", "step_of", "steps_table"]

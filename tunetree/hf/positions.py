@@ -86,7 +86,9 @@ def mirrored_axis(attributes: dict[str, Any], name: str) -> tuple[str, int] | No
 def is_below_capacity(attributes: dict[str, Any], name: str) -> bool:
     """Whether ``attributes[name]`` is a position inside the layer's capacity."""
     value, capacity = attributes.get(name), attributes.get(CAPACITY)
-    return name in POSITIONS and _is_int(value) and _is_int(capacity) and 0 <= value < capacity
+    if name not in POSITIONS or not isinstance(value, int) or not isinstance(capacity, int):
+        return False
+    return _is_int(value) and _is_int(capacity) and 0 <= value < capacity
 
 
 def key_value(attributes: dict[str, Any], name: str) -> Any:

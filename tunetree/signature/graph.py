@@ -152,9 +152,7 @@ def _leaf_signature(value: Any) -> Any:
         # Ints that repeat a tensor's size, or count positions, are keyed by what they are
         # (tunetree.hf.positions): every decode step and every capacity is not a graph apart.
         fields = vars(value)
-        attributes = tuple(
-            (k, _leaf_signature(key_value(fields, k))) for k in sorted(fields)
-        )
+        attributes = tuple((k, _leaf_signature(key_value(fields, k))) for k in sorted(fields))
         return ("data", type(value).__qualname__, attributes)
     # Opaque objects (a cache, a config): their contents are invisible here, and a backend
     # that exported the graph may have baked them in as constants. Keying them by identity

@@ -235,6 +235,8 @@ class _Recorder:
         self.ledger = Ledger(max_samples_per_graph, max_bytes)
         self.records: dict[str, ModuleRecord] = {}
         self.stack: list[tuple[str, float, float]] = []  # path, start, time in children
+        self.in_step: list[bool] = []
+        """Per open call: whether it, or a call around it, takes a cache (a generation step)."""
         self.pending: list[tuple[GraphKey | None, Sample | None]] = []
         self.binders: dict[str, Binder] = {}
         self.calls: dict[str, list[tuple[Sample, Any]]] = {}
@@ -260,8 +262,10 @@ class _Recorder:
         record.depth = min(record.depth, len(self.stack))
         sample = self._bind(path, module, args, kwargs)
         key = sample.key
+        in_step = (bool(self.in_step) and self.in_step[-1]) or self.ledger.takes_cache(sample)
+        self.in_step.append(in_step)
         copy = None
-        if self.ledger.admit(path, sample, key):
+        if self.ledger.admit(path, sample, key, in_step):
             copy = detach_clone(sample)
             self.ledger.copied += 1
             self.ledger.copied_now(tensor_bytes((copy.args, copy.kwargs)))
@@ -288,6 +292,7 @@ class _Recorder:
         end = time.perf_counter()
         top, start, in_children = self.stack.pop()
         assert top == path, f"module calls did not nest: {top} vs {path}"
+        self.in_step.pop()
         elapsed = end - start
         if self.stack:
             parent, pstart, pchildren = self.stack[-1]

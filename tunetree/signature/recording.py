@@ -6,9 +6,9 @@ that receives it made tuning run out of device memory (126 GiB at batch 8 on a 0
 So copies are rationed:
 
 - per graph (exact signature), at most ``max_samples`` copies, as before;
-- a call that takes a cache (a generation step) is copied at most ``per_item`` times per
-  pattern (signature without sizes) and dataset item: the first steps of each ``generate``,
-  never one per token;
+- a call that takes a cache (a generation step), and every call inside one, is copied at most
+  ``per_item`` times per pattern (signature without sizes) and dataset item: the first steps
+  of each ``generate``, never one per token;
 - all copies together stay within ``max_bytes``, a share of the device's free memory (the
   copied cache counted), except each pattern's first copy, without which its graph could not
   be tuned.
@@ -95,19 +95,21 @@ class Ledger:
     _per_pattern: dict[tuple[str, GraphKey, int], int] = field(default_factory=dict)
     _patterns: set[tuple[str, GraphKey]] = field(default_factory=set)
 
-    def admit(self, path: str, sample: Sample, key: GraphKey) -> bool:
-        """Whether to copy this call; counts it either way (see the module's rules)."""
+    def admit(self, path: str, sample: Sample, key: GraphKey, in_step: bool) -> bool:
+        """Whether to copy this call; counts it either way (see the module's rules).
+
+        ``in_step``: the call takes a cache, or runs inside a call that does.
+        """
         stats = self.stats.setdefault((path, key), GraphStats())
         stats.calls += 1
         if self._per_key.get((path, key), 0) >= self.max_samples:
             return False
         pattern = key.pattern()
         first = (path, pattern) not in self._patterns
-        stateful = contains_cache((sample.args, sample.kwargs))
-        if stateful and not first:
-            if self._per_pattern.get((path, pattern, self.item), 0) >= self.per_item:
-                self._describe(path, key)
-                return False
+        slot = (path, pattern, self.item)
+        if in_step and not first and self._per_pattern.get(slot, 0) >= self.per_item:
+            self._describe(path, key)
+            return False
         if not first:
             size = 2 * tensor_bytes((sample.args, sample.kwargs))  # the inputs, and the outputs
             if self.copied_bytes + size > self.max_bytes:
@@ -116,10 +118,14 @@ class Ledger:
                 return False
         self._patterns.add((path, pattern))
         self._per_key[(path, key)] = self._per_key.get((path, key), 0) + 1
-        if stateful:
-            slot = (path, pattern, self.item)
+        if in_step:
             self._per_pattern[slot] = self._per_pattern.get(slot, 0) + 1
         return True
+
+    @staticmethod
+    def takes_cache(sample: Sample) -> bool:
+        """Whether the call takes a cache object (a generation step)."""
+        return contains_cache((sample.args, sample.kwargs))
 
     def copied_now(self, nbytes: int) -> None:
         """Count one copy (a sample or its outputs) of ``nbytes``."""

@@ -216,11 +216,11 @@ def group_graphs(
             pattern = exact.pattern()
             if pattern in groups:
                 shapes_only.setdefault(pattern, []).append(exact)
-    totals: dict[GraphKey, list[float]] = {}
+    totals: dict[GraphKey, tuple[int, float]] = {}
     for exact, (count, seconds) in (stats or {}).items():
-        total = totals.setdefault(exact.pattern() if dynamic else exact, [0, 0.0])
-        total[0] += count
-        total[1] += seconds
+        group = exact.pattern() if dynamic else exact
+        before = totals.get(group, (0, 0.0))
+        totals[group] = (before[0] + count, before[1] + seconds)
     known = list(known)
     graphs: dict[GraphKey, Graph] = {}
     for group, members in groups.items():
@@ -229,7 +229,7 @@ def group_graphs(
             [s.key for s, _ in members] + [p.key for p in extra.get(group, [])] + described_keys
         )
         key = ranged_key(exact_keys, declared, known) if dynamic else exact_keys[0]
-        count, seconds = totals.get(group, [len(members), 0.0])
+        count, seconds = totals.get(group, (len(members), 0.0))
         graphs[key] = Graph(
             key,
             [s for s, _ in members],
