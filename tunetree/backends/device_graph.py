@@ -296,6 +296,51 @@ class DeviceGraphRunner(Runner):
         }
         """Cache objects of the output whose every tensor is updated input state: returned as
         they are (no rebuild per call)."""
+        owned = [(where, v) for where, v in top if id(v) in self.kept_objects]
+        self.owned_at: tuple[int | str, Any] | None = owned[0] if len(owned) == 1 else None
+        """Where the call passes the cache object this runner returns (when it is one object at
+        the top level), and that object: a call passing it back is served without looking
+        inside it (its tensors are this runner's static inputs already)."""
+        inside = (
+            {id(t) for t in flatten(self.owned_at[1])[0] if isinstance(t, torch.Tensor)}
+            if self.owned_at is not None
+            else set()
+        )
+        self.outside = [
+            (static, path)
+            for (_, static), path in zip(self.tensor_slots, self.paths, strict=True)
+            if id(static) not in inside
+        ]
+        self._owned_ids = frozenset({id(self.owned_at[1])} if self.owned_at is not None else ())
+
+    def owned_ids(self) -> frozenset[int]:
+        """The id of the cache object this runner returns, when a caller may pass it back."""
+        return self._owned_ids
+
+    def passes_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether the call passes back the cache object this runner returned."""
+        if self.owned_at is None:
+            return False
+        where, obj = self.owned_at
+        if isinstance(where, int):
+            return where < len(args) and args[where] is obj
+        return kwargs.get(where) is obj
+
+    def fits_passed_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """For a call passing back the owned cache: whether its other tensors fit the capture."""
+        root = (args, kwargs)
+        try:
+            for static, path in self.outside:
+                value = _pick(root, path)
+                if (
+                    not isinstance(value, torch.Tensor)
+                    or value.shape != static.shape
+                    or value.dtype != static.dtype
+                ):
+                    return False
+        except BackendError:
+            return False
+        return True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Copy the inputs into the captured static inputs and replay the graph.
@@ -304,9 +349,10 @@ class DeviceGraphRunner(Runner):
         advances them; a call whose positions would end past a layer's capacity (a sliding
         window filling up: other branches of the layer's code) runs the original forward.
         """
+        passed_back = self.passes_back(args, kwargs)
         moved: list[tuple[Any, str, int]] = []
         if self.advances:
-            given = nested_cache_objects((args, kwargs))
+            given = self.objects if passed_back else nested_cache_objects((args, kwargs))
             for i, name, by in self.advances:
                 value = vars(given[i]).get(name)
                 capacity = capacity_of(given[i])
@@ -318,6 +364,10 @@ class DeviceGraphRunner(Runner):
         if slots is not None and len(args) == self.n_args and kwargs.keys() == self.kw_names:
             for where, static in slots:
                 _copy_into(static, args[where] if isinstance(where, int) else kwargs[where], where)
+        elif passed_back:  # the cache's tensors are the static inputs: copy only the others
+            root = (args, kwargs)
+            for static, path in self.outside:
+                _copy_into(static, _pick(root, path), "input")
         else:
             root = (args, kwargs)
             for (i, static), path in zip(self.tensor_slots, self.paths, strict=True):
@@ -391,13 +441,30 @@ class ShapeSetRunner(Runner):
         self.captures: dict[ShapeKey, DeviceGraphRunner] = {}
         self.eager_calls = 0
         self.lock = threading.Lock()
+        self._owners: dict[int, DeviceGraphRunner] = {}
+        """The capture that owns each cache object the captures return (see ``owned_ids``)."""
+        self._owned_ids: frozenset[int] = frozenset()
         for sample in samples:
             shapes = _shape_key(tuple(sample.args), sample.kwargs)
             if shapes not in self.captures and len(self.captures) < self.max_shapes:
-                self.captures[shapes] = DeviceGraphRunner(backend, module, sample, device)
+                self._add(shapes, DeviceGraphRunner(backend, module, sample, device))
+
+    def _add(self, shapes: ShapeKey, capture: DeviceGraphRunner) -> None:
+        self.captures[shapes] = capture
+        for owned in capture.owned_ids():
+            self._owners[owned] = capture
+        self._owned_ids = frozenset(self._owners)
+
+    def owned_ids(self) -> frozenset[int]:
+        """The cache objects every capture returns (a call passing one back skips the walk)."""
+        return self._owned_ids
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Replay the capture for this call's shapes (captured now if there is room), else eager."""
+        if self._owners:
+            owner = self._passed_back(args, kwargs)
+            if owner is not None:
+                return owner(*args, **kwargs)
         shapes = _shape_key(args, kwargs)
         capture = self.captures.get(shapes)
         if capture is None:
@@ -406,6 +473,15 @@ class ShapeSetRunner(Runner):
                 self.eager_calls += 1
                 return self.forward(*args, **kwargs)
         return capture(*args, **kwargs)
+
+    def _passed_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The capture whose cache object the call passes back (its other inputs fitting)."""
+        for value in (*args, *kwargs.values()):
+            capture = self._owners.get(id(value))
+            if capture is not None:
+                fits = capture.passes_back(args, kwargs) and capture.fits_passed_back(args, kwargs)
+                return capture if fits else None
+        return None
 
     def _capture(
         self, shapes: ShapeKey, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -419,7 +495,7 @@ class ShapeSetRunner(Runner):
             capture = DeviceGraphRunner(
                 self.backend, self.module, Sample(args, kwargs), self.device
             )
-            self.captures[shapes] = capture
+            self._add(shapes, capture)
             return capture
 
     @property

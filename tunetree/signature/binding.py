@@ -212,35 +212,42 @@ def _pick(source: Source, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return where
 
 
-def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+def call_signature(
+    args: tuple[Any, ...], kwargs: dict[str, Any], owned: frozenset[int] = frozenset()
+) -> tuple[Any, ...] | None:
     """A cheap hashable signature of a call, or None when it holds something else.
 
     Per argument (keywords by name, in the order given): a tensor's dtype and shape, a plain
     constant's type and value, a list or tuple of such, or a cache object's attributes
     (:func:`~tunetree.hf.caches.is_cache_object`) as such. Two calls with the same signature
     bind alike (:class:`ArgumentPlan`) and have the same :class:`~tunetree.signature.graph.GraphKey`
-    (which says the same things, in a form that is slower to build).
+    (which says the same things, in a form that is slower to build). An object whose id is in
+    ``owned`` (state a runner returned and checks itself, see ``Runner.owned_ids``) is keyed by
+    its identity: a decode step passing back the cache a device graph returned costs no walk
+    over the cache's layers.
     """
     parts: list[Any] = []
     for value in args:
-        part = _part(value)
+        part = _part(value, owned)
         if part is None:
             return None
         parts.append(part)
     for name, value in kwargs.items():
-        part = _part(value)
+        part = _part(value, owned)
         if part is None:
             return None
         parts.append((name, part))
     return tuple(parts)
 
 
-def _part(value: Any) -> Any:
+def _part(value: Any, owned: frozenset[int] = frozenset()) -> Any:
     kind = type(value)
     if kind is torch.Tensor:
         return (value.dtype, value.shape)
     if kind in _PLAIN:
         return (kind, value)
+    if owned and id(value) in owned:
+        return ("owned", id(value))
     if isinstance(value, type):  # a class attribute of a cache (the layer class it makes)
         return (type, value)
     if kind is list or kind is tuple:
