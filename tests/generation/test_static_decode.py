@@ -145,3 +145,30 @@ def test_a_device_graph_serves_every_decode_step_of_unseen_prompts() -> None:
     # Only the prefills (one per generate, a cache initialised on first use) ran eager.
     assert dispatcher.fallback_calls == len(unseen)
     assert OpGraph.replays - replays == len(unseen) * 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cuda_graphs_serve_every_decode_step_of_a_sliding_window_cache(compiled: bool) -> None:
+    model = mistral().cuda()
+    call = static(6)
+    cuda = [{k: v.cuda() for k, v in p.items()} for p in PROMPTS]
+    unseen = [{k: v.cuda() for k, v in p.items()} for p in (prompt(2, 10, 7), prompt(1, 11, 8))]
+    expected = [call(model, **p) for p in unseen]
+    result = tt.tune(
+        model,
+        cuda,
+        call=call,
+        strategy=tt.OneBackendStrategy(tt.backends.DeviceGraph(compile=compiled)),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    decode = [g for g in result.graphs if g.graph.key.tensor_specs()[0].shape[-1] == 1]
+    assert len(decode) == 1 and decode[0].winner is not None, result.table()
+    dispatcher = dispatcher_of(result.model)
+    assert dispatcher is not None
+    for p, want in zip(unseen, expected, strict=True):
+        assert torch.equal(call(result.model, **p), want)
+    assert dispatcher.fallback_calls == len(unseen)  # the prefills only

@@ -196,13 +196,17 @@ class DeviceGraphRunner(Runner):
         sample: Sample,
         device: torch.device,
         warmup: int = 3,
+        compiled: Callable[..., Any] | None = None,
     ) -> None:
         super().__init__(backend)
         self.clone_outputs = backend.clone_outputs
         api = _graph_api(device)
         forward: Callable[..., Any] = original_forward(module)
+        eager = forward
         if backend.compile:
-            forward = torch.compile(fresh_entry(forward), mode=backend.compile_mode, dynamic=False)
+            forward = compiled or torch.compile(
+                fresh_entry(forward), mode=backend.compile_mode, dynamic=False
+            )
 
         # Keyword arguments in name order: a call may pass them in any order (and a sample
         # rebuilt from a GraphKey has them sorted), the graph does not care.
@@ -255,9 +259,11 @@ class DeviceGraphRunner(Runner):
             side = api.stream()
             side.wait_stream(api.current_stream())
             with api.use_stream(side):
-                for _ in range(warmup):
+                # The first warm-up runs eager's forward: a call that changes its own structure
+                # is refused before anything is compiled for it.
+                for step in range(warmup):
                     reset()
-                    forward(*args, **kwargs)
+                    (forward if step or not backend.compile else eager)(*args, **kwargs)
                     if GraphKey.of(args, kwargs) != structure:
                         raise BackendError(
                             "the call changes the structure of its own arguments (a cache "
@@ -444,10 +450,24 @@ class ShapeSetRunner(Runner):
         self._owners: dict[int, DeviceGraphRunner] = {}
         """The capture that owns each cache object the captures return (see ``owned_ids``)."""
         self._owned_ids: frozenset[int] = frozenset()
+        self.compiled = (
+            torch.compile(fresh_entry(self.forward), mode=backend.compile_mode, dynamic=None)
+            if backend.compile
+            else None
+        )
+        """With ``compile=True``, one compiled forward for every capture: the second shape
+        compiles it with dynamic sizes, which serve every later shape (one compile per shape
+        took minutes on a 24-layer model)."""
         for sample in samples:
             shapes = _shape_key(tuple(sample.args), sample.kwargs)
             if shapes not in self.captures and len(self.captures) < self.max_shapes:
-                self._add(shapes, DeviceGraphRunner(backend, module, sample, device))
+                self._add(shapes, self._runner(sample))
+
+    def _runner(self, sample: Sample) -> DeviceGraphRunner:
+        assert isinstance(self.backend, DeviceGraph)
+        return DeviceGraphRunner(
+            self.backend, self.module, sample, self.device, compiled=self.compiled
+        )
 
     def _add(self, shapes: ShapeKey, capture: DeviceGraphRunner) -> None:
         self.captures[shapes] = capture
@@ -491,10 +511,7 @@ class ShapeSetRunner(Runner):
                 return self.captures[shapes]
             if len(self.captures) >= self.max_shapes:
                 return None
-            assert isinstance(self.backend, DeviceGraph)
-            capture = DeviceGraphRunner(
-                self.backend, self.module, Sample(args, kwargs), self.device
-            )
+            capture = self._runner(Sample(args, kwargs))
             self._add(shapes, capture)
             return capture
 

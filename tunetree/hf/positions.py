@@ -32,7 +32,9 @@ import torch
 MIRRORED: dict[str, tuple[str, int]] = {
     "max_cache_len": ("keys", -2),
     "batch_size": ("keys", 0),
+    "max_batch_size": ("keys", 0),
     "num_heads": ("keys", 1),
+    "head_dim": ("keys", -1),
     "k_head_dim": ("keys", -1),
     "v_head_dim": ("values", -1),
 }
