@@ -30,6 +30,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     __package__ = "benchmarks"
 
 import argparse
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -210,7 +211,11 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
                     "vs eager": round(eager_ms / per_token, 2),
                     "time to first token ms": round(statistics.median(times["1"]) * 1e3, 2),
                     "tokens equal eager": same,
-                    "original-forward calls": fallbacks if approach.startswith("tunetree") else "-",
+                    "original-forward calls per generate": (
+                        round(fallbacks / (2 * args.rounds + 3), 2)
+                        if approach.startswith("tunetree")
+                        else "-"
+                    ),
                     "setup s": round(setup.get(approach, 0.0), 1),
                     "peak GiB (tuning / eager)": (
                         f"{tuning_peak:.2f} / {eager_peak:.2f}"
@@ -220,9 +225,19 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
                         else "-"
                     ),
                     "eager before ms": round(before[b], 3) if approach == "eager" else "-",
+                    "eager after undo ms": "-",
                 }
             )
+    # Tuning must leave the untuned model as fast as before: eager again, the tuned twin gone.
     result.undo()
+    del result, approaches
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    for row in rows:
+        if row["approach"] == "eager":
+            times = _time(model, _generate, unseen[row["batch"]], tokens, device, args.rounds)
+            row["eager after undo ms"] = round(_per_token(times), 3)
     return rows
 
 

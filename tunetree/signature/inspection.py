@@ -265,7 +265,7 @@ class _Recorder:
         in_step = (bool(self.in_step) and self.in_step[-1]) or self.ledger.takes_cache(sample)
         self.in_step.append(in_step)
         copy = None
-        if self.ledger.admit(path, sample, key, in_step):
+        if self.ledger.admit(path, sample, key, in_step, len(self.stack)):
             copy = detach_clone(sample)
             self.ledger.copied += 1
             self.ledger.copied_now(tensor_bytes((copy.args, copy.kwargs)))
@@ -395,7 +395,11 @@ def inspect(
     samples = as_samples(dataset)
     dev = resolve_device(model, device)
     samples = [s.to(dev) for s in samples]
-    budget = default_budget_bytes(dev) if max_record_bytes is None else max_record_bytes
+    budget = (
+        default_budget_bytes(dev, _model_bytes(model))
+        if max_record_bytes is None
+        else max_record_bytes
+    )
     recorder = _Recorder(dev, max_samples_per_graph, budget)
     with torch.no_grad(), preserved_state(model):
         fused = _first_call(model, samples[0], call)  # untimed: one-off costs
@@ -467,6 +471,18 @@ class _FastPathOps(TorchDispatchMode):
                 ):
                     found[path] = op
         return {p: op for p, op in found.items() if not any(_inside(p, q) for q in found)}
+
+
+def _model_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers (each counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for _, module in module_paths(model):
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+    return total
 
 
 def _first_few(paths: list[str], limit: int = 4) -> str:

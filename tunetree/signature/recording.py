@@ -9,9 +9,10 @@ So copies are rationed:
 - a call that takes a cache (a generation step), and every call inside one, is copied at most
   ``per_item`` times per pattern (signature without sizes) and dataset item: the first steps
   of each ``generate``, never one per token;
-- all copies together stay within ``max_bytes``, a share of the device's free memory (the
-  copied cache counted), except each pattern's first copy, without which its graph could not
-  be tuned.
+- all copies together stay within ``max_bytes``, a share of the device's free memory and of
+  the model's own size (the copied cache counted), except each pattern's first copy, without
+  which its graph could not be tuned; calls of modules below the top take at most half of it,
+  so the top's steps (what a depth-0 tune serves) keep room.
 
 A call not copied is kept as its signature (:class:`Ledger` ``described``): its sizes still
 widen its graph's ranges, and its count and time still say where the time goes.
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 FREE_MEMORY_SHARE = 0.25
 """The share of the device's free memory that copies of recorded calls may take."""
+MODEL_SHARE = 0.5
+"""The most copies of recorded calls may take, as a share of the model's own bytes."""
 PER_ITEM = 2
 """Copies of one kind of generation step (one pattern) per dataset item."""
 MIN_BUDGET_BYTES = 64 << 20
@@ -58,12 +61,18 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
-def default_budget_bytes(device: torch.device) -> int:
-    """:data:`FREE_MEMORY_SHARE` of the free memory of ``device`` (at least the minimum)."""
+def default_budget_bytes(device: torch.device, model_bytes: int = 0) -> int:
+    """What copies of recorded calls may take on ``device``.
+
+    :data:`FREE_MEMORY_SHARE` of its free memory, and with ``model_bytes`` (the model's
+    parameters and buffers) at most :data:`MODEL_SHARE` of those: tuning's memory should stay
+    within a small factor of the model's own (at least :data:`MIN_BUDGET_BYTES`).
+    """
     free = free_bytes(device)
-    if free is None:
-        return 1 << 30
-    return max(MIN_BUDGET_BYTES, int(FREE_MEMORY_SHARE * free))
+    budget = int(FREE_MEMORY_SHARE * free) if free is not None else 1 << 30
+    if model_bytes:
+        budget = min(budget, int(MODEL_SHARE * model_bytes))
+    return max(MIN_BUDGET_BYTES, budget)
 
 
 @dataclass
@@ -95,10 +104,13 @@ class Ledger:
     _per_pattern: dict[tuple[str, GraphKey, int], int] = field(default_factory=dict)
     _patterns: set[tuple[str, GraphKey]] = field(default_factory=set)
 
-    def admit(self, path: str, sample: Sample, key: GraphKey, in_step: bool) -> bool:
+    def admit(
+        self, path: str, sample: Sample, key: GraphKey, in_step: bool, depth: int = 0
+    ) -> bool:
         """Whether to copy this call; counts it either way (see the module's rules).
 
-        ``in_step``: the call takes a cache, or runs inside a call that does.
+        ``in_step``: the call takes a cache, or runs inside a call that does; ``depth``: how
+        many module calls are open around it.
         """
         stats = self.stats.setdefault((path, key), GraphStats())
         stats.calls += 1
@@ -112,7 +124,8 @@ class Ledger:
             return False
         if not first:
             size = 2 * tensor_bytes((sample.args, sample.kwargs))  # the inputs, and the outputs
-            if self.copied_bytes + size > self.max_bytes:
+            limit = self.max_bytes if depth == 0 else self.max_bytes // 2
+            if self.copied_bytes + size > limit:
                 self.over_budget += 1
                 self._describe(path, key)
                 return False
