@@ -195,6 +195,8 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
                 _calls_of(approach, args.cache)(tokens)(served, **unseen[b]), eager_outputs[b]
             )
             measured[approach] = (times, same, _fallbacks(served) - fallbacks)
+            print(f"{name} batch {b} {approach}: {_per_token(times):.3f} ms per new token, "
+                  f"same tokens {same}", flush=True)  # fmt: skip
         eager_ms = _per_token(measured["eager"][0])
         for approach, (times, same, fallbacks) in measured.items():
             per_token = _per_token(times)

@@ -59,15 +59,6 @@ class Runner(ABC):
         """
         return frozenset()
 
-    def release_unserved(self) -> None:
-        """Told that the checks on probe calls are over: drop what was built only for them.
-
-        A device graph captures each probe's shape; the captures hold a copy of the inputs (a
-        whole KV cache) and are made again on the first call of that shape if it is served.
-        The default keeps everything.
-        """
-        return
-
     def serve_alone(self) -> None:
         """Told that this runner serves the whole model: no torch code runs between its calls.
 

@@ -462,20 +462,6 @@ class ShapeSetRunner(Runner):
             shapes = _shape_key(tuple(sample.args), sample.kwargs)
             if shapes not in self.captures and len(self.captures) < self.max_shapes:
                 self._add(shapes, self._runner(sample))
-        self.recorded = frozenset(self.captures)
-        """The shapes of the recorded samples (captured at build)."""
-
-    def release_unserved(self) -> None:
-        """Drop the captures made for probe calls (each holds a copy of its inputs)."""
-        with self.lock:
-            for shapes in [s for s in self.captures if s not in self.recorded]:
-                del self.captures[shapes]
-            self._owners = {
-                owned: capture
-                for owned, capture in self._owners.items()
-                if capture in self.captures.values()
-            }
-            self._owned_ids = frozenset(self._owners)
 
     def _runner(self, sample: Sample) -> DeviceGraphRunner:
         assert isinstance(self.backend, DeviceGraph)

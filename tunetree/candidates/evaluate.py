@@ -212,7 +212,6 @@ class GraphSession:
         reason, max_diff, error = self.judge(backend, outputs)
         if not reason:
             reason = self.probe_failure(runner) or ""
-            runner.release_unserved()
         if reason:
             return CandidateRow(backend, Status.REJECTED, reason, build_s, max_diff, error=error)
         self.usable_built += 1

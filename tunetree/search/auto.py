@@ -174,7 +174,14 @@ def auto_tune(
     with preserved_state(model), eval_mode(model):
         progress("inspecting the model")
         with clock.phase(INSPECTION):
-            info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+            info = inspect(
+                model,
+                dataset,
+                call=call,
+                device=dev,
+                dynamic_shapes=dynamic_shapes,
+                max_depth=MAX_DEFAULT_DEPTH if max_depth is None else max_depth,
+            )
         rows = _depth_rows(info, min_depth, max_depth)
         if not rows:
             fused = f"; {info.fast_path_note()}" if info.fused else ""

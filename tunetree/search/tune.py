@@ -266,23 +266,7 @@ def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) 
     if cache is not None and not _budget_cut(result):
         with session.clock.phase(CACHE):
             cache.store(session, own, result)
-    if session.accuracy is None:
-        _release_losers(result)
     return result
-
-
-def _release_losers(result: GraphResult) -> None:
-    """Drop the runners of a generation step that lost to one of their own kind.
-
-    No plan can use them (a single-runtime plan takes the fastest of a kind, the winner), and
-    each holds device memory: a device graph holds a copy of the whole KV cache per shape.
-    """
-    winner = result.winner
-    if winner is None or not any(s.stateful for s in result.graph.samples):
-        return
-    for row in result.rows:
-        if row is not winner and row.backend.kind == winner.backend.kind:
-            row.runner = None
 
 
 def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
@@ -400,7 +384,14 @@ def tune(
         if info is None:
             progress("inspecting the model")
             with clock.phase(INSPECTION):
-                info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+                info = inspect(
+                    model,
+                    dataset,
+                    call=call,
+                    device=dev,
+                    dynamic_shapes=dynamic_shapes,
+                    max_depth=depth,
+                )
         if dry_run:
             return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
         graphs = tune_cut(

@@ -230,8 +230,16 @@ def _shape_only(tensor: torch.Tensor) -> torch.Tensor:
 class _Recorder:
     """Forward hooks that build :class:`ModuleRecord` s during eager calls."""
 
-    def __init__(self, device: torch.device, max_samples_per_graph: int, max_bytes: int) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        max_samples_per_graph: int,
+        max_bytes: int,
+        max_depth: int | None = None,
+    ) -> None:
         self.device = device
+        self.max_depth = max_depth
+        """Calls deeper than this are not recorded (their time stays in their callers')."""
         self.ledger = Ledger(max_samples_per_graph, max_bytes)
         self.records: dict[str, ModuleRecord] = {}
         self.stack: list[tuple[str, float, float]] = []  # path, start, time in children
@@ -251,6 +259,9 @@ class _Recorder:
                 (None, Sample(*map_tensors(_shape_only, (bound.args, bound.kwargs))))
             )
             self.stack.append((path, 0.0, 0.0))
+            return
+        if self.max_depth is not None and len(self.stack) > self.max_depth:
+            self.stack.append((path, -1.0, 0.0))  # not recorded
             return
         parent = self.stack[-1][0] if self.stack else None
         record = self.records.get(path)
@@ -287,6 +298,9 @@ class _Recorder:
             _, sample = self.pending.pop()
             if sample is not None and path in self.records:
                 self.probe_calls.setdefault(path, []).append((sample, None))
+            return
+        if self.stack and self.stack[-1][1] < 0:  # deeper than max_depth: not recorded
+            self.stack.pop()
             return
         synchronize(self.device)
         end = time.perf_counter()
@@ -372,6 +386,7 @@ def inspect(
     max_samples_per_graph: int = 4,
     dynamic_shapes: DynamicShapes = None,
     max_record_bytes: int | None = None,
+    max_depth: int | None = None,
 ) -> ModelInfo:
     """Run ``model`` once per dataset item with forward hooks and record every executed module.
 
@@ -390,7 +405,8 @@ def inspect(
     Copies of calls are rationed (:mod:`tunetree.signature.recording`): a generation step is
     copied a few times per ``generate``, never once per token, and all copies together stay
     within ``max_record_bytes`` (default: a quarter of the device's free memory); a call not
-    copied still counts, and its sizes still widen its graph's ranges.
+    copied still counts, and its sizes still widen its graph's ranges. ``max_depth`` records
+    modules down to that depth only (a tune of shallower cuts needs no deeper one).
     """
     samples = as_samples(dataset)
     dev = resolve_device(model, device)
@@ -400,7 +416,7 @@ def inspect(
         if max_record_bytes is None
         else max_record_bytes
     )
-    recorder = _Recorder(dev, max_samples_per_graph, budget)
+    recorder = _Recorder(dev, max_samples_per_graph, budget, max_depth)
     with torch.no_grad(), preserved_state(model):
         fused = _first_call(model, samples[0], call)  # untimed: one-off costs
         outputs = []
