@@ -172,3 +172,40 @@ def test_cuda_graphs_serve_every_decode_step_of_a_sliding_window_cache(compiled:
     for p, want in zip(unseen, expected, strict=True):
         assert torch.equal(call(result.model, **p), want)
     assert dispatcher.fallback_calls == len(unseen)  # the prefills only
+
+
+@pytest.mark.usefixtures("op_graphs")
+def test_a_decode_step_passing_back_the_runners_cache_is_not_walked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dispatch per token stays cheap: once a device graph returned its cache object, the next
+    steps pass it back and are routed by the object's identity (``Runner.owned_ids``), without
+    reading the cache's layers attribute by attribute to sign the call."""
+    model = mistral()
+    call = static(6)
+    result = tt.tune(
+        model,
+        PROMPTS,
+        call=call,
+        strategy=tt.OneBackendStrategy(tt.backends.DeviceGraph()),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    call(result.model, **PROMPTS[0])  # routes learned for this prompt's shapes
+    from tunetree.signature import binding
+
+    read: list[str] = []
+    real = binding.key_value
+
+    def counting(attributes: Any, name: str) -> Any:
+        read.append(name)
+        return real(attributes, name)
+
+    monkeypatch.setattr(binding, "key_value", counting)
+    replays = OpGraph.replays
+    call(result.model, **PROMPTS[0])
+    assert OpGraph.replays - replays == 5  # every decode step replayed
+    # The prefill's and the first decode step's caches (new objects) are read (44 attributes
+    # here); the 4 steps that pass back the runner's own cache object are not (152 without).
+    assert len(read) <= 60, len(read)
