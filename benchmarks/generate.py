@@ -1,15 +1,23 @@
-"""Hugging Face ``generate`` with a KV cache: eager, HF's static-cache compile, a compiled model
-on a static cache by hand, and tunetree, side by side in one run (issue 21).
+"""Hugging Face ``generate`` with a KV cache: eager, HF's static-cache compile and tunetree, side by
+side in one run (issues 21 and 28).
 
-Run: ``python -m benchmarks.generate --device cpu --out benchmarks/results/gen`` (``--models
-gpt2,llama``; ``--quick`` for tiny configs). Models come from configs with random weights:
-GPT-2 (CPU: 4 layers d256, vocabulary 8000; CUDA: GPT-2 124M), a 4-layer Llama (d512, grouped
-queries), a T5-small-sized encoder-decoder. tunetree tunes through ``call=`` on prompts of
-varying batch and length, then every approach generates for *unseen* prompts inside those
-ranges. Per approach and batch size: time to first token (``max_new_tokens=1``), ms per new
-token (``(T(N) - T(1)) / (N - 1)`` of whole ``generate`` calls, timed interleaved by
-``tunetree.measure``), whether the tokens equal eager's, calls (prefill and decode) that ran the
-original forward (tunetree), and tuning or compile time. Run it alone on the machine.
+Run: ``python -m benchmarks.generate --device cuda --models mistral-8l,qwen2-0.6b,llama-0.5b
+--batches 1,8 --tokens 128 --out DIR`` (``--quick`` for tiny configs). Models come from configs
+with random weights: the sizes people serve (an 8-layer d1024 Mistral-style model whose static
+cache is sliding-window layers, a 24-layer 0.6B Qwen2-style model with grouped queries and a
+151936-token vocabulary, a 16-layer d1536 0.5B Llama-style one, a 12-layer d768 0.1B Llama-style
+one for the CPU) and the small ones of issue 21 (``gpt2``, ``llama``, ``t5``).
+
+tunetree is tuned once per model (``tt.auto_tune(model, prompts, call=generate)``, its default
+strategy and time budget) on prompts of every batch size asked for, two lengths each; then every
+approach generates for *unseen* prompts (another length, inside the tuned ranges). Per approach
+and batch size: ms per new token (``(T(N) - T(1)) / (N - 1)`` of whole ``generate`` calls,
+timed round by round, interleaved, medians), time to first token (``max_new_tokens=1``), whether
+the tokens equal eager's, the calls that ran the original forward (tunetree: prefills, and decode
+steps a runner did not serve), tuning time or HF's warm-up, and on CUDA the peak memory while
+tuning beside eager ``generate``'s own peak. ``eager before`` is eager timed before anything was
+compiled or tuned, in the same way: tuning must leave the untuned model as fast as before. Run it
+alone on the machine.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     __package__ = "benchmarks"
 
 import argparse
-import copy
+import gc
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,50 +45,7 @@ from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.modules import module_paths
 
 from . import common
-
-
-def _configs(device: str, quick: bool) -> dict[str, Callable[[], Any]]:
-    import transformers
-
-    big = device == "cuda" and not quick
-
-    def gpt2() -> Any:
-        if big:
-            return transformers.GPT2LMHeadModel(transformers.GPT2Config())
-        layers, width, vocab = (2, 64, 500) if quick else (4, 256, 8000)
-        config = transformers.GPT2Config(
-            n_layer=layers, n_embd=width, n_head=4, vocab_size=vocab, n_positions=512
-        )
-        return transformers.GPT2LMHeadModel(config)
-
-    def llama() -> Any:
-        width, layers = (64, 2) if quick else (512, 4)
-        config = transformers.LlamaConfig(
-            vocab_size=500 if quick else 32000,
-            hidden_size=width,
-            intermediate_size=width * 11 // 4,
-            num_hidden_layers=layers,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            max_position_embeddings=1024,
-        )
-        return transformers.LlamaForCausalLM(config)
-
-    def t5() -> Any:
-        width, layers = (32, 2) if quick else (512 if big else 256, 6 if big else 4)
-        config = transformers.T5Config(
-            vocab_size=500 if quick else 32128,
-            d_model=width,
-            d_kv=width // 8,
-            d_ff=width * 4,
-            num_layers=layers,
-            num_decoder_layers=layers,
-            num_heads=8,
-            decoder_start_token_id=0,
-        )
-        return transformers.T5ForConditionalGeneration(config)
-
-    return {"gpt2": gpt2, "llama": llama, "t5": t5}
+from .generate_models import configs
 
 
 def _prompt(vocab: int, batch: int, length: int, seed: int, device: str) -> dict[str, Any]:
@@ -102,166 +68,237 @@ def _generate(tokens: int, **extra: Any) -> Callable[..., Any]:
     return call
 
 
-def _compiled_by_hand(model: Any) -> Any:
-    """Hugging Face's documented recipe by hand: the forward compiled with
-    ``mode="reduce-overhead"`` (CUDA graphs; default mode on the CPU), generating on a static
-    cache. A shallow copy carries the compiled forward; the model itself is untouched."""
-    twin = copy.copy(model)
-    mode = "reduce-overhead" if next(model.parameters()).is_cuda else None
-    twin.forward = torch.compile(model.forward, mode=mode, fullgraph=True)
-    return twin
+def _static(tokens: int) -> Callable[..., Any]:
+    """HF's own recipe: a static cache, its decode step compiled (reduce-overhead on CUDA)."""
+    return _generate(tokens, cache_implementation="static")
+
+
+def _static_uncompiled(tokens: int) -> Callable[..., Any]:
+    """The static cache with HF's compile off: tunetree chooses what serves the decode step."""
+    return _generate(tokens, cache_implementation="static", disable_compile=True)
+
+
+def _calls_of(label: str, cache: str) -> Callable[[int], Callable[..., Any]]:
+    if label == "hf static":
+        return _static
+    if label.startswith("tunetree") and cache == "static":
+        return _static_uncompiled
+    return _generate
 
 
 def _fallbacks(model: Any) -> int:
-    return sum(d.fallback_calls for _, m in module_paths(model) if (d := dispatcher_of(m)))
+    """Calls wrapped modules ran in their original forward (a runner's own included)."""
+    total = 0
+    for _, module in module_paths(model):
+        dispatcher = dispatcher_of(module)
+        if dispatcher is None:
+            continue
+        total += dispatcher.fallback_calls
+        for runner in dispatcher.runners.values():
+            total += getattr(runner, "eager_calls", 0)
+            for capture in getattr(runner, "captures", {}).values():
+                total += getattr(capture, "eager_calls", 0)
+    return total
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _interleaved(
+    calls: dict[str, Callable[[], Any]], device: str, rounds: int
+) -> dict[str, list[float]]:
+    """Each call timed once per round, rounds interleaved (one untimed call first)."""
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            _sync(device)
+            start = time.perf_counter()
+            call()
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _peak_gib(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+
+
+def _reset_peak(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
 
 
 def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     device = args.device
     torch.manual_seed(0)
     model = build().eval().to(device)
+    params = sum(p.numel() for p in model.parameters())
     vocab = model.config.vocab_size
     tokens = args.tokens
     lengths = [int(n) for n in args.lengths.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    unseen_length = (lengths[0] + lengths[-1]) // 2 + 1
+    unseen = {b: _prompt(vocab, b, unseen_length, 99 + b, device) for b in batches}
+    tuning = [
+        _prompt(vocab, b, n, 10 * i + j, device)
+        for i, b in enumerate(batches)
+        for j, n in enumerate(lengths)
+    ]
+    shapes = [tuple(p["input_ids"].shape) for p in tuning]
+    print(f"## {name}: {params / 1e6:.0f}M parameters, tuning {shapes}, unseen {unseen_length}")
+
+    # Eager's own peak memory, and eager timed before anything was compiled or tuned.
+    _reset_peak(device)
+    eager_outputs = {b: _generate(tokens)(model, **unseen[b]) for b in batches}
+    eager_peak = _peak_gib(device)
+    before = {
+        b: _per_token(_time(model, _generate, unseen[b], tokens, device, args.rounds))
+        for b in batches
+    }
+    print(f"eager before tuning, ms per new token: {before}")
+
+    approaches: dict[str, Any] = {"eager": model}
+    setup: dict[str, float] = {}
+    if not args.skip_static:
+        start = time.perf_counter()
+        for b in batches:  # HF compiles its decode step on the first calls of each shape
+            _static(tokens)(model, **unseen[b])
+            _static(tokens)(model, **unseen[b])
+        setup["hf static"] = time.perf_counter() - start
+        approaches["hf static"] = model
+    label = "tunetree" if args.cache == "dynamic" else f"tunetree {args.cache}"
+    call = _calls_of(label, args.cache)(tokens)
+    _reset_peak(device)
+    start = time.perf_counter()
+    result = tt.auto_tune(
+        model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
+        cache=False, verbose=args.verbose, device=device,
+    )  # fmt: skip
+    setup[label] = time.perf_counter() - start
+    tuning_peak = _peak_gib(device)
+    print(result)
+    print(result.timing())
+    approaches[label] = result.model
+
     rows = []
-    for batch in [int(b) for b in args.batches.split(",")]:
-        tuning = [_prompt(vocab, batch, n, i, device) for i, n in enumerate(lengths)]
-        middle = (lengths[0] + lengths[-1]) // 2 + 1
-        unseen = _prompt(vocab, batch, middle, 99, device)
-        gen = _generate(tokens)
-        approaches: dict[str, tuple[Any, Callable[..., Any]]] = {"eager": (model, gen)}
-        setup_s: dict[str, float] = {}
-        static = _generate(tokens, cache_implementation="static")
-        if not args.skip_static:
-            start = time.perf_counter()
-            static(model, **unseen)  # HF compiles its decode step on the first calls
-            static(model, **unseen)
-            setup_s["hf static"] = time.perf_counter() - start
-            approaches["hf static"] = (model, static)
-        if args.compile_by_hand:
-            start = time.perf_counter()
-            compiled = _compiled_by_hand(model)
-            by_hand = _generate(tokens, cache_implementation="static", disable_compile=True)
-            try:
-                by_hand(compiled, **unseen)  # compiles (prefill and decode shapes)
-                by_hand(compiled, **unseen)
-                setup_s["compile by hand"] = time.perf_counter() - start
-                approaches["compile by hand"] = (compiled, by_hand)
-            except Exception as exc:  # a failing rival is reported, the run goes on
-                print(f"compile by hand failed: {type(exc).__name__}: {str(exc)[:300]}")
-        results = []
-        for cache in args.tunetree_caches.split(","):
-            label = "tunetree" if cache == "dynamic" else f"tunetree {cache}"
-            # HF's own compile stays off: tunetree chooses what serves the decode step.
-            call = gen if cache == "dynamic" else _generate(
-                tokens, cache_implementation=cache, disable_compile=True
-            )  # fmt: skip
-            start = time.perf_counter()
-            result = tt.auto_tune(
-                model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
-                cache=False, verbose=args.verbose, device=device,
-            )  # fmt: skip
-            setup_s[label] = time.perf_counter() - start
-            print(result)
-            approaches[label] = (result.model, call)
-            results.append(result)
-        rows += _measure(name, batch, middle, tokens, unseen, approaches, setup_s, device)
-        for result in results:
-            result.undo()
+    for b in batches:
+        measured = {}
+        for approach, served in approaches.items():
+            fallbacks = _fallbacks(served)
+            times = _time(served, _calls_of(approach, args.cache), unseen[b], tokens, device,
+                          args.rounds)  # fmt: skip
+            same = torch.equal(
+                _calls_of(approach, args.cache)(tokens)(served, **unseen[b]), eager_outputs[b]
+            )
+            measured[approach] = (times, same, _fallbacks(served) - fallbacks)
+            print(f"{name} batch {b} {approach}: {_per_token(times):.3f} ms per new token, "
+                  f"same tokens {same}", flush=True)  # fmt: skip
+        eager_ms = _per_token(measured["eager"][0])
+        for approach, (times, same, fallbacks) in measured.items():
+            per_token = _per_token(times)
+            rows.append(
+                {
+                    "model": name,
+                    "parameters M": round(params / 1e6),
+                    "batch": b,
+                    "prompt": unseen_length,
+                    "new tokens": tokens,
+                    "approach": approach,
+                    "ms per new token": round(per_token, 3),
+                    "spread ms": round(_spread(times), 3),
+                    "vs eager": round(eager_ms / per_token, 2),
+                    "time to first token ms": round(statistics.median(times["1"]) * 1e3, 2),
+                    "tokens equal eager": same,
+                    "original-forward calls per generate": (
+                        round(fallbacks / (2 * args.rounds + 3), 2)
+                        if approach.startswith("tunetree")
+                        else "-"
+                    ),
+                    "setup s": round(setup.get(approach, 0.0), 1),
+                    "peak GiB (tuning / eager)": (
+                        f"{tuning_peak:.2f} / {eager_peak:.2f}"
+                        if approach.startswith("tunetree")
+                        and tuning_peak is not None
+                        and eager_peak is not None
+                        else "-"
+                    ),
+                    "eager before ms": round(before[b], 3) if approach == "eager" else "-",
+                    "eager after undo ms": "-",
+                }
+            )
+    # Tuning must leave the untuned model as fast as before: eager again, the tuned twin gone.
+    result.undo()
+    del result, approaches
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    for row in rows:
+        if row["approach"] == "eager":
+            times = _time(model, _generate, unseen[row["batch"]], tokens, device, args.rounds)
+            row["eager after undo ms"] = round(_per_token(times), 3)
     return rows
 
 
-def _measure(
-    name: str,
-    batch: int,
-    length: int,
-    tokens: int,
+def _time(
+    model: Any,
+    make: Callable[[int], Callable[..., Any]],
     prompt: dict[str, Any],
-    approaches: dict[str, tuple[Any, Callable[..., Any]]],
-    setup_s: dict[str, float],
+    tokens: int,
     device: str,
-) -> list[dict[str, Any]]:
-    reference = approaches["eager"][1](approaches["eager"][0], **prompt)
-    candidates: dict[str, Callable[[], object]] = {}
-    for label, (model, gen) in approaches.items():
-        candidates[f"{label}|N"] = lambda m=model, g=gen: g(m, **prompt)
-        one = _first_token_call(label)
-        candidates[f"{label}|1"] = lambda m=model, g=one: g(m, **prompt)
-    tuned = {label: m for label, (m, _) in approaches.items() if label.startswith("tunetree")}
-    before = {label: _fallbacks(m) for label, m in tuned.items()}
-    timings = tt.measure(candidates, device, tt.MeasureConfig(max_s_per_candidate=4.0))
-    fallbacks = {label: _fallbacks(m) - before[label] for label, m in tuned.items()}
-    eager_ms = _per_token(timings, "eager", tokens)
-    rows = []
-    for label, (model, gen) in approaches.items():
-        same = torch.equal(gen(model, **prompt), reference)
-        per_token = _per_token(timings, label, tokens)
-        rows.append(
-            {
-                "model": name,
-                "batch": batch,
-                "prompt": length,
-                "new tokens": tokens,
-                "approach": label,
-                "ms per new token": round(per_token, 3),
-                "vs eager": round(eager_ms / per_token, 2),
-                "time to first token ms": round(timings[f"{label}|1"].median_s * 1e3, 2),
-                "tokens equal eager": same,
-                "original-forward calls": fallbacks.get(label, "-"),
-                "setup s": round(setup_s.get(label, 0.0), 1),
-            }
-        )
-    return rows
+    rounds: int,
+) -> dict[str, list[float]]:
+    whole, first = make(tokens), make(1)
+    calls = {"N": lambda: whole(model, **prompt), "1": lambda: first(model, **prompt)}
+    times = _interleaved(calls, device, rounds)
+    times["tokens"] = [float(tokens)]
+    return times
 
 
-def _first_token_call(label: str) -> Callable[..., Any]:
-    """``generate`` of one new token, the way ``label`` generates."""
-    if label == "hf static":
-        return _generate(1, cache_implementation="static")
-    if label == "compile by hand":
-        return _generate(1, cache_implementation="static", disable_compile=True)
-    if label.startswith("tunetree "):
-        return _generate(1, cache_implementation=label.split()[1], disable_compile=True)
-    return _generate(1)
-
-
-def _per_token(timings: dict[str, tt.Timing], label: str, tokens: int) -> float:
-    whole, first = timings[f"{label}|N"].median_s, timings[f"{label}|1"].median_s
+def _per_token(times: dict[str, list[float]]) -> float:
+    tokens = int(times["tokens"][0])
+    whole, first = statistics.median(times["N"]), statistics.median(times["1"])
     return (whole - first) / max(1, tokens - 1) * 1e3
+
+
+def _spread(times: dict[str, list[float]]) -> float:
+    tokens = int(times["tokens"][0])
+    whole = sorted(times["N"])
+    return (whole[-1] - whole[0]) / max(1, tokens - 1) * 1e3
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--models", default="gpt2,llama,t5")
+    p.add_argument("--models", default="gpt2,llama")
     p.add_argument("--batches", default="1,4")
-    p.add_argument("--lengths", default="16,64,128", help="tuning prompt lengths")
+    p.add_argument("--lengths", default="16,64", help="tuning prompt lengths (per batch size)")
     p.add_argument("--tokens", type=int, default=32, help="new tokens per generate call")
-    p.add_argument("--budget", type=float, default=300.0, help="tunetree's time budget, s")
-    p.add_argument("--max-depth", type=int, default=1)
+    p.add_argument("--budget", default="default", help="tunetree's time budget, s or 'default'")
+    p.add_argument("--max-depth", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=3, help="timed rounds per approach")
     p.add_argument("--skip-static", action="store_true", help="leave out HF's static cache")
     p.add_argument(
-        "--compile-by-hand",
-        action="store_true",
-        help="also torch.compile(model.forward, mode='reduce-overhead') on a static cache",
-    )
-    p.add_argument(
-        "--tunetree-caches",
-        default="dynamic,static",
-        help="the caches tunetree tunes generate with: dynamic (HF's default), static",
-    )
+        "--cache", default="static", choices=["static", "dynamic"],
+        help="the cache tunetree's generate uses (static: HF's compile off)",
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    if args.budget != "default":
+        args.budget = float(args.budget)
     common.cuda_setup(args.device)
     header = common.header(common.command_line())
-    builders = _configs(args.device, args.quick)
+    builders = configs(args.device, args.quick)
     rows: list[dict[str, Any]] = []
     for name in args.models.split(","):
         rows += run(name, builders[name], args)
         print(format_table(list(rows[0]), [list(r.values()) for r in rows], title="generate"))
-    common.write_json(args.out, "generate.json", {"header": header, "rows": rows})
+        common.write_json(args.out, "generate.json", {"header": header, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -50,6 +50,15 @@ class Runner(ABC):
         """
         return {}
 
+    def owned_ids(self) -> frozenset[int]:
+        """Ids of the state objects this runner returned and owns (a device graph's cache).
+
+        A call that passes one back (``generate`` does, step after step) is keyed by that
+        object's identity instead of by its contents (:func:`tunetree.signature.binding.
+        call_signature`): the runner checks what it needs of it itself. The default: none.
+        """
+        return frozenset()
+
     def serve_alone(self) -> None:
         """Told that this runner serves the whole model: no torch code runs between its calls.
 

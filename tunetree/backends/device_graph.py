@@ -23,7 +23,14 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..hf import cache_objects, is_cache_object, to_data
+from ..hf import (
+    cache_objects,
+    capacity_of,
+    is_cache_object,
+    nested_cache_objects,
+    positions_of,
+    to_data,
+)
 from ..signature.binding import original_forward
 from ..signature.graph import (
     _DTYPE_SHORT,
@@ -189,13 +196,17 @@ class DeviceGraphRunner(Runner):
         sample: Sample,
         device: torch.device,
         warmup: int = 3,
+        compiled: Callable[..., Any] | None = None,
     ) -> None:
         super().__init__(backend)
         self.clone_outputs = backend.clone_outputs
         api = _graph_api(device)
         forward: Callable[..., Any] = original_forward(module)
+        eager = forward
         if backend.compile:
-            forward = torch.compile(fresh_entry(forward), mode=backend.compile_mode, dynamic=False)
+            forward = compiled or torch.compile(
+                fresh_entry(forward), mode=backend.compile_mode, dynamic=False
+            )
 
         # Keyword arguments in name order: a call may pass them in any order (and a sample
         # rebuilt from a GraphKey has them sorted), the graph does not care.
@@ -225,23 +236,35 @@ class DeviceGraphRunner(Runner):
         )
 
         # A call that updates its inputs (a decode step appends to its cache) starts every
-        # warm-up and the capture from the sample's values again.
+        # warm-up and the capture from the sample's values again, its cache objects' ints too
+        # (a sliding-window layer's position decides which branch of its code runs).
         first = [(static, leaves[i].detach()) for i, static in self.tensor_slots]
+        self.objects = nested_cache_objects((args, kwargs))
+        ints = [
+            (obj, {k: v for k, v in vars(obj).items() if isinstance(v, _CONSTANT_TYPES)})
+            for obj in self.objects
+        ]
 
         def reset() -> None:
             for static, value in first:
                 static.copy_(value)
+            for obj, values in ints:
+                obj.__dict__.update(values)
 
+        # The call's structure, cache positions read as values (tunetree.hf.positions).
+        structure = GraphKey.of(args, kwargs)
         with api.device_guard(device), torch.no_grad():
             # Warm up on a side stream: lazy initialisation (cuBLAS handles, Inductor's first
             # compile, autotuning) must not happen inside the capture.
             side = api.stream()
             side.wait_stream(api.current_stream())
             with api.use_stream(side):
-                for _ in range(warmup):
+                # The first warm-up runs eager's forward: a call that changes its own structure
+                # is refused before anything is compiled for it.
+                for step in range(warmup):
                     reset()
-                    forward(*args, **kwargs)
-                    if flatten((args, dict(sorted(kwargs.items()))))[1] != self.spec:
+                    (forward if step or not backend.compile else eager)(*args, **kwargs)
+                    if GraphKey.of(args, kwargs) != structure:
                         raise BackendError(
                             "the call changes the structure of its own arguments (a cache "
                             "initialised on first use, as in a prefill step): a device graph "
@@ -249,6 +272,7 @@ class DeviceGraphRunner(Runner):
                         )
             api.current_stream().wait_stream(side)
             reset()
+            before = positions_of(self.objects)
             self.graph = api.graph()
             try:
                 with api.capture(self.graph):
@@ -259,6 +283,14 @@ class DeviceGraphRunner(Runner):
                     "The forward must not synchronise with the CPU (.item(), .tolist(), "
                     "printing tensors, data-dependent shapes); use another backend for it"
                 ) from exc
+        self.advances = [
+            (i, name, vars(self.objects[i])[name] - value) for i, name, value in before
+        ]
+        """Positions the step advances (``(object index, attribute, by how much)``): a replay
+        runs no Python, so the runner moves them as eager's code did during the capture."""
+        self.fallback = original_forward(module)
+        self.eager_calls = 0
+        """Calls served by the original forward: their positions would cross the capacity."""
         # Outputs that are inputs updated in place (a static cache's key/value tensors, which
         # eager returns in the very cache object it was given) are handed back as they are, as
         # eager does; a caller that passes them back in is then served without a copy.
@@ -270,18 +302,85 @@ class DeviceGraphRunner(Runner):
         }
         """Cache objects of the output whose every tensor is updated input state: returned as
         they are (no rebuild per call)."""
+        owned = [(where, v) for where, v in top if id(v) in self.kept_objects]
+        self.owned_at: tuple[int | str, Any] | None = owned[0] if len(owned) == 1 else None
+        """Where the call passes the cache object this runner returns (when it is one object at
+        the top level), and that object: a call passing it back is served without looking
+        inside it (its tensors are this runner's static inputs already)."""
+        inside = (
+            {id(t) for t in flatten(self.owned_at[1])[0] if isinstance(t, torch.Tensor)}
+            if self.owned_at is not None
+            else set()
+        )
+        self.outside = [
+            (static, path)
+            for (_, static), path in zip(self.tensor_slots, self.paths, strict=True)
+            if id(static) not in inside
+        ]
+        self._owned_ids = frozenset({id(self.owned_at[1])} if self.owned_at is not None else ())
+
+    def owned_ids(self) -> frozenset[int]:
+        """The id of the cache object this runner returns, when a caller may pass it back."""
+        return self._owned_ids
+
+    def passes_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Whether the call passes back the cache object this runner returned."""
+        if self.owned_at is None:
+            return False
+        where, obj = self.owned_at
+        if isinstance(where, int):
+            return where < len(args) and args[where] is obj
+        return kwargs.get(where) is obj
+
+    def fits_passed_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """For a call passing back the owned cache: whether its other tensors fit the capture."""
+        root = (args, kwargs)
+        try:
+            for static, path in self.outside:
+                value = _pick(root, path)
+                if (
+                    not isinstance(value, torch.Tensor)
+                    or value.shape != static.shape
+                    or value.dtype != static.dtype
+                ):
+                    return False
+        except BackendError:
+            return False
+        return True
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Copy the inputs into the captured static inputs and replay the graph."""
+        """Copy the inputs into the captured static inputs and replay the graph.
+
+        Positions of the caller's cache objects are advanced on the returned objects as eager
+        advances them; a call whose positions would end past a layer's capacity (a sliding
+        window filling up: other branches of the layer's code) runs the original forward.
+        """
+        passed_back = self.passes_back(args, kwargs)
+        moved: list[tuple[Any, str, int]] = []
+        if self.advances:
+            given = self.objects if passed_back else nested_cache_objects((args, kwargs))
+            for i, name, by in self.advances:
+                value = vars(given[i]).get(name)
+                capacity = capacity_of(given[i])
+                if not isinstance(value, int) or capacity is None or value + by > capacity:
+                    self.eager_calls += 1
+                    return self.fallback(*args, **kwargs)
+                moved.append((self.objects[i], name, value + by))
         slots = self.top_slots
         if slots is not None and len(args) == self.n_args and kwargs.keys() == self.kw_names:
             for where, static in slots:
                 _copy_into(static, args[where] if isinstance(where, int) else kwargs[where], where)
+        elif passed_back:  # the cache's tensors are the static inputs: copy only the others
+            root = (args, kwargs)
+            for static, path in self.outside:
+                _copy_into(static, _pick(root, path), "input")
         else:
             root = (args, kwargs)
             for (i, static), path in zip(self.tensor_slots, self.paths, strict=True):
                 _copy_into(static, _pick(root, path), i)
         self.graph.replay()
+        for obj, name, value in moved:
+            obj.__dict__[name] = value
         out = self.static_out
         if not self.clone_outputs:
             return out
@@ -348,13 +447,44 @@ class ShapeSetRunner(Runner):
         self.captures: dict[ShapeKey, DeviceGraphRunner] = {}
         self.eager_calls = 0
         self.lock = threading.Lock()
+        self._owners: dict[int, DeviceGraphRunner] = {}
+        """The capture that owns each cache object the captures return (see ``owned_ids``)."""
+        self._owned_ids: frozenset[int] = frozenset()
+        self.compiled = (
+            torch.compile(fresh_entry(self.forward), mode=backend.compile_mode, dynamic=None)
+            if backend.compile
+            else None
+        )
+        """With ``compile=True``, one compiled forward for every capture: the second shape
+        compiles it with dynamic sizes, which serve every later shape (one compile per shape
+        took minutes on a 24-layer model)."""
         for sample in samples:
             shapes = _shape_key(tuple(sample.args), sample.kwargs)
             if shapes not in self.captures and len(self.captures) < self.max_shapes:
-                self.captures[shapes] = DeviceGraphRunner(backend, module, sample, device)
+                self._add(shapes, self._runner(sample))
+
+    def _runner(self, sample: Sample) -> DeviceGraphRunner:
+        assert isinstance(self.backend, DeviceGraph)
+        return DeviceGraphRunner(
+            self.backend, self.module, sample, self.device, compiled=self.compiled
+        )
+
+    def _add(self, shapes: ShapeKey, capture: DeviceGraphRunner) -> None:
+        self.captures[shapes] = capture
+        for owned in capture.owned_ids():
+            self._owners[owned] = capture
+        self._owned_ids = frozenset(self._owners)
+
+    def owned_ids(self) -> frozenset[int]:
+        """The cache objects every capture returns (a call passing one back skips the walk)."""
+        return self._owned_ids
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Replay the capture for this call's shapes (captured now if there is room), else eager."""
+        if self._owners:
+            owner = self._passed_back(args, kwargs)
+            if owner is not None:
+                return owner(*args, **kwargs)
         shapes = _shape_key(args, kwargs)
         capture = self.captures.get(shapes)
         if capture is None:
@@ -364,6 +494,15 @@ class ShapeSetRunner(Runner):
                 return self.forward(*args, **kwargs)
         return capture(*args, **kwargs)
 
+    def _passed_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The capture whose cache object the call passes back (its other inputs fitting)."""
+        for value in (*args, *kwargs.values()):
+            capture = self._owners.get(id(value))
+            if capture is not None:
+                fits = capture.passes_back(args, kwargs) and capture.fits_passed_back(args, kwargs)
+                return capture if fits else None
+        return None
+
     def _capture(
         self, shapes: ShapeKey, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> DeviceGraphRunner | None:
@@ -372,11 +511,8 @@ class ShapeSetRunner(Runner):
                 return self.captures[shapes]
             if len(self.captures) >= self.max_shapes:
                 return None
-            assert isinstance(self.backend, DeviceGraph)
-            capture = DeviceGraphRunner(
-                self.backend, self.module, Sample(args, kwargs), self.device
-            )
-            self.captures[shapes] = capture
+            capture = self._runner(Sample(args, kwargs))
+            self._add(shapes, capture)
             return capture
 
     @property

@@ -18,7 +18,7 @@ import torch
 from .._util.table import format_seconds, format_table
 from ..backends.ranges import describe_ranges
 from ..candidates.results import GraphResult
-from ..signature.graph import Sample
+from ..signature.graph import Graph, Sample
 
 _TOKEN_INPUTS = ("input_ids", "decoder_input_ids")
 
@@ -69,7 +69,12 @@ def step_of(result: GraphResult, names: Sequence[str] = ()) -> str | None:
     ``names`` are the module's forward parameters, to find the token input of a canonical
     call; without them the first integer matrix is taken for it.
     """
-    samples = result.graph.samples
+    return graph_step(result.graph, names)
+
+
+def graph_step(graph: Graph, names: Sequence[str] = ()) -> str | None:
+    """:func:`step_of` for a graph not tuned yet (the inspection's)."""
+    samples = graph.samples
     if not samples or not any(sample.stateful for sample in samples):
         return None
     tokens = [_tokens(sample, names) for sample in samples]

@@ -13,18 +13,26 @@ from .caches import (
     from_data,
     is_cache_object,
     loaded_cache_class,
+    nested_cache_objects,
     spec_holds_state,
     to_data,
     updated_in_place,
 )
+from .positions import BELOW_CAPACITY, Derived, capacity_of, key_value, positions_of
 
 __all__ = [
+    "BELOW_CAPACITY",
+    "Derived",
     "ObjectState",
     "cache_objects",
+    "capacity_of",
     "contains_cache",
     "from_data",
     "is_cache_object",
+    "key_value",
     "loaded_cache_class",
+    "nested_cache_objects",
+    "positions_of",
     "spec_holds_state",
     "to_data",
     "updated_in_place",

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from .positions import mirrored_names, mirrored_sizes
+
 _CACHE_BASES = frozenset({"Cache", "CacheLayerMixin", "EncoderDecoderCache"})
 """Names of transformers' cache base classes; an object whose class derives from one is data."""
 
@@ -52,15 +54,24 @@ class ObjectState:
     """A cache object as data: its class, constant attributes and data attributes.
 
     A pytree node: the data attributes are its children, the class and the constants its
-    context (two states compare equal in structure only when both agree).
+    context (two states compare equal in structure only when both agree). ``mirrored`` names
+    the constants that repeat a tensor's size (:mod:`.positions`): a rebuilt object takes them
+    from its new tensors, which may be of other sizes (a resized probe, a runner's outputs).
     """
 
-    __slots__ = ("cls", "constants", "data")
+    __slots__ = ("cls", "constants", "data", "mirrored")
 
-    def __init__(self, cls: type, constants: tuple[tuple[str, Any], ...], data: dict[str, Any]):
+    def __init__(
+        self,
+        cls: type,
+        constants: tuple[tuple[str, Any], ...],
+        data: dict[str, Any],
+        mirrored: tuple[str, ...] = (),
+    ):
         self.cls = cls
         self.constants = constants
         self.data = data
+        self.mirrored = mirrored
 
     @classmethod
     def of(cls, obj: Any) -> ObjectState:
@@ -73,7 +84,7 @@ class ObjectState:
                 data[name] = converted
             else:
                 constants.append((name, value))
-        return cls(type(obj), tuple(constants), data)
+        return cls(type(obj), tuple(constants), data, mirrored_names(vars(obj)))
 
     def build(self) -> Any:
         """A new object of the recorded class with these attributes (mutable constants copied)."""
@@ -82,6 +93,7 @@ class ObjectState:
             obj.__dict__[name] = value if isinstance(value, _IMMUTABLE) else copy.deepcopy(value)
         for name, value in self.data.items():
             obj.__dict__[name] = from_data(value)
+        obj.__dict__.update(mirrored_sizes(self.mirrored, obj.__dict__))
         return obj
 
     def __repr__(self) -> str:
@@ -117,12 +129,12 @@ def _as_data(value: Any) -> tuple[Any, bool]:
 
 def _flatten_state(state: ObjectState) -> tuple[list[Any], Any]:
     names = tuple(state.data)
-    return [state.data[n] for n in names], (state.cls, names, state.constants)
+    return [state.data[n] for n in names], (state.cls, names, state.constants, state.mirrored)
 
 
 def _unflatten_state(values: Any, context: Any) -> ObjectState:
-    cls, names, constants = context
-    return ObjectState(cls, constants, dict(zip(names, values, strict=True)))
+    cls, names, constants, mirrored = context
+    return ObjectState(cls, constants, dict(zip(names, values, strict=True)), mirrored)
 
 
 def _flatten_state_with_keys(state: ObjectState) -> tuple[list[tuple[Any, Any]], Any]:
@@ -182,6 +194,30 @@ def from_data(tree: Any) -> Any:
     return pytree.tree_map(
         lambda leaf: leaf.build() if _is_state(leaf) else leaf, tree, is_leaf=_is_state
     )
+
+
+def nested_cache_objects(tree: Any) -> list[Any]:
+    """Every cache object in ``tree``, nested ones (a cache's layers) too, in a fixed order.
+
+    Two trees of one structure list their objects in the same order.
+    """
+    found: list[Any] = []
+
+    def walk(value: Any) -> None:
+        if is_cache_object(value):
+            found.append(value)
+            for _, attribute in sorted(vars(value).items()):
+                walk(attribute)
+        elif isinstance(value, tuple | list):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    for leaf in pytree.tree_leaves(tree, is_leaf=is_cache_object):
+        walk(leaf)
+    return found
 
 
 def cache_objects(tree: Any) -> list[Any]:

@@ -76,6 +76,7 @@ class Dispatcher:
     @runners.setter
     def runners(self, runners: Mapping[GraphKey, Runner]) -> None:
         self._runners = dict(runners)
+        self._runner_list = list(dict.fromkeys(self._runners.values()))
         self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
         self._routes: dict[GraphKey, Runner | None] = dict(self._exact)
         self._fast: dict[tuple[Any, ...], tuple[Runner | None, ArgumentPlan]] = {}
@@ -101,7 +102,8 @@ class Dispatcher:
                 )
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
-        fast = call_signature(args, kwargs)
+        owned = self._owned()
+        fast = call_signature(args, kwargs, owned)
         memo = self._fast.get(fast) if fast is not None else None
         if memo is not None:  # a call of tensors and constants with a signature seen before
             served, plan = memo
@@ -125,6 +127,13 @@ class Dispatcher:
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
         return runner(*bound_args, **bound_kwargs)
+
+    def _owned(self) -> frozenset[int]:
+        """Ids of the state objects the runners returned and own (see ``Runner.owned_ids``)."""
+        found = [ids for runner in self._runner_list if (ids := runner.owned_ids())]
+        if not found:
+            return frozenset()
+        return found[0] if len(found) == 1 else frozenset().union(*found)
 
     def route(self, key: GraphKey) -> Runner | None:
         """The runner serving the exact signature ``key`` (None: the original forward).

@@ -41,6 +41,7 @@ from ..candidates.budget import (
 from ..candidates.measure import MeasureConfig, Timing
 from ..candidates.strategy import Strategy, accuracy_strategy, default_strategy, quick_strategy
 from ..errors import InvalidInputError
+from ..generation import end_to_end_config, end_to_end_samples, is_generation
 from ..runtime.plan import Plan
 from ..runtime.wrap import unwrap, wrap
 from ..signature.compare import Tolerances, compare_all
@@ -173,7 +174,14 @@ def auto_tune(
     with preserved_state(model), eval_mode(model):
         progress("inspecting the model")
         with clock.phase(INSPECTION):
-            info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+            info = inspect(
+                model,
+                dataset,
+                call=call,
+                device=dev,
+                dynamic_shapes=dynamic_shapes,
+                max_depth=MAX_DEFAULT_DEPTH if max_depth is None else max_depth,
+            )
         rows = _depth_rows(info, min_depth, max_depth)
         if not rows:
             fused = f"; {info.fast_path_note()}" if info.fused else ""
@@ -201,6 +209,7 @@ def auto_tune(
                 devices=_tensor_devices(model),
                 deadline=None if budget is None else Deadline.after(budget, start),
                 clock=clock,
+                generation=is_generation(info, model),
             )
             nothing = _nothing_to_try(run.strategy, dev)
             if nothing:
@@ -218,7 +227,9 @@ def auto_tune(
         with clock.phase(END_TO_END, UNTUNED):
             before = _measure_untuned(run, budget)
         if budget is not None:
-            run.reserve_s = _end_to_end_reserve(before, now() - measured_at, run.config, budget)
+            run.reserve_s = _end_to_end_reserve(
+                before, now() - measured_at, run.end_to_end_config, budget
+            )
         _tune_depths(run, rows)
     result = _finish(run, rows, before, tie_tolerance, start)
     result.breakdown = clock.breakdown()
@@ -254,13 +265,18 @@ def _strategy(dev: torch.device, quick: bool, accuracy: AccuracyBudget | None) -
 
 def _measure_untuned(run: _Run, budget: float | None) -> Timing:
     """The untuned model's first measurement; at most a tenth of a budget's time."""
-    config = run.config
+    config = run.end_to_end_config
     if budget is not None:
         cap = min(config.max_s_per_candidate, UNTUNED_SHARE * budget)
         config = dataclasses.replace(config, max_s_per_candidate=cap)
-    return side_by_side({UNTUNED: run.model}, run.info, run.call, config, deadline=run.deadline)[
-        UNTUNED
-    ]
+    return side_by_side(
+        {UNTUNED: run.model},
+        run.info,
+        run.call,
+        config,
+        deadline=run.deadline,
+        samples=run.end_to_end_samples,
+    )[UNTUNED]
 
 
 def _end_to_end_reserve(
@@ -384,6 +400,9 @@ class _Run:
     clock: Stopwatch = field(default_factory=Stopwatch)
     accuracy: EndToEndCheck | None = None
     """The accuracy budget's end-to-end check (None: results are kept)."""
+    generation: bool = False
+    """The calls are ``generate``'s steps: the decode graph is tuned first, and end-to-end
+    measurements time one representative prompt (:mod:`tunetree.generation.plan`)."""
     reserve_s: float = 0.0
     """Budget seconds kept for a depth's end-to-end measurement while its graphs are tuned."""
     memo: GraphMemo = field(default_factory=dict)
@@ -392,9 +411,26 @@ class _Run:
     plans: dict[int, Plan] = field(default_factory=dict)
     graphs: dict[int, list[GraphResult]] = field(default_factory=dict)
 
+    @property
+    def end_to_end_config(self) -> MeasureConfig:
+        """How end-to-end measurements are timed (fewer trials for generation)."""
+        return end_to_end_config(self.config) if self.generation else self.config
+
+    @property
+    def end_to_end_samples(self) -> list[Any] | None:
+        """What end-to-end measurements time (None: every sample)."""
+        return end_to_end_samples(self.info) if self.generation else None
+
     def measure(self, models: dict[str, Any]) -> dict[str, Timing]:
         """End-to-end latency of each model (tuned or not), interleaved in one call."""
-        return side_by_side(models, self.info, self.call, self.config, deadline=self.deadline)
+        return side_by_side(
+            models,
+            self.info,
+            self.call,
+            self.end_to_end_config,
+            deadline=self.deadline,
+            samples=self.end_to_end_samples,
+        )
 
     def restore(self) -> None:
         """Unwrap the model and put back every tensor a backend moved."""
@@ -441,6 +477,7 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
             deadline=run.deadline,
             clock=run.clock,
             accuracy=run.accuracy.budget if run.accuracy is not None else None,
+            most_time_first=run.generation,
         )
     _restore_devices(run.devices)
     run.graphs[row.depth] = results

@@ -34,13 +34,17 @@ def side_by_side(
     call: CallFn | None,
     config: MeasureConfig,
     deadline: Deadline | None = None,
+    samples: list[Sample] | None = None,
 ) -> dict[str, Timing]:
     """Time every model (tuned or not) end to end over the inspected samples, interleaved.
 
-    The trial rounds stop at ``deadline`` (see :func:`tunetree.measure`).
+    ``samples``: a subset of them to time on (a ``generate`` call is long: see
+    :func:`tunetree.generation.end_to_end_samples`). The trial rounds stop at ``deadline``
+    (see :func:`tunetree.measure`).
     """
+    timed = info.samples if samples is None else samples
     calls = {
-        name: cycle_calls(lambda *a, m=model, **k: run_model(m, Sample(a, k), call), info.samples)
+        name: cycle_calls(lambda *a, m=model, **k: run_model(m, Sample(a, k), call), timed)
         for name, model in models.items()
     }
     return measure(calls, info.device, config, deadline)

@@ -31,6 +31,7 @@ from ..candidates.measure import MeasureConfig
 from ..candidates.results import GraphCache, GraphResult
 from ..candidates.strategy import Strategy, default_strategy
 from ..errors import InvalidInputError
+from ..generation import by_time_share, is_generation
 from ..runtime.plan import Plan, PlanEntry
 from ..runtime.wrap import unwrap, wrap, wrapped_paths
 from ..signature.compare import Tolerances
@@ -140,6 +141,7 @@ def tune_cut(
     deadline: Deadline | None = None,
     clock: Stopwatch | None = None,
     accuracy: AccuracyBudget | None = None,
+    most_time_first: bool = False,
 ) -> list[GraphResult]:
     """Run the strategy on every graph of every module in the cut at ``depth``.
 
@@ -147,23 +149,27 @@ def tune_cut(
     its reserve, graphs not started are skipped (their modules keep their forward); started
     graphs build no candidate expected to cross it but eager. ``clock`` is charged the builds,
     checks, measurements and cache look-ups. ``accuracy`` admits results-changing candidates
-    by their error (see :attr:`GraphSession.accuracy`).
+    by their error (see :attr:`GraphSession.accuracy`). ``most_time_first`` tunes the graphs
+    in order of their share of eager time (a ``generate`` call's decode graph first, see
+    :func:`tunetree.generation.by_time_share`); results keep the cut's order.
     """
     base = strategy or default_strategy(info.device)
     clock = clock or Stopwatch()
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
-    results = []
+    order = by_time_share(todo) if most_time_first else list(range(len(todo)))
+    found: dict[int, GraphResult] = {}
     twins: dict[tuple[str, Any], GraphResult] = {}
     started = time.perf_counter()
-    for done, (path, key, graph) in enumerate(todo):
+    for done, index in enumerate(order):
+        path, key, graph = todo[index]
         where = path or "<model>"
         if memo is not None and (path, key) in memo:
             progress(f"depth {depth}", where, graph, "reused")
-            results.append(memo[(path, key)])
+            found[index] = memo[(path, key)]
             continue
         if deadline is not None and deadline.free_s() <= 0:
             rows = [CandidateRow(b, Status.SKIPPED, TIME_BUDGET_ERROR) for b in base.backends]
-            results.append(GraphResult(path, graph, rows, None, base.describe()))
+            found[index] = GraphResult(path, graph, rows, None, base.describe())
             progress(f"depth {depth}", where, graph, f"skipped: {TIME_BUDGET_ERROR}")
             continue
         session = GraphSession(
@@ -177,16 +183,16 @@ def tune_cut(
             on_build,
             deadline=deadline,
             clock=clock,
-            call_s=_call_s(info, path),
+            call_s=graph.total_s / graph.calls if graph.calls else _call_s(info, path),
             accuracy=accuracy,
         )
         result = _tune_graph(session, base, cache, twins)
         if memo is not None and not _budget_cut(result):
             memo[(path, key)] = result
-        results.append(result)
+        found[index] = result
         winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
         progress(f"depth {depth}", where, graph, f"winner: {winner}", _eta(started, done, todo))
-    return results
+    return [found[i] for i in sorted(found)]
 
 
 def _call_s(info: ModelInfo, path: str) -> float:
@@ -378,7 +384,14 @@ def tune(
         if info is None:
             progress("inspecting the model")
             with clock.phase(INSPECTION):
-                info = inspect(model, dataset, call=call, device=dev, dynamic_shapes=dynamic_shapes)
+                info = inspect(
+                    model,
+                    dataset,
+                    call=call,
+                    device=dev,
+                    dynamic_shapes=dynamic_shapes,
+                    max_depth=depth,
+                )
         if dry_run:
             return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
         graphs = tune_cut(
@@ -391,6 +404,7 @@ def tune(
             progress=progress,
             cache=open_cache(cache),
             clock=clock,
+            most_time_first=is_generation(info, model),
         )
     plan = plan_from(graphs, depth)
     tuned = wrap(model, plan.runners(), plan, in_place=depth > 0)

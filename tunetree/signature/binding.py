@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..hf.caches import is_cache_class
+from ..hf.positions import Derived, key_value
 
 _CONSTANTS = (type(None), bool, int, float, str)
 _PLAIN = (*_CONSTANTS, torch.dtype, torch.device)
@@ -211,44 +212,54 @@ def _pick(source: Source, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return where
 
 
-def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+def call_signature(
+    args: tuple[Any, ...], kwargs: dict[str, Any], owned: frozenset[int] = frozenset()
+) -> tuple[Any, ...] | None:
     """A cheap hashable signature of a call, or None when it holds something else.
 
     Per argument (keywords by name, in the order given): a tensor's dtype and shape, a plain
     constant's type and value, a list or tuple of such, or a cache object's attributes
     (:func:`~tunetree.hf.caches.is_cache_object`) as such. Two calls with the same signature
     bind alike (:class:`ArgumentPlan`) and have the same :class:`~tunetree.signature.graph.GraphKey`
-    (which says the same things, in a form that is slower to build).
+    (which says the same things, in a form that is slower to build). An object whose id is in
+    ``owned`` (state a runner returned and checks itself, see ``Runner.owned_ids``) is keyed by
+    its identity: a decode step passing back the cache a device graph returned costs no walk
+    over the cache's layers.
     """
     parts: list[Any] = []
     for value in args:
-        part = _part(value)
+        part = _part(value, owned)
         if part is None:
             return None
         parts.append(part)
     for name, value in kwargs.items():
-        part = _part(value)
+        part = _part(value, owned)
         if part is None:
             return None
         parts.append((name, part))
     return tuple(parts)
 
 
-def _part(value: Any) -> Any:
+def _part(value: Any, owned: frozenset[int] = frozenset()) -> Any:
     kind = type(value)
     if kind is torch.Tensor:
         return (value.dtype, value.shape)
     if kind in _PLAIN:
         return (kind, value)
+    if owned and id(value) in owned:
+        return ("owned", id(value))
     if isinstance(value, type):  # a class attribute of a cache (the layer class it makes)
         return (type, value)
     if kind is list or kind is tuple:
         items = [_part(v) for v in value]
         return None if any(i is None for i in items) else (kind, tuple(items))
     if is_cache_class(kind):
-        attributes = sorted(vars(value).items())
-        items = [_part(v) for _, v in attributes]
+        fields = vars(value)
+        names = sorted(fields)
+        items = [_part(key_value(fields, k)) for k in names]
         if any(i is None for i in items):
             return None
-        return (kind, tuple(zip((k for k, _ in attributes), items, strict=True)))
+        return (kind, tuple(zip(names, items, strict=True)))
+    if kind is Derived:
+        return (kind, value)
     return None

@@ -19,7 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import InvalidInputError
-from ..hf import contains_cache, from_data, is_cache_object, to_data
+from ..hf import Derived, contains_cache, from_data, is_cache_object, key_value, to_data
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -131,6 +131,8 @@ class RankSpec:
 def _leaf_signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return TensorSpec(dtype_name(value.dtype), tuple(value.shape))
+    if isinstance(value, Derived):  # a cache's int keyed by what it is (tunetree.hf.positions)
+        return ("const", "derived", str(value))
     if value is None or isinstance(value, (bool, int, float, str)):
         return ("const", type(value).__name__, value)
     if isinstance(value, torch.dtype | torch.device):
@@ -147,7 +149,10 @@ def _leaf_signature(value: Any) -> Any:
     if isinstance(value, type):
         return ("const", "type", f"{value.__module__}.{value.__qualname__}")
     if is_cache_object(value):  # a cache is data: its tensors' shapes, not its identity
-        attributes = tuple((k, _leaf_signature(v)) for k, v in sorted(vars(value).items()))
+        # Ints that repeat a tensor's size, or count positions, are keyed by what they are
+        # (tunetree.hf.positions): every decode step and every capacity is not a graph apart.
+        fields = vars(value)
+        attributes = tuple((k, _leaf_signature(key_value(fields, k))) for k in sorted(fields))
         return ("data", type(value).__qualname__, attributes)
     # Opaque objects (a cache, a config): their contents are invisible here, and a backend
     # that exported the graph may have baked them in as constants. Keying them by identity
@@ -429,6 +434,12 @@ class Graph:
     widen the key's ranges but are not part of the measured workload."""
     checks: list[tuple[str, Sample, Any]] | None = field(default=None, repr=False, compare=False)
     """Probe calls with eager's outputs, built once per graph by the evaluator (cached)."""
+    described: list[GraphKey] = field(default_factory=list, repr=False, compare=False)
+    """Exact signatures of calls recorded without a copy (their sizes widen the ranges)."""
+    calls: int = 0
+    """Calls of this graph during the inspection (copied or not); 0 when not counted."""
+    total_s: float = 0.0
+    """Their eager seconds during the inspection: where a tuning budget should go first."""
 
     def __str__(self) -> str:
         return str(self.key)

@@ -23,6 +23,7 @@ from ..errors import InvalidInputError
 from .binding import Binder
 from .graph import Dim, Graph, GraphKey, Sample, as_samples, detach_clone, map_tensors, to_device
 from .modules import CallFn, module_paths, resolve_device, run_model, synchronize
+from .recording import Ledger, RecordingSummary, default_budget_bytes, tensor_bytes
 from .shapes import (
     AxisRef,
     DynamicShapes,
@@ -101,6 +102,8 @@ class ModelInfo:
     """Modules that run as one fused fast-path op (:data:`FAST_PATH_OPS`), path to op name.
 
     Their submodules never run in inference, so they are not recorded: each is a leaf."""
+    recording: RecordingSummary | None = None
+    """What the recording copied and what it kept as signatures only (:mod:`.recording`)."""
 
     @property
     def max_depth(self) -> int:
@@ -229,27 +232,41 @@ def _shape_only(tensor: torch.Tensor) -> torch.Tensor:
 class _Recorder:
     """Forward hooks that build :class:`ModuleRecord` s during eager calls."""
 
-    def __init__(self, device: torch.device, max_samples_per_graph: int) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        max_samples_per_graph: int,
+        max_bytes: int,
+        max_depth: int | None = None,
+    ) -> None:
         self.device = device
-        self.max_samples = max_samples_per_graph
+        self.max_depth = max_depth
+        """Calls deeper than this are not recorded (their time stays in their callers')."""
+        self.ledger = Ledger(max_samples_per_graph, max_bytes)
         self.records: dict[str, ModuleRecord] = {}
         self.stack: list[tuple[str, float, float]] = []  # path, start, time in children
-        self.pending: list[Sample | None] = []
+        self.in_step: list[bool] = []
+        """Per open call: whether it, or a call around it, takes a cache (a generation step)."""
+        self.pending: list[tuple[GraphKey | None, Sample | None]] = []
         self.binders: dict[str, Binder] = {}
         self.calls: dict[str, list[tuple[Sample, Any]]] = {}
         self.origins: dict[str, list[int]] = {}
         """Per module, the index of the root call each of its recorded calls came from."""
         self.root_calls = 0
         self.probe_calls: dict[str, list[tuple[Sample, Any]]] = {}
-        self.kept: dict[tuple[str, GraphKey], int] = {}
         self.probing = False
         """True while the root runs probe calls: they are kept apart and not counted."""
 
     def pre(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
         if self.probing:  # only the shapes matter: meta tensors hold no memory
             bound = self._bind(path, module, args, kwargs)
-            self.pending.append(Sample(*map_tensors(_shape_only, (bound.args, bound.kwargs))))
+            self.pending.append(
+                (None, Sample(*map_tensors(_shape_only, (bound.args, bound.kwargs))))
+            )
             self.stack.append((path, 0.0, 0.0))
+            return
+        if self.max_depth is not None and len(self.stack) > self.max_depth:
+            self.stack.append((path, -1.0, 0.0))  # not recorded
             return
         parent = self.stack[-1][0] if self.stack else None
         if parent is None:
@@ -263,11 +280,14 @@ class _Recorder:
         record.depth = min(record.depth, len(self.stack))
         sample = self._bind(path, module, args, kwargs)
         key = sample.key
-        count = self.kept.get((path, key), 0)
-        keep = count < self.max_samples
-        if keep:
-            self.kept[(path, key)] = count + 1
-        self.pending.append(detach_clone(sample) if keep else None)
+        in_step = (bool(self.in_step) and self.in_step[-1]) or self.ledger.takes_cache(sample)
+        self.in_step.append(in_step)
+        copy = None
+        if self.ledger.admit(path, sample, key, in_step, len(self.stack)):
+            copy = detach_clone(sample)
+            self.ledger.copied += 1
+            self.ledger.copied_now(tensor_bytes((copy.args, copy.kwargs)))
+        self.pending.append((key, copy))
         synchronize(self.device)
         self.stack.append((path, time.perf_counter(), 0.0))
 
@@ -282,14 +302,18 @@ class _Recorder:
     def post(self, path: str, output: Any) -> None:
         if self.probing:
             self.stack.pop()
-            sample = self.pending.pop()
+            _, sample = self.pending.pop()
             if sample is not None and path in self.records:
                 self.probe_calls.setdefault(path, []).append((sample, None))
+            return
+        if self.stack and self.stack[-1][1] < 0:  # deeper than max_depth: not recorded
+            self.stack.pop()
             return
         synchronize(self.device)
         end = time.perf_counter()
         top, start, in_children = self.stack.pop()
         assert top == path, f"module calls did not nest: {top} vs {path}"
+        self.in_step.pop()
         elapsed = end - start
         if self.stack:
             parent, pstart, pchildren = self.stack[-1]
@@ -298,9 +322,13 @@ class _Recorder:
         record.calls += 1
         record.total_s += elapsed
         record.self_s += elapsed - in_children
-        sample = self.pending.pop()
+        key, sample = self.pending.pop()
+        if key is not None:
+            self.ledger.timed(path, key, elapsed)
         if sample is not None:
-            self.calls.setdefault(path, []).append((sample, detach_clone(output)))
+            copied = detach_clone(output)
+            self.ledger.copied_now(tensor_bytes(copied))
+            self.calls.setdefault(path, []).append((sample, copied))
             self.origins.setdefault(path, []).append(self.root_calls - 1)
 
     def group(self, dynamic: bool, declared: dict[AxisRef, Dim] | None) -> None:
@@ -313,6 +341,9 @@ class _Recorder:
         known: list[tuple[frozenset[int], str]] = []
         followed: list[RootDim] = []
         roots = [r.path for r in self.records.values() if r.parent is None]
+        stats: dict[str, dict[GraphKey, tuple[int, float]]] = {}
+        for (path, key), counted in self.ledger.stats.items():
+            stats.setdefault(path, {})[key] = (counted.calls, counted.seconds)
         for path in roots + [p for p in self.records if p not in roots]:
             calls, origins = self.calls.get(path, []), self.origins.get(path, [])
             graphs = group_graphs(
@@ -323,6 +354,8 @@ class _Recorder:
                 probes=self.probe_calls.get(path, []),
                 followed=followed if path not in roots else (),
                 origins=origins,
+                described=self.ledger.described.get(path, {}),
+                stats=stats.get(path),
             )
             self.records[path].graphs = graphs
             if path in roots:
@@ -367,6 +400,8 @@ def inspect(
     device: torch.device | str | None = None,
     max_samples_per_graph: int = 4,
     dynamic_shapes: DynamicShapes = None,
+    max_record_bytes: int | None = None,
+    max_depth: int | None = None,
 ) -> ModelInfo:
     """Run ``model`` once per dataset item with forward hooks and record every executed module.
 
@@ -382,17 +417,28 @@ def inspect(
 
     Recording never changes the model: buffers and the RNG state are put back afterwards,
     and a module's recorded output is its forward's own, before the user's forward hooks.
+    Copies of calls are rationed (:mod:`tunetree.signature.recording`): a generation step is
+    copied a few times per ``generate``, never once per token, and all copies together stay
+    within ``max_record_bytes`` (default: a quarter of the device's free memory); a call not
+    copied still counts, and its sizes still widen its graph's ranges. ``max_depth`` records
+    modules down to that depth only (a tune of shallower cuts needs no deeper one).
     """
     samples = as_samples(dataset)
     dev = resolve_device(model, device)
     samples = [s.to(dev) for s in samples]
-    recorder = _Recorder(dev, max_samples_per_graph)
+    budget = (
+        default_budget_bytes(dev, _model_bytes(model))
+        if max_record_bytes is None
+        else max_record_bytes
+    )
+    recorder = _Recorder(dev, max_samples_per_graph, budget, max_depth)
     with torch.no_grad(), preserved_state(model):
         fused = _first_call(model, samples[0], call)  # untimed: one-off costs
         outputs = []
         with recorder.hooks(model, inside=set(fused)):
             start = time.perf_counter()
-            for sample in samples:
+            for item, sample in enumerate(samples):
+                recorder.ledger.item = item
                 outputs.append(detach_clone(run_model(model, sample, call)))
             synchronize(dev)
             total = time.perf_counter() - start
@@ -402,6 +448,14 @@ def inspect(
             if declared:
                 _run_probes(model, recorder, declared, call)
     recorder.group(dynamic_shapes is not False, declared)
+    ledger = recorder.ledger
+    summary = RecordingSummary(
+        ledger.copied,
+        ledger.copied_bytes,
+        sum(len(keys) for keys in ledger.described.values()),
+        ledger.over_budget,
+        budget,
+    )
     return ModelInfo(
         recorder.records,
         samples,
@@ -412,6 +466,7 @@ def inspect(
         model_type=type(model).__name__,
         root_is_module=isinstance(model, nn.Module),
         fused=fused,
+        recording=summary,
     )
 
 
@@ -447,6 +502,18 @@ class _FastPathOps(TorchDispatchMode):
                 ):
                     found[path] = op
         return {p: op for p, op in found.items() if not any(_inside(p, q) for q in found)}
+
+
+def _model_bytes(model: Any) -> int:
+    """Bytes of the model's parameters and buffers (each counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for _, module in module_paths(model):
+        for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                total += tensor.numel() * tensor.element_size()
+    return total
 
 
 def _first_few(paths: list[str], limit: int = 4) -> str:

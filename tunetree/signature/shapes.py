@@ -87,7 +87,7 @@ def map_leaves(sample: Sample, fn: Callable[[int, torch.Tensor], torch.Tensor]) 
             return dataclasses.replace(value, **changes)
         if isinstance(value, ObjectState):
             data = {k: rebuild(v, (*where, k)) for k, v in value.data.items()}
-            return ObjectState(value.cls, value.constants, data)
+            return ObjectState(value.cls, value.constants, data, value.mirrored)
         return value
 
     state_args, state_kwargs = to_data((sample.args, sample.kwargs))
@@ -231,6 +231,8 @@ def group_graphs(
     probes: Sequence[tuple[Sample, Any]] = (),
     followed: Sequence[RootDim] = (),
     origins: Sequence[int] = (),
+    described: Iterable[GraphKey] = (),
+    stats: Mapping[GraphKey, tuple[int, float]] | None = None,
 ) -> dict[GraphKey, Graph]:
     """Group recorded ``(sample, eager output)`` calls of one module into graphs.
 
@@ -239,9 +241,12 @@ def group_graphs(
     ``declared`` applies to every group (the root's declared dimensions). ``probes`` are
     calls made only to find ranges: they widen the ranges of the graph whose pattern they
     share and land in its ``probes``, never in its samples (a probe of no recorded
-    pattern is dropped). ``origins`` (the root call of each of ``calls``) and ``followed``
-    (the root's dimensions) let an axis that follows a root dimension take its whole range
-    (:func:`ranged_key`).
+    pattern is dropped). ``described`` are exact signatures of calls recorded without a copy
+    (:mod:`.recording`): they widen the ranges of the graph of their pattern too (with
+    ``dynamic``; else they are dropped, as is one of a pattern with no sample). ``stats``
+    gives each exact signature's calls and eager seconds, summed into each graph's.
+    ``origins`` (the root call of each of ``calls``) and ``followed`` (the root's dimensions)
+    let an axis that follows a root dimension take its whole range (:func:`ranged_key`).
     """
     groups: dict[GraphKey, list[tuple[Sample, Any]]] = {}
     group_origins: dict[GraphKey, list[int]] = {}
@@ -252,15 +257,28 @@ def group_graphs(
         if len(origins) == len(calls):
             group_origins.setdefault(group, []).append(origins[i])
     extra: dict[GraphKey, list[Sample]] = {}
+    shapes_only: dict[GraphKey, list[GraphKey]] = {}
     if dynamic:
         for sample, _ in probes:
             pattern = sample.key.pattern()
             if pattern in groups:
                 extra.setdefault(pattern, []).append(sample)
+        for exact in described:
+            pattern = exact.pattern()
+            if pattern in groups:
+                shapes_only.setdefault(pattern, []).append(exact)
+    totals: dict[GraphKey, tuple[int, float]] = {}
+    for exact, (count, seconds) in (stats or {}).items():
+        group = exact.pattern() if dynamic else exact
+        before = totals.get(group, (0, 0.0))
+        totals[group] = (before[0] + count, before[1] + seconds)
     known = list(known)
     graphs: dict[GraphKey, Graph] = {}
     for group, members in groups.items():
-        exact_keys = [s.key for s, _ in members] + [p.key for p in extra.get(group, [])]
+        described_keys = list(dict.fromkeys(shapes_only.get(group, [])))
+        exact_keys = (
+            [s.key for s, _ in members] + [p.key for p in extra.get(group, [])] + described_keys
+        )
         key = (
             ranged_key(
                 exact_keys,
@@ -272,8 +290,15 @@ def group_graphs(
             if dynamic
             else exact_keys[0]
         )
+        count, seconds = totals.get(group, (len(members), 0.0))
         graphs[key] = Graph(
-            key, [s for s, _ in members], [o for _, o in members], extra.get(group, [])
+            key,
+            [s for s, _ in members],
+            [o for _, o in members],
+            extra.get(group, []),
+            described=described_keys,
+            calls=int(count),
+            total_s=seconds,
         )
     return graphs
 
@@ -297,8 +322,9 @@ def dim_sizes(graph: Graph) -> list[tuple[frozenset[int], str]]:
     This is what :func:`group_graphs` takes as ``known`` to lend the name.
     """
     seen: dict[str, set[int]] = {}
-    for sample in [*graph.samples, *graph.probes]:
-        for name, size in sizes_of(sample, graph.key).items():
+    exact = [s.key for s in [*graph.samples, *graph.probes]] + list(graph.described)
+    for key in exact:
+        for name, size in key_sizes(key, graph.key).items():
             seen.setdefault(name, set()).add(size)
     return [(frozenset(sizes), name) for name, sizes in seen.items()]
 
@@ -479,8 +505,13 @@ def _is_prime(n: int) -> bool:
 
 def sizes_of(sample: Sample, key: GraphKey) -> dict[str, int]:
     """The size each named dimension of ``key`` takes in ``sample``."""
+    return key_sizes(sample.key, key)
+
+
+def key_sizes(exact_key: GraphKey, key: GraphKey) -> dict[str, int]:
+    """The size each named dimension of ``key`` takes in the exact signature ``exact_key``."""
     sizes: dict[str, int] = {}
-    exact = sample.key.tensor_specs()
+    exact = exact_key.tensor_specs()
     for spec, got in zip(key.tensor_specs(), exact, strict=True):
         for size, n in zip(spec.shape, got.shape, strict=True):
             if isinstance(size, Dim):

@@ -1,0 +1,211 @@
+"""Generation on a static cache at the size people serve (issue 28): one decode graph whatever
+the cache's layer types, a few recorded copies whatever the number of new tokens, and a
+device graph that serves every decode step of unseen prompts with eager's tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import tunetree as tt
+from tests.replay_graphs import OpGraph, op_graphs  # noqa: F401 (a fixture)
+from tunetree.generation import graph_step
+from tunetree.runtime.wrap import dispatcher_of
+from tunetree.signature.binding import Binder
+
+transformers = pytest.importorskip("transformers")
+
+
+def mistral(sliding_window: int | None = 32) -> nn.Module:
+    """A tiny Mistral whose static cache holds sliding-window layers (capacity below the window)."""
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, sliding_window=sliding_window,
+        max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    return transformers.MistralForCausalLM(config).eval()
+
+
+def static(tokens: int) -> Any:
+    def call(model: Any, **inputs: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return model.generate(
+                **inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                pad_token_id=0, cache_implementation="static", disable_compile=True,
+            )  # fmt: skip
+
+    return call
+
+
+def prompt(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if batch > 1:
+        mask[1, : length // 3] = 0
+    return {
+        "input_ids": torch.randint(3, 300, (batch, length), generator=g),
+        "attention_mask": mask,
+    }
+
+
+PROMPTS = [prompt(1, 8, 1), prompt(2, 12, 2)]
+
+
+def _steps(info: tt.ModelInfo, model: nn.Module) -> dict[str, list[Any]]:
+    names = Binder.of_module(model).names
+    found: dict[str, list[Any]] = {"prefill": [], "decode": []}
+    for graph in info.modules[""].graphs.values():
+        found.setdefault(graph_step(graph, names) or "other", []).append(graph)
+    return found
+
+
+def test_a_sliding_window_static_cache_gives_one_decode_graph() -> None:
+    model = mistral()
+    layer = transformers.StaticCache(config=model.config, max_cache_len=20).layers[0]
+    assert type(layer).__name__ == "StaticSlidingWindowLayer"  # the case the issue hit
+    info = tt.inspect(model, PROMPTS, call=static(6))
+    steps = _steps(info, model)
+    (decode,) = steps["decode"]
+    # Batch and capacity are ranges: every prompt's decode steps share one graph.
+    assert {d.name: (d.min, d.max) for d in decode.key.dims().values()}.keys() >= {"batch"}
+    assert decode.calls == 2 * 5  # every decode step of both prompts counted
+    assert len(decode.samples) == 2 * 2  # two copies per generate
+
+
+def test_copies_do_not_grow_with_the_number_of_new_tokens() -> None:
+    model = mistral()
+    short = tt.inspect(model, PROMPTS, call=static(4)).recording
+    long = tt.inspect(model, PROMPTS, call=static(16)).recording
+    assert short is not None and long is not None
+    assert long.samples == short.samples, (short, long)
+    assert long.copied_bytes <= 1.5 * short.copied_bytes  # the larger capacity only
+
+
+def test_a_dynamic_cache_records_a_few_steps_and_describes_the_rest() -> None:
+    def dynamic(tokens: int) -> Any:
+        def call(model: Any, **inputs: Any) -> torch.Tensor:
+            with torch.no_grad():
+                return model.generate(
+                    **inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                    pad_token_id=0,
+                )  # fmt: skip
+
+        return call
+
+    model = mistral(sliding_window=None)
+    short = tt.inspect(model, PROMPTS, call=dynamic(4))
+    long = tt.inspect(model, PROMPTS, call=dynamic(16))
+    assert short.recording is not None and long.recording is not None
+    assert long.recording.samples == short.recording.samples
+    decode = _steps(long, model)["decode"]  # batch 1 passes no mask: a graph of its own
+    assert all(len(g.samples) == 2 and g.calls == 15 for g in decode)
+    # The cache-length range spans every step, though only the first two were copied.
+    longest = max(d.max for g in decode for d in g.key.dims().values())
+    assert longest >= 12 + 14, [str(g.key) for g in decode]
+
+
+def test_the_memory_budget_bounds_copies_and_keeps_each_graphs_first() -> None:
+    model = mistral()
+    info = tt.inspect(model, PROMPTS, call=static(6), max_record_bytes=1)
+    assert info.recording is not None and info.recording.over_budget > 0
+    assert all(g.samples for m in info.modules.values() for g in m.graphs.values())
+    (decode,) = _steps(info, model)["decode"]
+    assert len(decode.samples) == 1
+
+
+@pytest.mark.usefixtures("op_graphs")
+def test_a_device_graph_serves_every_decode_step_of_unseen_prompts() -> None:
+    """Replayed op by op (tests/replay_graphs.py): the sliding window's position is a value the
+    runner advances, so one capture serves every step; a larger cache reused by a later
+    ``generate`` and prompt lengths never seen are served too."""
+    model = mistral()
+    call = static(6)
+    unseen = [prompt(2, 10, 7), prompt(1, 11, 8), prompt(2, 10, 9)]
+    expected = [call(model, **p) for p in unseen]
+    result = tt.tune(
+        model,
+        PROMPTS,
+        call=call,
+        strategy=tt.OneBackendStrategy(tt.backends.DeviceGraph()),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    decode = [g for g in result.graphs if g.graph.key.tensor_specs()[0].shape[-1] == 1]
+    assert len(decode) == 1 and decode[0].winner is not None, result.table()
+    dispatcher = dispatcher_of(result.model)
+    assert dispatcher is not None
+    replays = OpGraph.replays
+    for p, want in zip(unseen, expected, strict=True):
+        assert torch.equal(call(result.model, **p), want)
+    # Only the prefills (one per generate, a cache initialised on first use) ran eager.
+    assert dispatcher.fallback_calls == len(unseen)
+    assert OpGraph.replays - replays == len(unseen) * 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cuda_graphs_serve_every_decode_step_of_a_sliding_window_cache(compiled: bool) -> None:
+    model = mistral().cuda()
+    call = static(6)
+    cuda = [{k: v.cuda() for k, v in p.items()} for p in PROMPTS]
+    unseen = [{k: v.cuda() for k, v in p.items()} for p in (prompt(2, 10, 7), prompt(1, 11, 8))]
+    expected = [call(model, **p) for p in unseen]
+    result = tt.tune(
+        model,
+        cuda,
+        call=call,
+        strategy=tt.OneBackendStrategy(tt.backends.DeviceGraph(compile=compiled)),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    decode = [g for g in result.graphs if g.graph.key.tensor_specs()[0].shape[-1] == 1]
+    assert len(decode) == 1 and decode[0].winner is not None, result.table()
+    dispatcher = dispatcher_of(result.model)
+    assert dispatcher is not None
+    for p, want in zip(unseen, expected, strict=True):
+        assert torch.equal(call(result.model, **p), want)
+    assert dispatcher.fallback_calls == len(unseen)  # the prefills only
+
+
+@pytest.mark.usefixtures("op_graphs")
+def test_a_decode_step_passing_back_the_runners_cache_is_not_walked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dispatch per token stays cheap: once a device graph returned its cache object, the next
+    steps pass it back and are routed by the object's identity (``Runner.owned_ids``), without
+    reading the cache's layers attribute by attribute to sign the call."""
+    model = mistral()
+    call = static(6)
+    result = tt.tune(
+        model,
+        PROMPTS,
+        call=call,
+        strategy=tt.OneBackendStrategy(tt.backends.DeviceGraph()),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    call(result.model, **PROMPTS[0])  # routes learned for this prompt's shapes
+    from tunetree.signature import binding
+
+    read: list[str] = []
+    real = binding.key_value
+
+    def counting(attributes: Any, name: str) -> Any:
+        read.append(name)
+        return real(attributes, name)
+
+    monkeypatch.setattr(binding, "key_value", counting)
+    replays = OpGraph.replays
+    call(result.model, **PROMPTS[0])
+    assert OpGraph.replays - replays == 5  # every decode step replayed
+    # The prefill's and the first decode step's caches (new objects) are read (44 attributes
+    # here); the 4 steps that pass back the runner's own cache object are not (152 without).
+    assert len(read) <= 60, len(read)

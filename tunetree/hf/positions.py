@@ -1,0 +1,141 @@
+"""The integers a cache layer keeps beside its tensors: sizes they repeat, and positions.
+
+A static cache layer holds Python ints next to its key/value tensors: its capacity and batch
+(``max_cache_len``, ``batch_size``, the head counts: each the size of one axis of ``keys``),
+and a sliding-window layer also how many positions were written so far
+(``cumulative_length_int`` on a static one, ``cumulative_length`` on a dynamic one). Keyed by
+value, these ints would make every decode step a graph of its own (the position grows by one
+per token) and every cache capacity a structure of its own (no range could span them).
+
+So a signature reads them as what they are:
+
+- a **mirrored size** (an int equal to the size of an axis of one of the layer's tensors) is
+  keyed as that axis, which the tensor's shape already carries, so capacities and batch sizes
+  get ranges like any other axis; a layer rebuilt around tensors of other sizes (a resized
+  probe, a runner's outputs) takes its sizes from them (:func:`mirrored_sizes`);
+- a **position** below the layer's capacity is keyed as ``below capacity``: every step that
+  writes inside the capacity takes the same branches of the layer's code, so one graph serves
+  them all; the position itself is a value the step advances (:func:`positions_of`). A
+  position at or past the capacity (a sliding window that has filled) keeps its value.
+
+Nothing here imports ``transformers``; attributes are found by name on cache objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MIRRORED: dict[str, tuple[str, int]] = {
+    "max_cache_len": ("keys", -2),
+    "batch_size": ("keys", 0),
+    "max_batch_size": ("keys", 0),
+    "num_heads": ("keys", 1),
+    "head_dim": ("keys", -1),
+    "k_head_dim": ("keys", -1),
+    "v_head_dim": ("values", -1),
+}
+"""Int attributes of a cache layer that repeat the size of an axis of one of its tensors."""
+
+POSITIONS = ("cumulative_length_int", "cumulative_length")
+"""Int attributes of a cache layer that count the positions written so far."""
+
+CAPACITY = "max_cache_len"
+"""The attribute holding a static layer's capacity (positions it can hold)."""
+
+
+@dataclass(frozen=True)
+class Derived:
+    """How a signature keys an int that is not a constant of the call's structure.
+
+    ``Derived("axis", "keys[-2]")``: the size of that axis (the shape carries it);
+    ``Derived("position", "below capacity")``: a position inside the layer's capacity.
+    """
+
+    kind: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+BELOW_CAPACITY = Derived("position", "below capacity")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def mirrored_axis(attributes: dict[str, Any], name: str) -> tuple[str, int] | None:
+    """The (tensor attribute, axis) whose size the int ``attributes[name]`` repeats, or None."""
+    where = MIRRORED.get(name)
+    if where is None and name in POSITIONS and CAPACITY not in attributes:
+        where = ("keys", -2)  # a dynamic sliding-window layer's length, before the window fills
+    if where is None:
+        return None
+    value = attributes.get(name)
+    tensor = attributes.get(where[0])
+    if not _is_int(value) or not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+        return None
+    if -tensor.dim() > where[1] or where[1] >= tensor.dim():
+        return None
+    return where if int(tensor.shape[where[1]]) == value else None
+
+
+def is_below_capacity(attributes: dict[str, Any], name: str) -> bool:
+    """Whether ``attributes[name]`` is a position inside the layer's capacity."""
+    value, capacity = attributes.get(name), attributes.get(CAPACITY)
+    if name not in POSITIONS or not isinstance(value, int) or not isinstance(capacity, int):
+        return False
+    return _is_int(value) and _is_int(capacity) and 0 <= value < capacity
+
+
+def key_value(attributes: dict[str, Any], name: str) -> Any:
+    """What a signature holds for the attribute ``name`` of a cache object (see module doc)."""
+    value = attributes[name]
+    if not _is_int(value):
+        return value
+    if is_below_capacity(attributes, name):
+        return BELOW_CAPACITY
+    where = mirrored_axis(attributes, name)
+    if where is not None:
+        return Derived("axis", f"{where[0]}[{where[1]}]")
+    return value
+
+
+def mirrored_names(attributes: dict[str, Any]) -> tuple[str, ...]:
+    """The attributes of a cache object that repeat one of its tensors' sizes."""
+    return tuple(
+        name
+        for name in sorted(attributes)
+        if not is_below_capacity(attributes, name) and mirrored_axis(attributes, name)
+    )
+
+
+def mirrored_sizes(names: tuple[str, ...], data: dict[str, Any]) -> Iterator[tuple[str, int]]:
+    """The sizes the attributes ``names`` take from the tensors in ``data`` (rebuilt layer)."""
+    for name in names:
+        attribute, axis = MIRRORED.get(name, ("keys", -2))
+        tensor = data.get(attribute)
+        if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
+            yield name, int(tensor.shape[axis])
+
+
+def positions_of(objects: list[Any]) -> list[tuple[int, str, int]]:
+    """``(index in objects, attribute, value)`` of every position below capacity."""
+    found = []
+    for i, obj in enumerate(objects):
+        attributes = vars(obj)
+        for name in POSITIONS:
+            if is_below_capacity(attributes, name):
+                found.append((i, name, attributes[name]))
+    return found
+
+
+def capacity_of(obj: Any) -> int | None:
+    """A static layer's capacity, or None."""
+    value = vars(obj).get(CAPACITY)
+    return value if _is_int(value) else None
