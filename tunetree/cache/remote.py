@@ -86,6 +86,16 @@ def is_key(text: str) -> bool:
     return _is_hex(text, 40)
 
 
+@dataclass(frozen=True)
+class RemoteEntry:
+    """A remote entry read and validated: its manifest, ETag and whether it was signed."""
+
+    manifest: EntryManifest
+    etag: str
+    signed: bool
+    size: int
+
+
 @dataclass
 class RemoteStats:
     """What the remote tier did for this cache object."""
@@ -151,7 +161,8 @@ class RemoteTier:
         start = time.perf_counter()
         etag = ""
         try:
-            manifest, etag = self.fetch_manifest(key)
+            entry = self.fetch_manifest(key)
+            manifest, etag = entry.manifest, entry.etag
             problem = check(manifest)
             if problem is not None:
                 raise EntryFault(problem)
@@ -164,7 +175,8 @@ class RemoteTier:
         except EntryFault as exc:
             self.breaker.succeeded()
             self.stats.refused += 1
-            self._unusable[key] = etag
+            if etag:  # fetch_manifest records the ETag of an envelope it refuses itself
+                self._unusable[key] = etag
             log.warning("tuning cache: remote entry %s not used: %s", key[:12], exc)
             return False
         except RemoteError as exc:
@@ -176,23 +188,23 @@ class RemoteTier:
         self.stats.pulled += 1
         return True
 
-    def fetch_manifest(self, key: str) -> tuple[EntryManifest, str]:
-        """The remote entry of ``key``, unsealed and validated, with its ETag.
+    def fetch_manifest(self, key: str) -> RemoteEntry:
+        """The remote entry of ``key``, unsealed and validated.
 
         EntryFault when it is malformed, forged or for another key; RemoteError otherwise.
         """
         data, etag = self.client.get(entry_name(key), MAX_ENVELOPE_BYTES)
         self.stats.bytes_down += len(data)
         try:
-            raw, _signed = unseal(data, key, self.secret)
+            raw, signed = unseal(data, key, self.secret)
             manifest = decode_manifest(raw, key)
             if manifest.key != key:
                 raise EntryFault(f"the remote manifest is for key {manifest.key[:12]}")
-            _check_files(manifest.referenced())
+            check_files(manifest.referenced())
         except EntryFault:
             self._unusable[key] = etag
             raise
-        return manifest, etag
+        return RemoteEntry(manifest, etag, signed, len(data))
 
     def _materialize(self, store: CacheStore, key: str, manifest: EntryManifest) -> None:
         """Download the artifacts the local store lacks, then publish the entry there."""
@@ -200,7 +212,7 @@ class RemoteTier:
         try:
             journal = staging / JOURNAL
             journal.touch()
-            for ref in _unique(manifest.referenced()):
+            for ref in unique_files(manifest.referenced()):
                 try:
                     store.check_files([ref], deep=False)
                     store.keep_artifacts([ref], journal)
@@ -244,8 +256,8 @@ class RemoteTier:
             manifest = store.read_manifest(key)
             if store.markers.is_marked_invalid(key, manifest.entry_id):
                 return False
-            files = _unique(manifest.referenced())
-            _check_files(files)
+            files = unique_files(manifest.referenced())
+            check_files(files)
             for ref in files:
                 self._upload(store, ref)
             envelope = seal(key, encode_manifest(manifest), self.secret)
@@ -291,9 +303,11 @@ class RemoteTier:
         etag = self._unusable.get(key)
         if etag is None:
             try:
-                existing, etag = self.fetch_manifest(key)
-                problem = check(existing) if check is not None else None
-                if problem is None and store.markers.is_marked_invalid(key, existing.entry_id):
+                existing = self.fetch_manifest(key)
+                etag = existing.etag
+                problem = check(existing.manifest) if check is not None else None
+                entry_id = existing.manifest.entry_id
+                if problem is None and store.markers.is_marked_invalid(key, entry_id):
                     problem = "it was found unusable here"
             except (EntryFault, RemoteMissing) as exc:
                 problem, etag = str(exc), self._unusable.get(key, "")
@@ -315,11 +329,12 @@ def _local_entry_id(store: CacheStore, key: str) -> str | None:
         return None
 
 
-def _unique(files: list[FileRecord]) -> list[FileRecord]:
+def unique_files(files: list[FileRecord]) -> list[FileRecord]:
+    """One record per artifact (entries share files between candidates)."""
     return list({f.sha256: f for f in files}.values())
 
 
-def _check_files(files: list[FileRecord]) -> None:
+def check_files(files: list[FileRecord]) -> None:
     """The artifact records are plausible: hex names, sizes within the bounds."""
     if len(files) > MAX_ENTRY_FILES:
         raise EntryFault(f"the entry names {len(files)} artifact files (at most {MAX_ENTRY_FILES})")

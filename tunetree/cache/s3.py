@@ -130,8 +130,13 @@ class S3Client:
             config = Config(
                 connect_timeout=self.timeouts.connect_s,
                 read_timeout=self.timeouts.read_s,
-                retries={"max_attempts": self.timeouts.attempts, "mode": "standard"},
+                retries={"total_max_attempts": self.timeouts.attempts, "mode": "standard"},
                 s3={"addressing_style": "path"} if self.endpoint_url else None,
+                # tunetree checks every byte by sha256 itself; S3-compatible servers differ in
+                # the optional checksums boto3 >= 1.36 sends by default, so send them only
+                # where an operation requires them.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
             )
             session = boto3.session.Session()
             self._client = session.client("s3", endpoint_url=self.endpoint_url, config=config)

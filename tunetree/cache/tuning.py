@@ -37,13 +37,14 @@ from ..candidates.results import GraphCache, GraphResult
 from ..candidates.strategy import Strategy
 from ..errors import CacheError, MissingDependencyError
 from ..signature.graph import GraphKey
-from . import keys, maintenance
+from . import keys, maintenance, selection, sync
 from .entry import ArtifactRecord, EntryFault, EntryManifest, EntryMissing
 from .locks import WriterLocks, device_lock
 from .maintenance import EntryInfo, GcReport
 from .remote import ENV_REMOTE, RemoteTier, open_remote
 from .reuse import Unusable, load_candidate, ranking, recorded_rows, select
 from .store import CacheStore
+from .sync import SyncReport
 from .writer import write_entry
 
 log = logging.getLogger(__name__)
@@ -192,6 +193,28 @@ class TuningCache:
         lock = filelock.FileLock(str(self.disk.locks / "gc.lock"))
         with lock.acquire(timeout=self.lock_timeout_s):
             return maintenance.gc(self.disk, max_size)
+
+    def push(self, model: Any = None) -> SyncReport:
+        """Publish local entries on the remote tier: ``model``'s (a module or class name) or all.
+
+        CacheError when this cache has no remote.
+        """
+        return sync.push(self.disk, self._remote(), selection.for_model(model))
+
+    def pull(self, model: Any = None) -> SyncReport:
+        """Fetch remote entries measured on this kind of machine: ``model``'s, or all.
+
+        They are validated like any local entry when a lookup serves them.
+        """
+        return sync.pull(self.disk, self._remote(), selection.for_model(model))
+
+    def _remote(self) -> RemoteTier:
+        if self.remote is None:
+            raise CacheError(
+                "this tuning cache has no remote tier: TuningCache(remote='s3://BUCKET/PREFIX') "
+                "or $TUNETREE_CACHE_REMOTE"
+            )
+        return self.remote
 
     def device_lock(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
         """Held around measurements so concurrent tuners on one device do not disturb each other.
