@@ -47,8 +47,11 @@ def remote(s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_local() -> Iterator[object]:
-    """A local Ray (2 CPUs, loopback only) whose workers import this checkout's code."""
+def ray_local(s3_server: SeaweedS3) -> Iterator[object]:
+    """A local Ray (2 CPUs, loopback only) whose workers import this checkout's code.
+
+    Its workers reach the session's S3 server (boto3's variables are set for them).
+    """
     import ray
 
     path = os.pathsep.join([str(ROOT), *(p for p in sys.path if p and os.path.isdir(p))])
@@ -56,7 +59,7 @@ def ray_local() -> Iterator[object]:
         num_cpus=2,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
+        runtime_env={"env_vars": {"PYTHONPATH": path, **s3_server.env()}},
         log_to_driver=False,
     )
     try:

@@ -77,7 +77,7 @@ def test_an_entry_of_another_graph_copied_under_this_key_is_never_served(
 ) -> None:
     tune_tree(new_cache(tmp_path, "a", remote), depths=(1,))  # a and b: same structure
     entries = _entries_by_path(s3_server, remote)
-    (key_a, envelope_a), (key_b, _) = entries["a"], entries["b"]
+    (_, envelope_a), (key_b, _) = entries["a"], entries["b"]
     put(s3_server, remote, "entries", key_b, envelope_a)  # copied as it is
     second = tune_tree(new_cache(tmp_path, "b", remote), depths=(1,))
     assert second["ok"] and second["builds"] == ["test-saving:b"] and second["remote_hits"] == 1

@@ -21,7 +21,12 @@ def test_eight_concurrent_writers_of_the_same_and_different_keys(
     tmp_path: Path, remote: str
 ) -> None:
     configs = [
-        {"depths": [0, 1, 2], "width": 8 if i % 2 else 16, "remote": remote, "build_delay_s": 0.2}
+        {
+            "depths": [0, 1, 2],
+            "shapes": [[4 if i % 2 else 6]],
+            "remote": remote,
+            "build_delay_s": 0.2,
+        }
         for i in range(8)
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -44,12 +49,11 @@ def test_eight_concurrent_writers_of_the_same_and_different_keys(
         assert process.returncode == 0, err[-3000:]
         reports.append(json.loads(out.strip().splitlines()[-1]))
     assert all(r["ok"] for r in reports)  # never a wrong number, whoever won each race
-    # One whole entry per key (5 graphs x 2 widths), every artifact there and sound.
+    # One whole entry per key (5 graphs x 2 batch sizes), every artifact there and sound.
     infos = remote_entries(RemoteTier(remote), deep=True)
     assert len(infos) == 10 and [i.problem for i in infos] == [None] * 10
     assert sum(r["remote_stored"] for r in reports) == 10  # If-None-Match: one winner per key
-    for width in (8, 16):
-        later = fresh(
-            tmp_path / f"later-{width}", {"depths": [0, 1, 2], "width": width, "remote": remote}
-        )
+    for rows in (4, 6):  # each batch size is another graph, with keys of its own
+        config = {"depths": [0, 1, 2], "shapes": [[rows]], "remote": remote}
+        later = fresh(tmp_path / f"later-{rows}", config)
         assert later["builds"] == [] and later["remote_hits"] == 5 and later["ok"]
