@@ -54,6 +54,6 @@ def test_eight_concurrent_writers_of_the_same_and_different_keys(
     assert len(infos) == 10 and [i.problem for i in infos] == [None] * 10
     assert sum(r["remote_stored"] for r in reports) == 10  # If-None-Match: one winner per key
     for rows in (4, 6):  # each batch size is another graph, with keys of its own
-        config = {"depths": [0, 1, 2], "shapes": [[rows]], "remote": remote}
+        config = {"depths": [0, 1, 2], "shapes": [[rows]], "remote": remote, "build_delay_s": 0.2}
         later = fresh(tmp_path / f"later-{rows}", config)
         assert later["builds"] == [] and later["remote_hits"] == 5 and later["ok"]
