@@ -50,6 +50,7 @@ def test_flipped_artifact_bytes_are_refused_and_replaced(
     _heals(tmp_path, remote, "c")
 
 
+@pytest.mark.slow
 def test_flipped_manifest_bytes_are_refused_and_replaced(
     tmp_path: Path, remote: str, s3_server
 ) -> None:

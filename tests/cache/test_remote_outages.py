@@ -78,6 +78,7 @@ def private_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         server.stop()
 
 
+@pytest.mark.slow  # starts a server of its own, twice
 def test_a_server_killed_during_an_upload_leaves_no_entry(
     tmp_path: Path, private_server: SeaweedS3, caplog: pytest.LogCaptureFixture
 ) -> None:
