@@ -62,7 +62,7 @@ def test_auto_tune_completes_with_one_warning_when_the_remote(
     assert result.rows and cache.stats.stored >= 3  # the local cache went on
     assert elapsed < 60
     warnings = _remote_warnings(caplog)
-    assert len(warnings) == 1 and "not answering" in warnings[0], warnings
+    assert len(warnings) == 1 and "cannot be used" in warnings[0], warnings
     assert tier.breaker.failures == 1  # asked once, then skipped for the cool-down
 
 
@@ -102,3 +102,14 @@ def test_a_server_killed_during_an_upload_leaves_no_entry(
     assert later["ok"] and len(later["builds"]) == 3 and later["remote_stored"] == 3
     again = tune_tree(tt.TuningCache(tmp_path / "c", remote=url), depths=(0, 1))
     assert again["builds"] == [] and again["remote_hits"] == 3
+
+
+def test_a_remote_that_refuses_costs_one_warning(
+    tmp_path: Path, remote: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    refusing = remote.replace(BUCKET, "no-such-bucket-here")  # the server answers, and refuses
+    with caplog.at_level(logging.WARNING, logger="tunetree"):
+        report = tune_tree(tt.TuningCache(tmp_path / "a", remote=refusing), depths=(0, 1))
+    assert report["ok"] and len(report["builds"]) == 3 and report["remote_stored"] == 0
+    warnings = _remote_warnings(caplog)
+    assert len(warnings) == 1 and "NoSuchBucket" in warnings[0], warnings

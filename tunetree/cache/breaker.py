@@ -35,13 +35,13 @@ class Breaker:
         return self.writes_refused is None and self.available()
 
     def failed(self, error: Exception) -> None:
-        """The remote could not be reached or timed out: skip it for the cool-down."""
+        """The remote could not be reached, timed out or refused a read: skip it for a while."""
         self.failures += 1
         self._down_until = time.monotonic() + self.cooldown_s
         if not self._down:
             self._down = True
             log.warning(
-                "tuning cache: the remote %s is not answering (%s); going on with the local "
+                "tuning cache: the remote %s cannot be used (%s); going on with the local "
                 "cache only, and trying it again in %.0f s",
                 self.where,
                 error,

@@ -81,7 +81,7 @@ def pull(store: CacheStore, remote: RemoteTier, select: Selector) -> SyncReport:
 
 def _why_not(remote: RemoteTier, otherwise: str) -> str:
     if not remote.breaker.available():
-        return "the remote is not answering"
+        return "the remote cannot be used now (see the warning)"
     if remote.breaker.writes_refused is not None:
         return f"the remote refuses writes: {remote.breaker.writes_refused}"
     return otherwise
