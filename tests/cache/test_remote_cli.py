@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 import tunetree as tt
+from tunetree.cache.sealing import seal
+from tunetree.cache.store import decode_manifest, encode_manifest
 from tunetree.cli import main
 
 from . import fakes
@@ -70,3 +72,16 @@ def test_verify_finds_a_corrupted_artifact_and_gc_removes_its_entry(
 def test_remote_commands_without_a_remote_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache", "ls", "--remote"]) == 2
     assert "no remote" in capsys.readouterr().err
+
+
+def test_pull_leaves_entries_of_another_kind_of_machine_where_they_are(
+    tmp_path: Path, remote: str, s3_server
+) -> None:
+    tune_tree(tt.TuningCache(tmp_path / "a", remote=remote), depths=(0,))
+    ((key, envelope),) = objects(s3_server, remote, "entries").items()
+    manifest = decode_manifest(envelope.split(b"\n", 3)[3], key)
+    manifest.hard = {**manifest.hard, "cpu.model": "A CPU of another kind"}
+    put(s3_server, remote, "entries", key, seal(key, encode_manifest(manifest), None))
+    report = tt.TuningCache(tmp_path / "b", remote=remote).pull()
+    assert (report.selected, report.copied) == (1, 0)
+    assert "another kind of machine (cpu.model differ)" in report.skipped[0][1]
