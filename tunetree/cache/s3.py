@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -131,7 +132,9 @@ class S3Client:
                 connect_timeout=self.timeouts.connect_s,
                 read_timeout=self.timeouts.read_s,
                 retries={"total_max_attempts": self.timeouts.attempts, "mode": "standard"},
-                s3={"addressing_style": "path"} if self.endpoint_url else None,
+                # S3-compatible servers (an endpoint other than AWS's) are addressed by path:
+                # bucket names as host names need DNS set up for them.
+                s3={"addressing_style": "path"} if _custom_endpoint(self.endpoint_url) else None,
                 # tunetree checks every byte by sha256 itself; S3-compatible servers differ in
                 # the optional checksums boto3 >= 1.36 sends by default, so send them only
                 # where an operation requires them.
@@ -277,6 +280,13 @@ class S3Client:
             raise RemoteUnavailable(f"reading {name}: {type(exc).__name__}: {exc}") from exc
         finally:
             body.close()
+
+
+def _custom_endpoint(explicit: str | None) -> bool:
+    """Whether an endpoint other than AWS's is configured (argument or standard variables)."""
+    return bool(
+        explicit or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    )
 
 
 class _ConditionFailed(RemoteError):
