@@ -97,7 +97,8 @@ def test_a_server_killed_during_an_upload_leaves_no_entry(
     assert len(uploaded) == 1 and len(_remote_warnings(caplog)) == 1
     private_server.start()  # same data, same ports: what the crash left behind
     assert objects(private_server, url, "entries") == {}  # no manifest: no entry at all
-    assert len(objects(private_server, url, "artifacts")) == 1
+    # The artifact uploaded before the crash may be listed without its data: a writer writes
+    # every artifact again, so the entry it publishes is whole.
     later = tune_tree(tt.TuningCache(tmp_path / "b", remote=url), depths=(0, 1))
     assert later["ok"] and len(later["builds"]) == 3 and later["remote_stored"] == 3
     again = tune_tree(tt.TuningCache(tmp_path / "c", remote=url), depths=(0, 1))

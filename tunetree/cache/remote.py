@@ -5,12 +5,12 @@ Layout under ``s3://BUCKET/PREFIX``::
     v1/artifacts/<sha256>   every artifact file once, by content (immutable)
     v1/entries/<key>        the entry's manifest in a sealed envelope (:mod:`.sealing`)
 
-**Publish** (write-through, :meth:`RemoteTier.push`): the artifacts first, each only when it
-is not there yet; the envelope last, with ``If-None-Match: *``, so the first writer of a key
-wins and a reader sees either no entry or one whose artifacts are all there. A writer that
-loses keeps the remote entry, unless this process found that entry unusable (then it is
-replaced with ``If-Match`` on the ETag it found unusable, so a good entry that another writer
-put meanwhile is never overwritten).
+**Publish** (write-through, :meth:`RemoteTier.push`): the artifacts first (each written
+again even when listed: content-addressed, so that only heals a lost copy); the envelope last,
+with ``If-None-Match: *``, so the first writer of a key wins and a reader sees either no entry
+or one whose artifacts are all there. A writer that loses keeps the remote entry, unless this
+process found that entry unusable (then it is replaced with ``If-Match`` on the ETag it found
+unusable, so a good entry that another writer put meanwhile is never overwritten).
 
 **Read-through** (:meth:`RemoteTier.pull`): the envelope is read within a size bound, its
 signature checked when ``$TUNETREE_CACHE_KEY`` is set, its manifest checked like a local one
@@ -135,8 +135,6 @@ class RemoteTier:
         self.stats = RemoteStats()
         self._unusable: dict[str, str] = {}
         """key -> ETag of a remote envelope this process found unusable (a writer replaces it)."""
-        self._bad_artifacts: set[str] = set()
-        """Artifacts whose remote bytes failed their sha256 (a writer uploads them again)."""
         self.after_artifact: Callable[[str], None] | None = None
         """Called after each artifact a push uploads (tests stop the server there)."""
 
@@ -234,10 +232,17 @@ class RemoteTier:
                 remove_tree(staging)
 
     def _download(self, ref: FileRecord, target: Path) -> None:
-        sha = self.client.download(artifact_name(ref.sha256), target, ref.size)
+        """One artifact into ``target``, checked by sha256.
+
+        An artifact the server lost, refuses or holds in another size makes the entry
+        unusable (EntryFault; writers upload it again); a timeout is an outage (RemoteError).
+        """
+        try:
+            sha = self.client.download(artifact_name(ref.sha256), target, ref.size)
+        except (RemoteMissing, RemoteRefused) as exc:
+            raise EntryFault(f"remote artifact {ref.sha256[:12]} ({ref.path}): {exc}") from exc
         self.stats.bytes_down += ref.size
         if sha != ref.sha256:
-            self._bad_artifacts.add(ref.sha256)
             raise EntryFault(f"remote artifact {ref.sha256[:12]} ({ref.path}) is corrupted")
 
     # ------------------------------------------------------------------ write-through
@@ -283,15 +288,13 @@ class RemoteTier:
         return published
 
     def _upload(self, store: CacheStore, ref: FileRecord) -> None:
-        """One artifact, unless the remote has it already (a corrupt one is replaced)."""
-        name = artifact_name(ref.sha256)
-        if ref.sha256 not in self._bad_artifacts:
-            there = self.client.head(name)
-            if there is not None and there[0] == ref.size:
-                return
+        """One artifact, written even when listed.
+
+        Named by its content, so writing it again changes nothing but heals a copy the server
+        lost or corrupted (after a crash a listed object may hold no data).
+        """
         store.check_files([ref], deep=True)  # never spread a locally corrupted file
-        self.client.put_file(name, store.artifact_path(ref.sha256))
-        self._bad_artifacts.discard(ref.sha256)
+        self.client.put_file(artifact_name(ref.sha256), store.artifact_path(ref.sha256))
         self.stats.bytes_up += ref.size
         if self.after_artifact is not None:
             self.after_artifact(ref.sha256)
