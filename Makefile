@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[openvino,onnx,ao,plot,dev]' 'torch==2.13.0'
+	$(PY) -m pip install -q -e '.[openvino,onnx,ao,plot,remote,fleet,dev]' 'torch==2.13.0'
 	touch $(STAMP)
 
 demo: setup

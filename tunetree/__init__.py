@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import backends
+from . import backends, fleet
 from ._version import __version__
 from .accuracy import AccuracyBudget, Pareto, PlanStep, Verdict
 from .cache import TuningCache
@@ -90,6 +90,7 @@ __all__ = [
     "auto_tune",
     "backends",
     "default_strategy",
+    "fleet",
     "inspect",
     "load",
     "measure",

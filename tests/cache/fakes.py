@@ -219,7 +219,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     torch.manual_seed(1)
     width = config.get("width", 8)
     data = [torch.randn(*shape, width) for shape in config.get("shapes", [[4]])]
-    cache = tt.TuningCache(config.get("cache") or default_directory())
+    cache = tt.TuningCache(config.get("cache") or default_directory(), remote=config.get("remote"))
     with torch.no_grad():
         expected = [model(x) for x in data]
     ok = True
@@ -240,7 +240,11 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             )
         result.undo()
     hits, misses = cache.stats.hits, cache.stats.misses
-    return {"builds": BUILDS, "hits": hits, "misses": misses, "ok": ok}
+    report = {"builds": BUILDS, "hits": hits, "misses": misses, "ok": ok}
+    if cache.remote is not None:
+        report["remote_hits"] = cache.stats.remote_hits
+        report["remote_stored"] = cache.stats.remote_stored
+    return report
 
 
 if __name__ == "__main__":

@@ -627,6 +627,8 @@ def test_changed_host_and_explicit_waiver(saved: tuple[Path, list[torch.Tensor]]
     with pytest.raises(tt.IncompatibleCheckpointError, match="host: tuned 'build-box-17'") as err:
         load_fresh(path)
     assert "ignore=('host',)" in str(err.value)
+    # ...and how to get the tuned model on this host from the shared tuning cache instead.
+    assert "TUNETREE_CACHE_REMOTE=s3://" in str(err.value) and "no build" in str(err.value)
     assert_same(outputs(load_fresh(path, ignore=("host",)), data(3)), expected)
     assert_same(outputs(load_fresh(path, ignore="host"), data(3)), expected)
 

@@ -1,4 +1,4 @@
-"""``tunetree cache ls | verify | gc``: look after the tuning cache from the command line.
+"""``tunetree cache ls | verify | gc [--remote] | push | pull``: look after the tuning cache.
 
 :func:`add_cache_commands` registers the ``cache`` subcommand with the ``tunetree``
 parser (see :mod:`tunetree.cli`); ``python -m tunetree.cache.cli`` runs it on its own.
@@ -15,7 +15,14 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._util.table import escape_controls, format_table
+from .._util.table import escape_controls, format_size, format_table
+from .remote_cli import (
+    add_remote_argument,
+    add_sync_commands,
+    remote_gc,
+    remote_ls,
+    remote_verify,
+)
 
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
@@ -28,15 +35,6 @@ def parse_size(text: str) -> int:
     number, unit, binary = match.groups()
     scale = 1024 ** ("kmgt".index(unit) + 1) if binary and unit else _UNITS[unit]
     return int(float(number) * scale)
-
-
-def format_size(size: float) -> str:
-    """A byte count in B, KiB, MiB or GiB for display."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
 
 
 def _when(timestamp: float) -> str:
@@ -53,6 +51,8 @@ def _open(args: argparse.Namespace) -> Any:
 
 def ls_command(args: argparse.Namespace) -> int:
     """List entries: module path, graph, winner, size, hits, last use."""
+    if args.remote is not None:
+        return remote_ls(args)
     cache = _open(args)
     infos = sorted(cache.entries(), key=lambda i: i.last_used, reverse=True)
     if args.json:
@@ -85,6 +85,8 @@ def ls_command(args: argparse.Namespace) -> int:
 
 def verify_command(args: argparse.Namespace) -> int:
     """Check every manifest and artifact checksum; unusable entries are marked invalid."""
+    if args.remote is not None:
+        return remote_verify(args)
     cache = _open(args)
     checked = len(cache.disk.entry_keys())
     bad = cache.verify()
@@ -103,6 +105,8 @@ def gc_command(args: argparse.Namespace) -> int:
 
     Least recently used entries are removed beyond ``--max-size``.
     """
+    if args.remote is not None:
+        return remote_gc(args)
     cache = _open(args)
     report = cache.gc(args.max_size)
     if args.json:
@@ -122,11 +126,11 @@ def _guard(func: Any) -> Any:
     """Turn a cache that cannot be opened into exit status 2 with one line on stderr."""
 
     def run(args: argparse.Namespace) -> int:
-        from ..errors import CacheError
+        from ..errors import CacheError, MissingDependencyError
 
         try:
             return int(func(args))
-        except CacheError as exc:
+        except (CacheError, MissingDependencyError) as exc:
             print(f"tunetree cache: {escape_controls(exc)}", file=sys.stderr)
             return 2
         except OSError as exc:  # e.g. gc on a read-only cache: report, never a traceback
@@ -149,11 +153,13 @@ def add_cache_commands(subparsers: Any) -> None:
     commands = parser.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     ls = commands.add_parser("ls", help="entries with their sizes and hit counts")
     ls.add_argument("--json", action="store_true", help="print JSON")
+    add_remote_argument(ls)
     ls.set_defaults(func=_guard(ls_command))
     verify = commands.add_parser(
         "verify", help="check every checksum; exit status 1 when an entry is unusable"
     )
     verify.add_argument("--json", action="store_true", help="print JSON")
+    add_remote_argument(verify)
     verify.set_defaults(func=_guard(verify_command))
     gc = commands.add_parser(
         "gc",
@@ -165,8 +171,21 @@ def add_cache_commands(subparsers: Any) -> None:
         metavar="SIZE",
         help="evict least recently used entries until the cache fits, e.g. 2G",
     )
+    gc.add_argument(
+        "--grace",
+        type=float,
+        metavar="SECONDS",
+        help="with --remote: keep unreferenced artifacts younger than this (default one day)",
+    )
+    gc.add_argument(
+        "--deep",
+        action="store_true",
+        help="with --remote: download every artifact to find corrupted ones (else sizes only)",
+    )
     gc.add_argument("--json", action="store_true", help="print JSON")
+    add_remote_argument(gc)
     gc.set_defaults(func=_guard(gc_command))
+    add_sync_commands(commands, _guard)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -58,6 +58,27 @@ MAX_SMALL_BYTES = 1 << 20
 HOST = socket.gethostname().replace(".", "-").replace(os.sep, "-") or "host"
 
 
+def encode_manifest(manifest: EntryManifest) -> bytes:
+    """A manifest file's bytes: the sha256 of the JSON body on the first line, then the body."""
+    data = json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest().encode() + b"\n" + data
+
+
+def decode_manifest(raw: bytes, key: str) -> EntryManifest:
+    """The validated manifest in a manifest file's bytes (the remote tier's too).
+
+    EntryFault when truncated, corrupted or not JSON; MalformedEntryError naming a field.
+    """
+    head, sep, data = raw.partition(b"\n")
+    if not sep or hashlib.sha256(data).hexdigest().encode() != head:
+        raise EntryFault(f"the manifest of {key} is truncated or corrupted (checksum)")
+    try:
+        body = loads_bounded(data, MAX_MANIFEST_BYTES)
+    except ValueError as exc:
+        raise EntryFault(f"the manifest of {key} is not JSON: {exc}") from exc
+    return EntryManifest.from_json(body, key)
+
+
 class CacheStore:
     """Files of one cache root. Every method is safe with concurrent processes."""
 
@@ -154,8 +175,7 @@ class CacheStore:
 
         Written to a side file and renamed, so a manifest is complete or absent.
         """
-        data = json.dumps(manifest.to_json(), sort_keys=True, separators=(",", ":")).encode()
-        text = hashlib.sha256(data).hexdigest().encode() + b"\n" + data
+        text = encode_manifest(manifest)
         part = directory / (MANIFEST + ".part")
         with open(part, "wb") as f:
             f.write(text)
@@ -222,14 +242,7 @@ class CacheStore:
             raise EntryMissing(f"no entry {key}") from None
         except OSError as exc:
             raise EntryFault(f"cannot read the manifest of {key}: {exc}") from exc
-        head, sep, data = raw.partition(b"\n")
-        if not sep or hashlib.sha256(data).hexdigest().encode() != head:
-            raise EntryFault(f"the manifest of {key} is truncated or corrupted (checksum)")
-        try:
-            body = loads_bounded(data, MAX_MANIFEST_BYTES)
-        except ValueError as exc:
-            raise EntryFault(f"the manifest of {key} is not JSON: {exc}") from exc
-        return EntryManifest.from_json(body, key)
+        return decode_manifest(raw, key)
 
     def check_files(self, files: list[FileRecord], deep: bool) -> None:
         """Every artifact exists with its size (and, when ``deep``, its sha256)."""

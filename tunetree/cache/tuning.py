@@ -14,6 +14,9 @@ rebuilt.
   recorded candidate; a winner whose outputs no longer match eager re-tunes the graph.
 * Concurrency: see :mod:`tunetree.cache.locks`. On a miss the session's measurements hold
   the device lock through :attr:`GraphSession.measure_lock`.
+* Remote tier (``remote=`` or ``$TUNETREE_CACHE_REMOTE``, :mod:`tunetree.cache.remote`): a
+  local miss asks the remote, which materializes its entry into this cache, and the lookup
+  then serves it as a local hit (validated the same way); a stored entry is pushed there too.
 """
 
 from __future__ import annotations
@@ -32,14 +35,16 @@ import torch
 from ..candidates.evaluate import GraphSession, Status
 from ..candidates.results import GraphCache, GraphResult
 from ..candidates.strategy import Strategy
-from ..errors import CacheError
+from ..errors import CacheError, MissingDependencyError
 from ..signature.graph import GraphKey
-from . import keys, maintenance
+from . import keys, maintenance, selection, sync
 from .entry import ArtifactRecord, EntryFault, EntryManifest, EntryMissing
 from .locks import WriterLocks, device_lock
 from .maintenance import EntryInfo, GcReport
+from .remote import ENV_REMOTE, RemoteTier, open_remote
 from .reuse import Unusable, load_candidate, ranking, recorded_rows, select
 from .store import CacheStore
+from .sync import SyncReport
 from .writer import write_entry
 
 log = logging.getLogger(__name__)
@@ -66,17 +71,32 @@ class CacheStats:
     invalid: int = 0
     stored: int = 0
     remeasured: int = 0
+    remote_hits: int = 0
+    """Hits served from entries the remote tier materialized (counted in ``hits`` too)."""
+    remote_stored: int = 0
+    """Entries this process published on the remote tier."""
 
 
 class TuningCache:
     """A tuning cache in ``directory`` (created if needed); see the module docstring.
 
-    ``lock_timeout_s`` bounds how long a miss waits for another process tuning the same
-    graph, and a measurement for the device lock; after it, work goes on without the lock.
+    ``directory`` defaults to :func:`default_directory`. ``remote``: an ``s3://BUCKET/PREFIX``
+    shared by the hosts of a fleet (a :class:`~tunetree.cache.remote.RemoteTier` for other
+    timeouts or a signing key; default ``$TUNETREE_CACHE_REMOTE``; False: none), needs
+    ``tunetree[remote]``. ``lock_timeout_s`` bounds how long a miss waits for another process
+    tuning the same graph, and a measurement for the device lock; after it, work goes on
+    without the lock.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], *, lock_timeout_s: float = 1800.0):
-        self.disk = CacheStore(Path(directory))
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None = None,
+        *,
+        remote: str | RemoteTier | bool | None = None,
+        lock_timeout_s: float = 1800.0,
+    ):
+        self.remote: RemoteTier | None = open_remote(remote)
+        self.disk = CacheStore(Path(default_directory() if directory is None else directory))
         self.lock_timeout_s = lock_timeout_s
         self.stats = CacheStats()
         self._writers = WriterLocks(self.disk.locks, lock_timeout_s)
@@ -88,7 +108,8 @@ class TuningCache:
         return self.disk.root
 
     def __repr__(self) -> str:
-        return f"TuningCache({str(self.directory)!r})"
+        remote = f", remote={self.remote.url!r}" if self.remote is not None else ""
+        return f"TuningCache({str(self.directory)!r}{remote})"
 
     # ------------------------------------------------------------------ GraphCache protocol
 
@@ -108,6 +129,10 @@ class TuningCache:
             return None
         self._identities[id(session)] = ident
         result, missing = self._lookup(session, strategy, ident)
+        if result is None and self._pull(ident):
+            # The remote's entry is local now: it is served, and validated, as a local hit.
+            result, missing = self._lookup(session, strategy, ident)
+            self.stats.remote_hits += result is not None
         if result is None and self._writers.acquire(ident.key, session) and missing:
             # Another process may have published the entry since we looked: look again.
             result, _ = self._lookup(session, strategy, ident)
@@ -130,6 +155,10 @@ class TuningCache:
                 ident = keys.entry_identity(session, strategy)
             write_entry(self.disk, session, ident, result, reused={})
             self.stats.stored += 1
+            if self.remote is not None and self.remote.push(
+                ident.key, self.disk, _compatible_with(ident)
+            ):
+                self.stats.remote_stored += 1
         except Exception as exc:
             log.warning("tuning cache: could not store %s: %s", session.path or "<model>", exc)
             log.debug("%s", traceback.format_exc())
@@ -165,6 +194,28 @@ class TuningCache:
         with lock.acquire(timeout=self.lock_timeout_s):
             return maintenance.gc(self.disk, max_size)
 
+    def push(self, model: Any = None) -> SyncReport:
+        """Publish local entries on the remote tier: ``model``'s (a module or class name) or all.
+
+        CacheError when this cache has no remote.
+        """
+        return sync.push(self.disk, self._remote(), selection.for_model(model))
+
+    def pull(self, model: Any = None) -> SyncReport:
+        """Fetch remote entries measured on this kind of machine: ``model``'s, or all.
+
+        They are validated like any local entry when a lookup serves them.
+        """
+        return sync.pull(self.disk, self._remote(), selection.for_model(model))
+
+    def _remote(self) -> RemoteTier:
+        if self.remote is None:
+            raise CacheError(
+                "this tuning cache has no remote tier: TuningCache(remote='s3://BUCKET/PREFIX') "
+                "or $TUNETREE_CACHE_REMOTE"
+            )
+        return self.remote
+
     def device_lock(self, device: torch.device | str) -> contextlib.AbstractContextManager[None]:
         """Held around measurements so concurrent tuners on one device do not disturb each other.
 
@@ -177,6 +228,12 @@ class TuningCache:
         self._writers.release_all()
 
     # ------------------------------------------------------------------ lookup internals
+
+    def _pull(self, ident: keys.EntryIdentity) -> bool:
+        """Ask the remote tier for this key's entry; True when it put one into this cache."""
+        if self.remote is None:
+            return False
+        return self.remote.pull(ident.key, self.disk, _compatible_with(ident))
 
     def _lookup(
         self, session: GraphSession, strategy: Strategy, ident: keys.EntryIdentity
@@ -350,6 +407,11 @@ def _incompatibility(
     return None
 
 
+def _compatible_with(ident: keys.EntryIdentity) -> Any:
+    """The remote tier's check of an entry for ``ident`` (before anything is downloaded)."""
+    return lambda manifest: _incompatibility(manifest, ident, ident.key)
+
+
 def _check_manifest(manifest: EntryManifest, ident: keys.EntryIdentity) -> None:
     """The manifest belongs to this key, schema, environment and strategy."""
     reason = _incompatibility(manifest, ident, ident.key)
@@ -386,15 +448,27 @@ def open_cache(cache: Any = None) -> GraphCache | None:
         return None
     if cache is None or cache is True:
         try:
-            return TuningCache(default_directory())
+            return TuningCache(remote=_remote_from_env())
         except CacheError as exc:
             log.warning("tuning cache disabled: %s", exc)
             return None
     if isinstance(cache, str | os.PathLike):
-        return TuningCache(cache)
+        return TuningCache(cache, remote=_remote_from_env())
     if hasattr(cache, "lookup") and hasattr(cache, "store"):
         return cache  # type: ignore[no-any-return]
     raise CacheError(
         f"cache= takes a TuningCache, a directory, True/None (default directory) or False, "
         f"not {type(cache).__name__}"
     )
+
+
+def _remote_from_env() -> RemoteTier | bool:
+    """``$TUNETREE_CACHE_REMOTE`` as a remote tier; False (with a warning) when it cannot be used.
+
+    The remote never breaks tuning: a malformed URL or a missing boto3 leaves the local cache.
+    """
+    try:
+        return open_remote(None) or False
+    except (CacheError, MissingDependencyError) as exc:
+        log.warning("tuning cache: %s is not used: %s", ENV_REMOTE, exc)
+        return False

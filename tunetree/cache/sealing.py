@@ -1,0 +1,75 @@
+"""How an entry's manifest travels to the remote: a sealed envelope, signed when a key is set.
+
+The envelope is three header lines and the manifest exactly as the local cache stores it
+(its sha256 line, then the JSON)::
+
+    tunetree-remote-entry 1
+    key <the entry's key>
+    hmac-sha256 <hex> | unsigned
+    <manifest bytes>
+
+The HMAC (SHA-256, keyed by ``$TUNETREE_CACHE_KEY``) covers the first two lines and the
+manifest, so a signed entry cannot be moved under another key or altered. With a key set,
+an unsigned envelope, or one signed with another key, is refused: a writer without the key
+cannot poison the fleet. The manifest's artifacts are named by their sha256, so the
+signature covers them too. Nothing here parses the manifest's JSON; the local store does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+
+from .entry import EntryFault
+
+KEY_ENV = "TUNETREE_CACHE_KEY"
+"""Environment variable holding the fleet's shared secret (any string)."""
+
+MAGIC = b"tunetree-remote-entry 1"
+UNSIGNED = b"unsigned"
+
+
+class ForgedEntryError(EntryFault):
+    """An envelope whose signature is missing or wrong while a key is set."""
+
+
+def secret_from_env() -> bytes | None:
+    """The shared secret from ``$TUNETREE_CACHE_KEY`` (None when unset or empty)."""
+    value = os.environ.get(KEY_ENV, "")
+    return value.encode() if value else None
+
+
+def _mac(secret: bytes, key: str, manifest: bytes) -> str:
+    message = MAGIC + b"\nkey " + key.encode() + b"\n" + manifest
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def seal(key: str, manifest: bytes, secret: bytes | None) -> bytes:
+    """The envelope of ``manifest`` for ``key``, signed when ``secret`` is given."""
+    signature = _mac(secret, key, manifest).encode() if secret else UNSIGNED
+    return MAGIC + b"\nkey " + key.encode() + b"\nhmac-sha256 " + signature + b"\n" + manifest
+
+
+def unseal(data: bytes, key: str, secret: bytes | None) -> tuple[bytes, bool]:
+    """The manifest bytes inside an envelope for ``key``, and whether it was signed.
+
+    EntryFault when the envelope is malformed or made for another key;
+    :class:`ForgedEntryError` when a key is set and the signature is missing or wrong.
+    """
+    parts = data.split(b"\n", 3)
+    if len(parts) != 4 or parts[0] != MAGIC:
+        raise EntryFault("the remote entry is not a tunetree envelope (or another version)")
+    if parts[1] != b"key " + key.encode():
+        raise EntryFault("the remote entry was made for another key")
+    if not parts[2].startswith(b"hmac-sha256 "):
+        raise EntryFault("the remote entry's signature line is malformed")
+    signature, manifest = parts[2][len(b"hmac-sha256 ") :], parts[3]
+    signed = signature != UNSIGNED
+    if secret is None:
+        return manifest, signed
+    if not signed:
+        raise ForgedEntryError(f"the remote entry is unsigned while {KEY_ENV} is set")
+    if not hmac.compare_digest(signature, _mac(secret, key, manifest).encode()):
+        raise ForgedEntryError(f"the remote entry's signature does not match {KEY_ENV}")
+    return manifest, signed
