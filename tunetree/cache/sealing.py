@@ -13,6 +13,10 @@ manifest, so a signed entry cannot be moved under another key or altered. With a
 an unsigned envelope, or one signed with another key, is refused: a writer without the key
 cannot poison the fleet. The manifest's artifacts are named by their sha256, so the
 signature covers them too. Nothing here parses the manifest's JSON; the local store does.
+
+Other records travel in the same envelope under their own first line (``magic``): an
+auto-tune depth decision (:mod:`.decisions`) is ``tunetree-depth-decision 1``, so one kind
+of record can never be taken for the other, signed or not.
 """
 
 from __future__ import annotations
@@ -40,36 +44,36 @@ def secret_from_env() -> bytes | None:
     return value.encode() if value else None
 
 
-def _mac(secret: bytes, key: str, manifest: bytes) -> str:
-    message = MAGIC + b"\nkey " + key.encode() + b"\n" + manifest
+def _mac(secret: bytes, key: str, manifest: bytes, magic: bytes) -> str:
+    message = magic + b"\nkey " + key.encode() + b"\n" + manifest
     return hmac.new(secret, message, hashlib.sha256).hexdigest()
 
 
-def seal(key: str, manifest: bytes, secret: bytes | None) -> bytes:
+def seal(key: str, manifest: bytes, secret: bytes | None, magic: bytes = MAGIC) -> bytes:
     """The envelope of ``manifest`` for ``key``, signed when ``secret`` is given."""
-    signature = _mac(secret, key, manifest).encode() if secret else UNSIGNED
-    return MAGIC + b"\nkey " + key.encode() + b"\nhmac-sha256 " + signature + b"\n" + manifest
+    signature = _mac(secret, key, manifest, magic).encode() if secret else UNSIGNED
+    return magic + b"\nkey " + key.encode() + b"\nhmac-sha256 " + signature + b"\n" + manifest
 
 
-def unseal(data: bytes, key: str, secret: bytes | None) -> tuple[bytes, bool]:
+def unseal(data: bytes, key: str, secret: bytes | None, magic: bytes = MAGIC) -> tuple[bytes, bool]:
     """The manifest bytes inside an envelope for ``key``, and whether it was signed.
 
-    EntryFault when the envelope is malformed or made for another key;
-    :class:`ForgedEntryError` when a key is set and the signature is missing or wrong.
+    EntryFault when the envelope is malformed, of another kind (``magic``) or made for another
+    key; :class:`ForgedEntryError` when a key is set and the signature is missing or wrong.
     """
     parts = data.split(b"\n", 3)
-    if len(parts) != 4 or parts[0] != MAGIC:
-        raise EntryFault("the remote entry is not a tunetree envelope (or another version)")
+    if len(parts) != 4 or parts[0] != magic:
+        raise EntryFault("the record is not a tunetree envelope of its kind (or another version)")
     if parts[1] != b"key " + key.encode():
-        raise EntryFault("the remote entry was made for another key")
+        raise EntryFault("the record was made for another key")
     if not parts[2].startswith(b"hmac-sha256 "):
-        raise EntryFault("the remote entry's signature line is malformed")
+        raise EntryFault("the record's signature line is malformed")
     signature, manifest = parts[2][len(b"hmac-sha256 ") :], parts[3]
     signed = signature != UNSIGNED
     if secret is None:
         return manifest, signed
     if not signed:
-        raise ForgedEntryError(f"the remote entry is unsigned while {KEY_ENV} is set")
-    if not hmac.compare_digest(signature, _mac(secret, key, manifest).encode()):
-        raise ForgedEntryError(f"the remote entry's signature does not match {KEY_ENV}")
+        raise ForgedEntryError(f"the record is unsigned while {KEY_ENV} is set")
+    if not hmac.compare_digest(signature, _mac(secret, key, manifest, magic).encode()):
+        raise ForgedEntryError(f"the record's signature does not match {KEY_ENV}")
     return manifest, signed

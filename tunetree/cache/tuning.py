@@ -17,6 +17,8 @@ rebuilt.
 * Remote tier (``remote=`` or ``$TUNETREE_CACHE_REMOTE``, :mod:`tunetree.cache.remote`): a
   local miss asks the remote, which materializes its entry into this cache, and the lookup
   then serves it as a local hit (validated the same way); a stored entry is pushed there too.
+* :attr:`TuningCache.decisions` keeps ``auto_tune``'s depth decisions beside the entries,
+  locally and on the remote tier (:mod:`tunetree.cache.decisions`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..candidates.strategy import Strategy
 from ..errors import CacheError, MissingDependencyError
 from ..signature.graph import GraphKey
 from . import keys, maintenance, selection, sync
+from .decisions import DecisionStore
 from .entry import ArtifactRecord, EntryFault, EntryManifest, EntryMissing
 from .locks import WriterLocks, device_lock
 from .maintenance import EntryInfo, GcReport
@@ -101,6 +104,8 @@ class TuningCache:
         self.stats = CacheStats()
         self._writers = WriterLocks(self.disk.locks, lock_timeout_s)
         self._identities: dict[int, keys.EntryIdentity] = {}
+        self.decisions = DecisionStore(self.disk.root, self.remote)
+        """``auto_tune``'s depth decisions (:mod:`tunetree.cache.decisions`)."""
 
     @property
     def directory(self) -> Path:

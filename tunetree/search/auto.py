@@ -44,14 +44,24 @@ from ..errors import InvalidInputError
 from ..generation import end_to_end_config, end_to_end_samples, is_generation
 from ..runtime.plan import Plan
 from ..runtime.wrap import unwrap, wrap
-from ..signature.compare import Tolerances, compare_all
+from ..signature.compare import Tolerances
 from ..signature.inspection import ModelInfo, inspect
-from ..signature.modules import CallFn, module_paths, run_model
+from ..signature.modules import CallFn
 from ..signature.shapes import DynamicShapes
 from ..signature.state import check_eval_mode, eval_mode, preserved_state
 from .accuracy_check import EndToEndCheck
 from .auto_result import AutoTuneResult, DepthRow, DepthStatus
-from .endtoend import UNTUNED, load_text, runtime_name, side_by_side, single_runtime_plan, too_noisy
+from .decision import DepthDecisions
+from .endtoend import (
+    UNTUNED,
+    load_text,
+    output_problem,
+    runtime_name,
+    side_by_side,
+    single_runtime_plan,
+    too_noisy,
+)
+from .placement import Placement, restore_devices, tensor_devices
 from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
 from .tune import tune_cut as _tune_cut
 
@@ -71,28 +81,6 @@ UNTUNED_SHARE = 0.1
 MAX_PLANS_TIMED = 6
 """Under an accuracy budget, the most plans of one depth timed end to end (the first ones
 checked, and the first within the budget); the rest show their error only."""
-
-
-Placement = dict[tuple[int, str], tuple[torch.nn.Module, torch.device, torch.dtype]]
-
-
-def _tensor_devices(model: Any) -> Placement:
-    """Device and dtype of every parameter and buffer, to put back what a backend moved."""
-    found: Placement = {}
-    for _, module in module_paths(model):
-        for name, tensor in list(module.named_parameters(recurse=False)) + list(
-            module.named_buffers(recurse=False)
-        ):
-            if tensor is not None:
-                found[(id(module), name)] = (module, tensor.device, tensor.dtype)
-    return found
-
-
-def _restore_devices(saved: Placement) -> None:
-    for (_, name), (module, device, dtype) in saved.items():
-        tensor = getattr(module, name, None)
-        if isinstance(tensor, torch.Tensor) and (tensor.device, tensor.dtype) != (device, dtype):
-            tensor.data = tensor.data.to(device=device, dtype=dtype)
 
 
 def auto_tune(
@@ -115,6 +103,7 @@ def auto_tune(
     dynamic_shapes: DynamicShapes = None,
     allow_training: bool = False,
     accuracy: AccuracyBudget | None = None,
+    reuse_decision: bool = True,
 ) -> AutoTuneResult:
     """Tune every distinct cut from ``min_depth`` to ``max_depth`` and keep the fastest depth.
 
@@ -156,6 +145,11 @@ def auto_tune(
     choose) and with the budget's ``evaluate``, and repaired graph by graph, largest error
     first, until it holds the budget. ``print(result)`` shows every plan checked and
     ``result.pareto()`` their latency against error.
+
+    ``reuse_decision``: the depth chosen is recorded in the tuning cache (and its remote); a
+    later call with the same key whose recorded plan comes whole from the cache checks it
+    against eager, measures it once beside the untuned model and no other depth
+    (:mod:`tunetree.search.decision`). False: every depth is measured.
     """
     _check_arguments(min_depth, max_depth, tie_tolerance)
     start = now()
@@ -206,7 +200,7 @@ def auto_tune(
                 tolerances=tolerances,
                 progress=progress,
                 cache=open_cache(cache),
-                devices=_tensor_devices(model),
+                devices=tensor_devices(model),
                 deadline=None if budget is None else Deadline.after(budget, start),
                 clock=clock,
                 generation=is_generation(info, model),
@@ -222,16 +216,12 @@ def auto_tune(
             if accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(accuracy, model, info, held, call)
-        progress("measuring the untuned model")
-        measured_at = now()
-        with clock.phase(END_TO_END, UNTUNED):
-            before = _measure_untuned(run, budget)
-        if budget is not None:
-            run.reserve_s = _end_to_end_reserve(
-                before, now() - measured_at, run.end_to_end_config, budget
-            )
-        _tune_depths(run, rows)
+        decisions = DepthDecisions.open(run, rows, tie_tolerance, reuse_decision)
+        before = decisions.try_reuse()
+        if before is None:
+            before = _search(run, rows, budget)
     result = _finish(run, rows, before, tie_tolerance, start)
+    decisions.finish(result)
     result.breakdown = clock.breakdown()
     result.time_budget = budget
     result.accuracy = accuracy
@@ -261,6 +251,20 @@ def _strategy(dev: torch.device, quick: bool, accuracy: AccuracyBudget | None) -
     if accuracy is not None:
         return accuracy_strategy(dev, quick=quick)
     return quick_strategy(dev) if quick else default_strategy(dev)
+
+
+def _search(run: _Run, rows: list[DepthRow], budget: float | None) -> Timing:
+    """The full search: the untuned model measured, then every depth; the untuned timing."""
+    run.progress("measuring the untuned model")
+    measured_at = now()
+    with run.clock.phase(END_TO_END, UNTUNED):
+        before = _measure_untuned(run, budget)
+    if budget is not None:
+        run.reserve_s = _end_to_end_reserve(
+            before, now() - measured_at, run.end_to_end_config, budget
+        )
+    _tune_depths(run, rows)
+    return before
 
 
 def _measure_untuned(run: _Run, budget: float | None) -> Timing:
@@ -435,7 +439,7 @@ class _Run:
     def restore(self) -> None:
         """Unwrap the model and put back every tensor a backend moved."""
         unwrap(self.model)
-        _restore_devices(self.devices)
+        restore_devices(self.devices)
 
 
 def _tune_depths(run: _Run, rows: list[DepthRow]) -> None:
@@ -479,7 +483,7 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
             accuracy=run.accuracy.budget if run.accuracy is not None else None,
             most_time_first=run.generation,
         )
-    _restore_devices(run.devices)
+    restore_devices(run.devices)
     run.graphs[row.depth] = results
     skipped = sum(1 for g in results for r in g.rows if r.reason == TIME_BUDGET_ERROR)
     if skipped:
@@ -627,10 +631,7 @@ def _keep(run: _Run, row: DepthRow, plan: Plan, timing: Timing, untuned: Timing)
 
 def _check_outputs(run: _Run, tuned: Any, plan: Plan) -> str:
     """Why ``tuned``'s outputs do not match eager's ("" when they do)."""
-    with torch.no_grad():
-        outputs = [run_model(tuned, s, run.call) for s in run.info.samples]
-    check = compare_all(run.info.outputs, outputs, _end_to_end_tolerances(plan, run.tolerances))
-    return "" if check.ok else check.reason
+    return output_problem(run.info, run.call, tuned, plan, run.tolerances)
 
 
 def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]:
@@ -664,22 +665,6 @@ def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]
             load_text(),
         )
     return timings
-
-
-def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:
-    """Tolerances for the whole model's output.
-
-    The caller's, else the loosest of the opt-in backends in the plan (a user who opted into bf16
-    accepted its error), else the defaults.
-    """
-    if given is not None:
-        return given
-    loose = [t for e in plan.entries if (t := e.backend.tolerances()) is not None]
-    if not loose:
-        return None
-    atol = max(tol.atol for t in loose for tol in t.by_dtype.values())
-    rtol = max(tol.rtol for t in loose for tol in t.by_dtype.values())
-    return Tolerances.uniform(atol, rtol)
 
 
 def _select(rows: list[DepthRow], tie_tolerance: float) -> int | None:

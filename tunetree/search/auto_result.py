@@ -42,6 +42,9 @@ class DepthStatus(str, enum.Enum):
     REJECTED = "rejected"
     FAILED = "failed"
     MEASURED = "measured"
+    REUSED = "depth chosen on a host of the same kind, re-checked here"
+    """Measured here beside the untuned model, the other depths not (a recorded decision)."""
+    NOT_MEASURED = "not measured"
 
     def __str__(self) -> str:
         return self.value
@@ -139,6 +142,9 @@ class AutoTuneResult:
     plans: dict[int, Plan] = field(default_factory=dict, repr=False)
     """The plan kept at each depth measured end to end (checked against eager there), selected
     or not; :meth:`use` installs one."""
+    decision: str = ""
+    """How the depth was chosen when it was not by measuring every depth here: a decision
+    recorded in the tuning cache by a host of the same kind ("" after a full search)."""
 
     def pareto(self, path: str | Path | None = None) -> Pareto:
         """Every plan checked under the accuracy budget: error, latency, the chosen one marked.
@@ -272,6 +278,7 @@ class AutoTuneResult:
                     "(opt-in); every error is measured, see result.pareto()"
                 )
         notes = [] if self.info is None else [self.info.coverage_note(), self.info.fast_path_note()]
+        notes.append(self.decision)
         note = "\nNote: ".join(n for n in notes if n)
         steps = steps_table(
             self.generation_steps(),

@@ -17,10 +17,13 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from ..candidates.budget import Deadline
 from ..candidates.measure import MeasureConfig, Timing, cycle_calls, measure
 from ..candidates.results import GraphResult
 from ..runtime.plan import Plan, PlanEntry
+from ..signature.compare import Tolerances, compare_all
 from ..signature.graph import Sample
 from ..signature.inspection import ModelInfo
 from ..signature.modules import CallFn, run_model
@@ -48,6 +51,35 @@ def side_by_side(
         for name, model in models.items()
     }
     return measure(calls, info.device, config, deadline)
+
+
+def output_problem(
+    info: ModelInfo, call: CallFn | None, tuned: Any, plan: Plan, given: Tolerances | None
+) -> str:
+    """Why ``tuned``'s outputs differ from eager's on every inspected sample ("" when they match).
+
+    Compared with :func:`end_to_end_tolerances` of ``plan``.
+    """
+    with torch.no_grad():
+        outputs = [run_model(tuned, s, call) for s in info.samples]
+    check = compare_all(info.outputs, outputs, end_to_end_tolerances(plan, given))
+    return "" if check.ok else check.reason
+
+
+def end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:
+    """Tolerances for the whole model's output.
+
+    The caller's, else the loosest of the opt-in backends in the plan (a user who opted into bf16
+    accepted its error), else the defaults.
+    """
+    if given is not None:
+        return given
+    loose = [t for e in plan.entries if (t := e.backend.tolerances()) is not None]
+    if not loose:
+        return None
+    atol = max(tol.atol for t in loose for tol in t.by_dtype.values())
+    rtol = max(tol.rtol for t in loose for tol in t.by_dtype.values())
+    return Tolerances.uniform(atol, rtol)
 
 
 def too_noisy(timings: Mapping[str, Timing]) -> bool:
