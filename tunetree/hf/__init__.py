@@ -7,10 +7,15 @@ that does not use transformers pays nothing.
 from __future__ import annotations
 
 from .caches import (
+    INERT_CACHE_CLASSES,
+    MAX_CACHE_ATTRIBUTES,
     ObjectState,
     cache_objects,
+    check_attribute_name,
+    config_size_limit,
     contains_cache,
     from_data,
+    inert_cache_class,
     is_cache_object,
     loaded_cache_class,
     spec_holds_state,
@@ -19,10 +24,15 @@ from .caches import (
 )
 
 __all__ = [
+    "INERT_CACHE_CLASSES",
+    "MAX_CACHE_ATTRIBUTES",
     "ObjectState",
     "cache_objects",
+    "check_attribute_name",
+    "config_size_limit",
     "contains_cache",
     "from_data",
+    "inert_cache_class",
     "is_cache_object",
     "loaded_cache_class",
     "spec_holds_state",
