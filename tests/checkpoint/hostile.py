@@ -207,6 +207,89 @@ def _edited(**edits: Any) -> Callable[[Path], Path]:
     return lambda target: rewrite(target, **edits)
 
 
+WEIGHTS = "weights.safetensors"
+EAGER_SOURCE = HERE / "v1_eager.tt"
+"""A real checkpoint: one eager entry for the whole model, no artifacts."""
+
+
+def _weights(
+    header: Callable[[dict[str, Any]], Any] | None = None,
+    raw: Callable[[bytes], bytes] | None = None,
+) -> Callable[[Path], Path]:
+    """The source with its weights member edited: the safetensors header (as JSON, its length
+    recomputed) or the raw bytes."""
+
+    def build(target: Path) -> Path:
+        data = parts(SOURCE)[1][WEIGHTS]
+        if raw is not None:
+            return rewrite(target, members={WEIGHTS: raw(data)})
+        length = struct.unpack("<Q", data[:8])[0]
+        table = json.loads(data[8 : 8 + length])
+        assert header is not None
+        header(table)
+        text = json.dumps(table).encode()
+        return rewrite(
+            target, members={WEIGHTS: struct.pack("<Q", len(text)) + text + data[8 + length :]}
+        )
+
+    return build
+
+
+def _first_tensor(table: dict[str, Any]) -> dict[str, Any]:
+    return table[next(name for name in sorted(table) if name != "__metadata__")]
+
+
+def _overlapping(table: dict[str, Any]) -> None:
+    names = sorted(n for n in table if n != "__metadata__")
+    table[names[1]]["data_offsets"] = table[names[0]]["data_offsets"]
+
+
+def _as_pickle(data: bytes) -> bytes:
+    import pickle
+
+    return pickle.dumps({"0.weight": [[0.0] * 8] * 16}, protocol=2)
+
+
+def _f16_openvino(target: Path) -> Path:
+    """The first runner's OpenVINO model saved again with its weights compressed to f16 (a
+    reduced-precision model under the results-keeping kind ``openvino``)."""
+    import tempfile
+
+    import openvino
+
+    files = parts(SOURCE)[1]
+    with tempfile.TemporaryDirectory() as scratch:
+        xml, bin_ = Path(scratch) / "in.xml", Path(scratch) / "in.bin"
+        xml.write_bytes(files["runners/0/model.xml"])
+        bin_.write_bytes(files["runners/0/model.bin"])
+        model = openvino.Core().read_model(str(xml), str(bin_))
+        openvino.save_model(model, f"{scratch}/model.xml", compress_to_fp16=True)
+        members = {
+            "runners/0/model.xml": (Path(scratch) / "model.xml").read_bytes(),
+            "runners/0/model.bin": (Path(scratch) / "model.bin").read_bytes(),
+        }
+    return rewrite(target, members=members)
+
+
+def autocast_file(output_dtypes: Any, **config: Any) -> Callable[[Path], Path]:
+    """The eager source with its entry made a bf16 Autocast runner recording
+    ``output_dtypes`` (an Autocast runner has no artifact: only this record)."""
+
+    def edit(m: dict[str, Any]) -> None:
+        entry = m["entries"][0]
+        entry["backend"] = {
+            "kind": "autocast",
+            "name": "autocast",
+            "config": {"dtype": "bf16", "compile": False, "compile_mode": None,
+                       "atol": 5e-2, "rtol": 5e-2, **config},
+        }  # fmt: skip
+        entry["runner"] = {"output_dtypes": output_dtypes}
+
+    return lambda target: rewrite(
+        target, manifest=edit, record=_records_backend("autocast"), source=EAGER_SOURCE
+    )
+
+
 SUITE: dict[str, Callable[[Path], Path]] = {
     "record lacks openvino": _edited(record=lambda r: r["versions"].pop("openvino")),
     "record lists eager only": _edited(record=lambda r: r.update(backends=["eager"])),
@@ -274,8 +357,56 @@ SUITE: dict[str, Callable[[Path], Path]] = {
     ),
     "artifact fails its checksum": _edited(manifest=_wrong_checksum("runners/0/model.bin")),
     "weights fail their checksum": _edited(manifest=_wrong_checksum("weights.safetensors")),
+    # Issue 29: what info checked by SHA-256 only, or read from the record alone.
+    "weights header length huge": _weights(raw=lambda d: struct.pack("<Q", 1 << 60) + d[8:]),
+    "weights header past the end": _weights(raw=lambda d: struct.pack("<Q", len(d)) + d[8:]),
+    "weights negative shape": _weights(lambda t: _first_tensor(t).update(shape=[-16, 8])),
+    "weights lying shape": _weights(lambda t: _first_tensor(t).update(shape=[16, 9])),
+    "weights overlapping": _weights(_overlapping),
+    "weights unknown dtype": _weights(lambda t: _first_tensor(t).update(dtype="F128")),
+    "weights as a pickle": _weights(raw=_as_pickle),
+    "openvino model compressed to f16": _f16_openvino,
+    "autocast dtypes unhashable": autocast_file([["f32"]]),
+    "autocast dtypes unknown": autocast_file(["float128"]),
+    "autocast dtypes not a list": autocast_file({"0": "f32"}),
 }
 """Every hostile file of the suite: a name and how to build it from :data:`SOURCE`.
 
 ``tunetree info`` must refuse each as ``tt.load`` does, including those refused for what
 the members hold (read by info too, without the model)."""
+
+
+def openvino_weights(
+    runner: int, transform: Callable[[Any, tuple[int, ...]], Any]
+) -> Callable[[Path], Path]:
+    """The source with runner ``runner``'s OpenVINO weights replaced by ``transform(array,
+    shape)`` for every float32 constant, the model saved again (as an attacker with OpenVINO
+    would), the manifest resealed."""
+
+    def build(target: Path) -> Path:
+        import tempfile
+
+        import openvino
+
+        files = parts(SOURCE)[1]
+        with tempfile.TemporaryDirectory() as scratch:
+            xml, bin_ = Path(scratch) / "in.xml", Path(scratch) / "in.bin"
+            xml.write_bytes(files[f"runners/{runner}/model.xml"])
+            bin_.write_bytes(files[f"runners/{runner}/model.bin"])
+            model = openvino.Core().read_model(str(xml), str(bin_))
+            for op in model.get_ops():
+                if op.get_type_name() != "Constant":
+                    continue
+                if op.get_output_element_type(0).get_type_name() != "f32":
+                    continue
+                array = op.get_data().copy()
+                new = openvino.op.Constant(transform(array, tuple(array.shape)))
+                op.output(0).replace(new.output(0))
+            openvino.save_model(model, f"{scratch}/model.xml", compress_to_fp16=False)
+            members = {
+                f"runners/{runner}/model.xml": (Path(scratch) / "model.xml").read_bytes(),
+                f"runners/{runner}/model.bin": (Path(scratch) / "model.bin").read_bytes(),
+            }
+        return rewrite(target, members=members)
+
+    return build

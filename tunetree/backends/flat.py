@@ -27,7 +27,7 @@ from ..hf import spec_holds_state, to_data, updated_in_place
 from ..signature.binding import original_forward
 from ..signature.fake_run import run_fake
 from ..signature.graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
-from ..signature.synthetic import call_from_key, size_limit, zeros
+from ..signature.synthetic import call_from_key, check_key_names, size_limit, zeros
 from . import structure
 from .dtypes import check_numpy_dtypes, dtype_from_name, dtype_from_short_name, dtype_to_name
 from .ranges import check_placeholders, example_sample
@@ -300,6 +300,7 @@ def check_saved_io(key: GraphKey, saved: Any, max_elements: int) -> None:
     """
     if not isinstance(saved, dict):
         raise BackendError("saved runner record is not an object")
+    check_key_names(key)  # what a load would refuse to build, refused by info too
     inputs = FlatInputs.from_json(saved.get("inputs"), max_elements)
     inputs.check_against(key)
     left = max_elements - sum(math.prod(s) for s in inputs.shapes)

@@ -44,6 +44,7 @@ from .reader import (
     read_manifest,
 )
 from .runner_check import RunnerCheck, check_budget_bytes, check_runner
+from .weights_header import read_header as read_weights_header
 from .writer import model_state
 
 log = logging.getLogger(__name__)
@@ -181,6 +182,8 @@ def _apply_weights(model: Any, weights_file: Path, device: torch.device) -> None
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    with open(weights_file, "rb") as stream:  # as tunetree info checks it
+        read_weights_header(stream, weights_file.stat().st_size)
     try:
         saved = load_file(str(weights_file), device=str(device))
     except (SafetensorError, OSError, ValueError) as exc:

@@ -7,6 +7,7 @@ that does not use transformers pays nothing.
 from __future__ import annotations
 
 from .caches import (
+    CACHE_CLASSES_MODULE,
     INERT_CACHE_CLASSES,
     MAX_CACHE_ATTRIBUTES,
     ObjectState,
@@ -24,6 +25,7 @@ from .caches import (
 )
 
 __all__ = [
+    "CACHE_CLASSES_MODULE",
     "INERT_CACHE_CLASSES",
     "MAX_CACHE_ATTRIBUTES",
     "ObjectState",

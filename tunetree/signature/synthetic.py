@@ -18,7 +18,14 @@ from typing import Any
 import torch
 
 from ..errors import BackendError
-from ..hf import MAX_CACHE_ATTRIBUTES, check_attribute_name, config_size_limit, inert_cache_class
+from ..hf import (
+    CACHE_CLASSES_MODULE,
+    INERT_CACHE_CLASSES,
+    MAX_CACHE_ATTRIBUTES,
+    check_attribute_name,
+    config_size_limit,
+    inert_cache_class,
+)
 from .graph import GraphKey, Sample, TensorSpec
 
 Fill = Callable[[tuple[int, ...], torch.dtype, torch.device], torch.Tensor]
@@ -70,6 +77,67 @@ def size_limit(key: GraphKey, module: Any = None) -> int:
     """
     axes = [n for spec in key.tensor_specs() for n in spec.example_shape()]
     return max([*axes, config_size_limit(module) or 0, 1])
+
+
+def check_key_names(key: GraphKey) -> None:
+    """Refuse a key naming what no call is made of, without the model or transformers.
+
+    Every cache object must be of a class on the allow-list (by name), its attributes of
+    checked names; a ``type`` constant must name an allow-listed class; an opaque object is
+    refused. What :func:`call_from_key` refuses by name, so ``tunetree info`` refuses it too;
+    sizes are bounded there, where the model's config is known. BackendError.
+    """
+    for sig in (*key.args, *(sig for _, sig in key.kwargs)):
+        _check_names(sig, 0)
+
+
+def _check_names(sig: Any, depth: int) -> None:
+    if isinstance(sig, TensorSpec) or not isinstance(sig, tuple) or not sig:
+        return
+    if depth > 64:
+        raise BackendError("a saved key is nested deeper than 64 levels")
+    kind = sig[0]
+    if kind == "const" and len(sig) == 3:
+        _check_type_constant(sig)
+    elif kind == "data" and len(sig) == 3:
+        _check_data(sig[1], sig[2], depth)
+    elif kind == "object":
+        raise BackendError("a saved key holds an opaque object, which no call can be made of")
+    elif kind in ("tuple", "list") and len(sig) == 2 and isinstance(sig[1], tuple):
+        for item in sig[1]:
+            _check_names(item, depth + 1)
+    elif len(sig) == 2 and isinstance(sig[1], tuple):  # a dict, or a dataclass's fields
+        for _, value in _pairs(sig[1]):
+            _check_names(value, depth + 1)
+
+
+def _check_type_constant(sig: tuple[Any, ...]) -> None:
+    if sig[1] != "type":
+        return
+    value = sig[2] if isinstance(sig[2], str) else ""
+    module, _, name = value.rpartition(".")
+    if name not in INERT_CACHE_CLASSES or module != CACHE_CLASSES_MODULE:
+        raise BackendError(
+            f"a saved key names the class {value[:80]!r}, not one of transformers' inert "
+            "cache classes (tunetree.hf.INERT_CACHE_CLASSES)"
+        )
+
+
+def _check_data(name: Any, attributes: Any, depth: int) -> None:
+    if name not in INERT_CACHE_CLASSES:
+        raise BackendError(
+            f"a saved graph names the cache class {str(name)[:80]!r}, which is not one of "
+            "transformers' inert cache classes (tunetree.hf.INERT_CACHE_CLASSES): nothing a "
+            "file names is built or run"
+        )
+    if not isinstance(attributes, tuple) or len(attributes) > MAX_CACHE_ATTRIBUTES:
+        raise BackendError(f"a saved {name} holds too many attributes")
+    for attribute, value in _pairs(attributes):
+        try:
+            check_attribute_name(attribute)
+        except ValueError as exc:
+            raise BackendError(f"a saved {name}: {exc}") from None
+        _check_names(value, depth + 1)
 
 
 def call_from_key(
