@@ -410,3 +410,166 @@ def openvino_weights(
         return rewrite(target, members=members)
 
     return build
+
+
+# --- issue 29: ONNX artifacts and generation keys ---------------------------------------------
+
+ONNX_MODEL = "runners/0/model.onnx"
+
+
+def _onnx_edited(edit: Callable[[Any], Any], **rewrite_args: Any) -> Callable[[Path], Path]:
+    """A builder from an ONNX checkpoint: its model file parsed (external data left where it
+    is), edited by ``edit(model)``, serialised again; the manifest resealed."""
+
+    def build(target: Path, source: Path) -> Path:
+        import onnx
+
+        model = onnx.load_from_string(parts(source)[1][ONNX_MODEL])
+        edit(model)
+        return rewrite(
+            target,
+            members={ONNX_MODEL: model.SerializeToString()},
+            source=source,
+            **rewrite_args,
+        )
+
+    return build
+
+
+def _external(name: str, location: str = "/etc/passwd") -> Any:
+    """A float tensor of 4 elements whose bytes an ONNX model says live in ``location``."""
+    from onnx import TensorProto
+
+    tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[4])
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", "16")):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    return tensor
+
+
+def _sparse_external(name: str) -> Any:
+    from onnx import TensorProto, helper
+
+    indices = helper.make_tensor(f"{name}_indices", TensorProto.INT64, [4], [0, 1, 2, 3])
+    return helper.make_sparse_tensor(_external(f"{name}_values"), indices, [4])
+
+
+def _custom_domain(model: Any) -> None:
+    model.graph.node[0].domain = "tt.hostile"
+    model.opset_import.add(domain="tt.hostile", version=1)
+
+
+def _sparse_initializer(model: Any) -> None:
+    model.graph.sparse_initializer.append(_sparse_external("tt_sparse"))
+
+
+def _sparse_constant(model: Any) -> None:
+    from onnx import helper
+
+    node = helper.make_node("Constant", [], ["tt_sparse_out"], name="tt_sparse")
+    node.attribute.append(helper.make_attribute("sparse_value", _sparse_external("tt_sparse")))
+    model.graph.node.insert(0, node)
+
+
+def _subgraph_initializer(model: Any) -> None:
+    """An ``If`` node whose branches hold an initializer naming an outside file."""
+    from onnx import TensorProto, helper
+
+    def branch(name: str) -> Any:
+        out = helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [4])
+        ident = helper.make_node("Identity", [f"{name}_w"], [f"{name}_out"])
+        return helper.make_graph([ident], name, [], [out], [_external(f"{name}_w")])
+
+    cond = helper.make_tensor("tt_cond", TensorProto.BOOL, [], [True])
+    model.graph.initializer.append(cond)
+    node = helper.make_node(
+        "If", ["tt_cond"], ["tt_if_out"], then_branch=branch("then"), else_branch=branch("else")
+    )
+    model.graph.node.insert(0, node)
+
+
+def _half_precision_detour(model: Any) -> None:
+    """The graph's first input computed through float16 (Cast to f16 and back)."""
+    from onnx import TensorProto, helper
+
+    first = model.graph.input[0].name
+    nodes = [
+        helper.make_node("Cast", [first], ["tt_half"], to=TensorProto.FLOAT16),
+        helper.make_node("Cast", ["tt_half"], ["tt_back"], to=TensorProto.FLOAT),
+    ]
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if name == first:
+                node.input[i] = "tt_back"
+    for node in reversed(nodes):
+        model.graph.node.insert(0, node)
+
+
+def _plain_onnxruntime(m: dict[str, Any]) -> None:
+    m["entries"][0]["backend"] = {
+        "kind": "onnxruntime",
+        "name": "onnxruntime",
+        "config": {"graph_optimization_level": "all", "intra_op_num_threads": None,
+                   "inter_op_num_threads": None, "allow_spinning": False, "providers": None},
+    }  # fmt: skip
+
+
+ONNX_SUITE: dict[str, tuple[str, Callable[[Path, Path], Path]]] = {
+    "onnx custom op domain": ("onnx", _onnx_edited(_custom_domain)),
+    "onnx sparse initializer naming /etc/passwd": ("onnx", _onnx_edited(_sparse_initializer)),
+    "onnx sparse Constant naming /etc/passwd": ("onnx", _onnx_edited(_sparse_constant)),
+    "onnx subgraph initializer naming /etc/passwd": ("onnx", _onnx_edited(_subgraph_initializer)),
+    "onnx float16 detour under kind onnxruntime": ("onnx", _onnx_edited(_half_precision_detour)),
+    "onnx int8 model under kind onnxruntime": (
+        "int8",
+        lambda target, source: rewrite(
+            target,
+            manifest=_plain_onnxruntime,
+            record=_records_backend("onnxruntime"),
+            source=source,
+        ),
+    ),
+}
+"""Hostile ONNX checkpoints: a name, the source it is made from (``onnx``: the fixture's model
+tuned with ONNX Runtime; ``int8``: with ONNX Runtime int8) and how."""
+
+
+def _generation_layers(m: dict[str, Any], entry: int) -> list[Any]:
+    cache = m["entries"][entry]["graph"]["args"][1]
+    return dict(cache[2])["layers"][1]  # type: ignore[no-any-return]
+
+
+def _rename_layers(name: str) -> Callable[[dict[str, Any]], None]:
+    def edit(m: dict[str, Any]) -> None:
+        for layer in _generation_layers(m, 1):
+            layer[1] = name
+
+    return edit
+
+
+def _layer_attribute(attribute: list[Any]) -> Callable[[dict[str, Any]], None]:
+    def edit(m: dict[str, Any]) -> None:
+        _generation_layers(m, 1)[0][2].append(attribute)
+
+    return edit
+
+
+def _replicate(class_path: str) -> Callable[[dict[str, Any]], None]:
+    def edit(m: dict[str, Any]) -> None:
+        cache = m["entries"][1]["graph"]["args"][1]
+        for pair in cache[2]:
+            if pair[0] == "layer_class_to_replicate":
+                pair[1] = ["const", "type", class_path]
+
+    return edit
+
+
+GENERATION_SUITE: dict[str, Callable[[dict[str, Any]], None]] = {
+    "generation key naming QuantoQuantizedLayer": _rename_layers("QuantoQuantizedLayer"),
+    "generation key naming a class of another module": _rename_layers("Popen"),
+    "generation key attribute __class__": _layer_attribute(["__class__", ["const", "int", 1]]),
+    "generation key type constant os.system": _replicate("os.system"),
+    "generation key opaque object": _layer_attribute(["x", ["object", "Thing", 1]]),
+}
+"""Manifest edits of the tuned ``generate`` fixture's decode entry (``gpt2_generate.tt``)."""

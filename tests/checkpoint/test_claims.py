@@ -115,22 +115,10 @@ def test_a_results_changing_plan_without_an_accuracy_record_is_labelled(
 # --- an int8 ONNX plan ---------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def int8_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture
+def int8_source(int8_checkpoint: Path) -> Path:
     """A real checkpoint of the fixture's model tuned whole with ONNX Runtime int8."""
-    pytest.importorskip("onnxruntime.quantization")
-    result = tt.tune(
-        model(),
-        inputs(),
-        strategy=tt.OneBackendStrategy(tt.backends.OnnxRuntimeInt8()),
-        measure_config=tt.MeasureConfig.quick(),
-        verbose=False,
-        cache=False,
-    )
-    assert result.plan.entries[0].backend.kind == "onnxruntime-int8", result.table()
-    path = tmp_path_factory.mktemp("int8") / "int8.tt"
-    tt.save(result, path)
-    return path
+    return int8_checkpoint
 
 
 def _as_onnxruntime(m: dict[str, Any]) -> None:
