@@ -25,6 +25,7 @@ from .compat import (
 from .environment import Difference, compare_records, environment_record
 from .format import EnvironmentMismatchError, Manifest
 from .reader import Budget, Source, open_source, read_header, read_manifest, verify
+from .staging import recover
 from .weights_header import read_header as read_weights_header
 
 
@@ -120,6 +121,7 @@ def read_info(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> Ch
     """
     path = Path(os.fspath(path))
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+    recover(path)  # as tt.load does
     header = read_header(path)
     running = environment_record(header.record["backends"])
     differences = compare_records(header.record, running, ignore)

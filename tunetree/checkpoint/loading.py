@@ -44,6 +44,7 @@ from .reader import (
     read_manifest,
 )
 from .runner_check import RunnerCheck, check_budget_bytes, check_runner
+from .staging import recover
 from .weights_header import read_header as read_weights_header
 from .writer import model_state
 
@@ -78,6 +79,7 @@ def load(
         raise InvalidInputError(
             "load() needs a freshly built, untuned model; this one already carries a tune"
         )
+    recover(path)  # a directory save killed between its renames: its old copy back
     header = read_header(path)
     running = environment_record(header.record["backends"])
     differences = compare_records(header.record, running, ignore)
