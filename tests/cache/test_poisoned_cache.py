@@ -111,6 +111,8 @@ def test_a_twin_served_from_the_cache_keeps_its_cached_mark(tmp_path: Path) -> N
     strategies = {g.path: g.strategy for g in second.graphs}
     assert strategies["a"].endswith("(cached)"), strategies
     assert "twin of a" in strategies["b"] and "(cached)" in strategies["b"], strategies
+    table = second.table()
+    assert "a (cached)" in table and "b (cached)" in table, table
 
 
 def test_a_hit_is_checked_on_probes_as_a_fresh_build_is(

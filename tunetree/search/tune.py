@@ -85,7 +85,7 @@ class TuneResult:
                 )
                 rows.append(
                     [
-                        g.path or "<model>",
+                        (g.path or "<model>") + (" (cached)" if g.cached else ""),
                         str(g.graph.key),
                         mark + row.backend.name,
                         row.describe(),
