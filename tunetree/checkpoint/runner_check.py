@@ -34,6 +34,7 @@ from ..signature.binding import original_forward
 from ..signature.compare import Tolerances, compare
 from ..signature.fake_run import run_fake
 from ..signature.graph import GraphKey, Sample, detach_clone, flatten, map_tensors
+from ..signature.modules import root_modules
 from ..signature.shapes import value_probes
 from ..signature.synthetic import call_from_key, check_values, size_limit, zeros
 
@@ -59,14 +60,8 @@ def check_budget_bytes(read_bytes: int, model: Any) -> int:
     The load's element bound over the file's bytes and the model's own, at
     :data:`BYTES_PER_ELEMENT` each.
     """
-    own = sum(parameter_bytes(m) for m in _modules(model))
+    own = sum(parameter_bytes(m) for m in root_modules(model).values())
     return BYTES_PER_ELEMENT * allowed_elements(read_bytes + own)
-
-
-def _modules(model: Any) -> list[nn.Module]:
-    if isinstance(model, nn.Module):
-        return [model]
-    return [v for v in vars(model).values() if isinstance(v, nn.Module)]
 
 
 def check_runner(
