@@ -22,6 +22,7 @@ from ..runtime.artifacts import SavedRunner, allowed_elements, load_runner, remo
 from ..runtime.wrap import wrap, wrapped_paths
 from ..signature.graph import GraphKey
 from ..signature.modules import find_module, resolve_device, root_modules
+from ..signature.state import eval_mode, preserved_state
 from .compat import (
     check_plan,
     extract_runners,
@@ -265,7 +266,10 @@ def _check_entry(
     """:func:`.runner_check.check_runner` of one entry, its refusal naming the entry."""
     module = find_module(model, entry.path)
     try:
-        return check_runner(module, key, runner, device, budget, accuracy)
+        # Runners serve eval mode (a model tuned in training mode: its eval behaviour), and the
+        # check changes nothing of the model: buffers and the RNG state are put back.
+        with preserved_state(model), eval_mode(model):
+            return check_runner(module, key, runner, device, budget, accuracy)
     except CheckpointError as exc:
         raise CheckpointError(f"{where(entry)}: {exc}") from exc
 
