@@ -1,11 +1,13 @@
-"""What checking a cache hit on probes costs (issue 29): a hit with and without the probe check.
+"""What checking a cached or loaded runner costs (issue 29): with and without the check.
 
 Run: ``python -m benchmarks.cache_hit_check`` (``--rounds N``). Each model is tuned once with
 OpenVINO into a fresh cache; then ``tt.tune`` is run again on the same inspection, every graph
 a hit, ``--rounds`` times with the hit's probe check (value probes and range ends, as a fresh
 build is checked) and without it (the check switched off), the two interleaved in rotating
-order. Prints the median wall time of a hit tune each way, the extra time the probes take and
-its ratio, beside one eager forward of the model, and the load average.
+order; then the tuned model is saved and ``tt.load`` run the same way with and without its
+runner check (each runner against eager on calls made from its key). Prints the median wall
+time each way (min-max in brackets), the extra time and its ratio, beside one eager forward of
+the model, and the load average.
 """
 
 from __future__ import annotations
@@ -60,11 +62,20 @@ def _hit_s(model: Any, data: list[Any], depth: int, info: Any, directory: str) -
     return wall
 
 
+def _load_s(model: Any, path: str) -> float:
+    import tunetree as tt
+
+    start = time.perf_counter()
+    tt.load(model, path)
+    return time.perf_counter() - start
+
+
 def measure(name: str, rounds: int) -> dict[str, Any]:
     import torch
 
     import tunetree as tt
     from tunetree.cache import reuse
+    from tunetree.checkpoint import loading
     from tunetree.signature.inspection import inspect
 
     model, data, depth = _model(name)
@@ -89,6 +100,30 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
                     times[mode].append(_hit_s(model, data, depth, info, directory))
                 finally:
                     reuse._probe_failure = checked
+        path = f"{directory}/model.tt"
+        tt.save(
+            tt.tune(
+                model,
+                data,
+                depth=depth,
+                info=info,
+                strategy=tt.OneBackendStrategy(tt.backends.OpenVINO()),
+                measure_config=tt.MeasureConfig.quick(),
+                verbose=False,
+                cache=tt.TuningCache(directory),
+            ),
+            path,
+        )
+        real_check = loading.check_runner
+        for r in range(rounds):
+            order = ["load, checked", "load, unchecked"][:: 1 if r % 2 == 0 else -1]
+            for mode in order:
+                fresh, _, _ = _model(name)
+                loading.check_runner = real_check if mode == "load, checked" else lambda *a: None  # type: ignore[assignment]
+                try:
+                    times.setdefault(mode, []).append(_load_s(fresh, path))
+                finally:
+                    loading.check_runner = real_check
     with torch.no_grad():
         model(data[0])
         start = time.perf_counter()
@@ -121,22 +156,27 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["mlp", "encoder"])
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}")
-    header = ["model", "graphs", "hit, samples only", "hit, samples + probes", "extra", "ratio"]
-    print("| " + " | ".join([*header, "eager forward"]) + " |")
-    print("|---" * (len(header) + 1) + "|")
+    header = ["model", "graphs", "what", "unchecked", "checked", "extra", "ratio", "eager forward"]
+    print("| " + " | ".join(header) + " |")
+    print("|---" * len(header) + "|")
     for name in args.models:
         row = measure(name, args.rounds)
-        plain, probed = row["medians"]["samples only"], row["medians"]["with probes"]
-        cells = [
-            name,
-            str(row["graphs"]),
-            _cell(row, "samples only"),
-            _cell(row, "with probes"),
-            f"{(probed - plain) * 1e3:+.1f} ms",
-            f"{probed / plain:.2f}x",
-            _ms(row["eager_s"]),
-        ]
-        print("| " + " | ".join(cells) + " |")
+        for what, plain_mode, checked_mode in (
+            ("cache hit (probes)", "samples only", "with probes"),
+            ("tt.load (runner check)", "load, unchecked", "load, checked"),
+        ):
+            plain, checked = row["medians"][plain_mode], row["medians"][checked_mode]
+            cells = [
+                name,
+                str(row["graphs"]),
+                what,
+                _cell(row, plain_mode),
+                _cell(row, checked_mode),
+                f"{(checked - plain) * 1e3:+.1f} ms",
+                f"{checked / plain:.2f}x",
+                _ms(row["eager_s"]),
+            ]
+            print("| " + " | ".join(cells) + " |")
     print(f"load average after: {os.getloadavg()}")
 
 
