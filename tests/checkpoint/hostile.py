@@ -570,6 +570,5 @@ GENERATION_SUITE: dict[str, Callable[[dict[str, Any]], None]] = {
     "generation key naming a class of another module": _rename_layers("Popen"),
     "generation key attribute __class__": _layer_attribute(["__class__", ["const", "int", 1]]),
     "generation key type constant os.system": _replicate("os.system"),
-    "generation key opaque object": _layer_attribute(["x", ["object", "Thing", 1]]),
 }
 """Manifest edits of the tuned ``generate`` fixture's decode entry (``gpt2_generate.tt``)."""

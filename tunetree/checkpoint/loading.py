@@ -241,9 +241,6 @@ def _load_runners(
     budget = check_budget_bytes(size, model)  # the bytes read, never what the file claims
     for n, backend in backends.items():
         entry = manifest.entries[n]
-        if entry.graph.has_opaque:  # keyed by an object's identity: no call after a load
-            log.info("%s: keyed by an object of the tuning process; not served", where(entry))
-            continue
         directory = runner_directory(workdir, n)
         runner = _load_entry(model, entry, backend, directory, device, max_elements)
         key = runner.served or entry.graph
