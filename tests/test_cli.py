@@ -96,7 +96,8 @@ def test_info_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_info_loads_no_weights(
     saved: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The weights member is read to verify its checksum, as tt.load does; no tensor is made."""
+    """The weights member is read to verify its checksum, and its safetensors header read and
+    checked (issue 29), as tt.load does; no tensor is made."""
     opened: list[str] = []
     real_open = zipfile.ZipFile.open
 
@@ -112,7 +113,8 @@ def test_info_loads_no_weights(
     monkeypatch.setattr("safetensors.torch.load_file", forbidden)
     monkeypatch.setattr("safetensors.safe_open", forbidden)
     assert main(["info", str(saved)]) == EXIT_OK
-    assert opened == ["manifest.json", "weights.safetensors"]  # read to verify its checksum
+    # read to verify its checksum, then its header (stored uncompressed: only its first bytes)
+    assert opened == ["manifest.json", "weights.safetensors", "weights.safetensors"]
 
 
 def test_directory_checkpoint_info(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

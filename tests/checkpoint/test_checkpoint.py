@@ -893,6 +893,9 @@ def test_failed_directory_swap_keeps_old_checkpoint(
     def fail(*args: Any) -> None:
         raise OSError("rename failed")
 
+    from tunetree.checkpoint import staging
+
+    monkeypatch.setattr(staging, "exchange", lambda a, b: False)  # rename aside, not swap
     monkeypatch.setattr(writer.os, "rename", fail)
     with pytest.raises(OSError, match="rename failed"):
         tt.save(tiny(seed=4), target, compress_checkpoint=False)
@@ -917,7 +920,7 @@ def test_save_killed_before_rename_keeps_old_checkpoint(
             assert tmp.stat().st_size > 0  # written and fsynced: die before the rename
             os.kill(os.getpid(), signal.SIGKILL)
 
-        writer._install = killed
+        writer.install = killed
         tt.save(tiny(seed=5), {str(path)!r})
         """
     )

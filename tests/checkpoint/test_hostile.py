@@ -192,7 +192,11 @@ def test_saved_structure_round_trips_in_the_closed_vocabulary() -> None:
         "tuple",
         [["dict", ["a", "b"], [["leaf"], ["list", [["leaf"], ["leaf"]]]]], ["leaf"]],
     ]
-    assert structure.build(structure.check(node), lambda: pytest.fail("no learning")) == spec
+    # Always matched against the module's own (learnt) structure, plain containers too.
+    assert structure.build(structure.check(node), lambda: spec) == spec
+    other = pytree.tree_flatten(({"a": 1, "b": (2, 3)}, 4))[1]
+    with pytest.raises(tt.BackendError, match="differs"):
+        structure.build(structure.check(node), lambda: other)
     assert structure.from_pytree_json(pytree.treespec_dumps(spec)) == node
 
 

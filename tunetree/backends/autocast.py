@@ -20,6 +20,7 @@ from ..errors import BackendError, InvalidInputError
 from ..signature.binding import original_forward
 from ..signature.graph import Graph, GraphKey, dtype_name, flatten, unflatten
 from .base import ChangesResults, Runner
+from .flat import MAX_SAVED_TENSORS, learn_output_spec
 from .inductor import CUDA_GRAPH_MODES, MODES, compile_unavailable_reason, fresh_entry
 from .safe_config import check_choice
 
@@ -142,6 +143,15 @@ class Autocast(ChangesResults):
             raise BackendError("Autocast needs eager's output of one sample to know its dtypes")
         return AutocastRunner(self, module, device, _output_dtypes(graph.outputs[0]))
 
+    def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
+        """The record's output dtypes: a bounded list of known dtype names or None.
+
+        Read from a file, so checked before anything uses them (an unhashable entry raised
+        an untyped TypeError before, issue 29); their count is checked against the module's
+        output by :meth:`load`, which has the module.
+        """
+        saved_output_dtypes(saved)
+
     def load(
         self,
         module: nn.Module,
@@ -150,8 +160,51 @@ class Autocast(ChangesResults):
         saved: dict[str, Any],
         device: torch.device,
     ) -> Runner:
-        """Rebuild the runner from the output dtypes in ``saved`` (BackendError without them)."""
-        dtypes = saved.get("output_dtypes")
-        if not isinstance(dtypes, list):
-            raise BackendError("the saved Autocast runner lacks its output dtypes; tune again")
+        """Rebuild the runner from the output dtypes in ``saved``, one per output leaf.
+
+        The module's output structure is learnt on fake tensors shaped like ``key``
+        (:func:`.flat.learn_output_spec`): a record listing another number of outputs would
+        make every call raise, so it is refused here (BackendError).
+        """
+        dtypes = saved_output_dtypes(saved)
+        leaves = learn_output_spec(module, key, device).num_leaves
+        if len(dtypes) != leaves:
+            raise BackendError(
+                f"the saved Autocast runner lists {len(dtypes)} output dtypes, but the module "
+                f"returns {leaves} outputs on its graph: the record is damaged or altered"
+            )
         return AutocastRunner(self, module, device, dtypes)
+
+
+_DTYPE_NAMES = frozenset(
+    dtype_name(dt)
+    for dt in (
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+    )
+)
+"""The dtype names an Autocast record may list (what :func:`_output_dtypes` writes)."""
+
+
+def saved_output_dtypes(saved: Any) -> list[str | None]:
+    """A saved record's ``output_dtypes``, checked as untrusted input (BackendError)."""
+    dtypes = saved.get("output_dtypes") if isinstance(saved, dict) else None
+    if not isinstance(dtypes, list):
+        raise BackendError("the saved Autocast runner lacks its output dtypes; tune again")
+    if len(dtypes) > MAX_SAVED_TENSORS:
+        raise BackendError(f"the saved Autocast runner lists {len(dtypes)} output dtypes")
+    for name in dtypes:
+        if name is not None and not (isinstance(name, str) and name in _DTYPE_NAMES):
+            raise BackendError(
+                f"the saved Autocast runner lists an output dtype {str(name)[:40]!r}, not one "
+                f"of {', '.join(sorted(_DTYPE_NAMES))} or null"
+            )
+    return dtypes

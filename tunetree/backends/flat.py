@@ -23,9 +23,11 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError
-from ..hf import loaded_cache_class, spec_holds_state, to_data, updated_in_place
+from ..hf import spec_holds_state, to_data, updated_in_place
 from ..signature.binding import original_forward
+from ..signature.fake_run import run_fake
 from ..signature.graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
+from ..signature.synthetic import call_from_key, check_key_names, size_limit, zeros
 from . import structure
 from .dtypes import check_numpy_dtypes, dtype_from_name, dtype_from_short_name, dtype_to_name
 from .ranges import check_placeholders, example_sample
@@ -245,8 +247,8 @@ class FlatOutputs:
         """The record :meth:`to_json` wrote, checked as untrusted input.
 
         Its structure is read in tunetree's closed vocabulary (:mod:`.structure`, never by a
-        deserialiser that imports); named containers, or a structure that was not saved, are
-        learnt again by running ``module`` once on zeros shaped like ``key``.
+        deserialiser that imports) and must match the module's own, learnt on fake tensors
+        shaped like ``key`` (:func:`learn_output_spec`).
         """
         num_leaves, positions, constants, dtypes, shapes = saved_outputs(data, max_elements)
         spec = _saved_spec(data, module, key, device)
@@ -298,6 +300,7 @@ def check_saved_io(key: GraphKey, saved: Any, max_elements: int) -> None:
     """
     if not isinstance(saved, dict):
         raise BackendError("saved runner record is not an object")
+    check_key_names(key)  # what a load would refuse to build, refused by info too
     inputs = FlatInputs.from_json(saved.get("inputs"), max_elements)
     inputs.check_against(key)
     left = max_elements - sum(math.prod(s) for s in inputs.shapes)
@@ -307,8 +310,8 @@ def check_saved_io(key: GraphKey, saved: Any, max_elements: int) -> None:
         structure.check_modules_present(structure.check(outputs["structure"]))
     elif outputs.get("spec") is not None:
         structure.check_modules_present(structure.from_pytree_json(outputs["spec"]))
-    else:  # the structure is learnt by running the module on placeholders
-        check_placeholders(key, left)
+    # A load checks the runner against eager on real calls of the graph's example shape.
+    check_placeholders(key, left)
 
 
 def tensor_at(key: GraphKey, path: Sequence[PathEntry]) -> TensorSpec:
@@ -358,67 +361,43 @@ def _step(sig: Any, kind: str, step: Any) -> Any:
 def _saved_spec(
     data: dict[str, Any], module: nn.Module, key: GraphKey, device: torch.device
 ) -> pytree.TreeSpec:
-    """The output structure a saved record describes.
+    """The output structure a saved record describes, checked against the module's own.
 
-    From ``structure`` (this release), ``spec`` (pytree JSON of the first release, read as
-    data) or, without either, learnt.
+    The module's structure is learnt (:func:`learn_output_spec`) and must match the saved
+    ``structure`` (this release) or ``spec`` (pytree JSON of the first release, read as data)
+    node for node, plain containers included: a plain tuple saved where the module returns a
+    ``ModelOutput`` with a cache is refused (issue 29), since ``generate`` would then meet
+    another type. Without either, the learnt structure is used.
     """
-
-    def learn() -> pytree.TreeSpec:
-        return _output_spec_by_running(module, key, device)
-
+    learnt = learn_output_spec(module, key, device)
     if data.get("structure") is not None:
-        return structure.build(structure.check(data["structure"]), learn)
+        return structure.build(structure.check(data["structure"]), lambda: learnt)
     if data.get("spec") is not None:
-        return structure.build(structure.from_pytree_json(data["spec"]), learn)
-    return learn()
+        return structure.build(structure.from_pytree_json(data["spec"]), lambda: learnt)
+    return learnt
 
 
-def _output_spec_by_running(
-    module: nn.Module, key: GraphKey, device: torch.device
-) -> pytree.TreeSpec:
-    """Learn the output structure by running eager once on zeros shaped like ``key``."""
-    args = tuple(_value_from_signature(s, device) for s in key.args)
-    kwargs = {name: _value_from_signature(s, device) for name, s in key.kwargs}
+def learn_output_spec(module: nn.Module, key: GraphKey, device: torch.device) -> pytree.TreeSpec:
+    """The module's output structure on a call of ``key``, learnt on fake tensors.
+
+    The call is made from the key alone (:func:`.synthetic.call_from_key`: cache objects
+    only of the allow-listed inert classes, sizes they state bounded by the key and the
+    model's config) and run under fake tensors (:func:`.fake_run.run_fake`), so no size in
+    a file makes it allocate (a batch fixed at 2^24 took a load to 3.3 GB before).
+    BackendError when no call can be made or the forward cannot run on fake tensors.
+    """
+    limit = size_limit(key, module)
+    forward = original_forward(module)
     try:
-        with torch.no_grad():
-            output = original_forward(module)(*args, **kwargs)
+        run = run_fake(forward, lambda: call_from_key(key, device, zeros, limit))
+    except BackendError:
+        raise
     except Exception as exc:
         raise BackendError(
-            "could not rebuild the saved runner's output structure by running the module on "
-            f"zeros: {exc!r}; register the output type with pytree (serialized_type_name) "
-            "so that its structure is saved"
+            "could not learn the saved runner's output structure by running the module on "
+            f"fake tensors shaped like its graph: {type(exc).__name__}: {str(exc)[:300]}"
         ) from exc
-    return flatten(output)[1]
-
-
-def _value_from_signature(signature: Any, device: torch.device) -> Any:
-    if isinstance(signature, TensorSpec):
-        dtype = dtype_from_short_name(signature.dtype)
-        if dtype is None:
-            raise BackendError(f"cannot rebuild an input of dtype {signature.dtype!r}")
-        return torch.zeros(signature.example_shape(), dtype=dtype, device=device)
-    kind = signature[0] if isinstance(signature, tuple) and signature else None
-    if kind == "const" and signature[1] in ("NoneType", "bool", "int", "float", "str"):
-        return signature[2]
-    if kind in ("tuple", "list"):
-        items = [_value_from_signature(s, device) for s in signature[1]]
-        return tuple(items) if kind == "tuple" else items
-    if kind == "dict":
-        return {k: _value_from_signature(v, device) for k, v in signature[1]}
-    if kind == "const" and signature[1] == "device":
-        return torch.device(signature[2])
-    if kind == "data":  # a cache object, of a class the user's model has loaded
-        cls = loaded_cache_class(signature[1])
-        if cls is not None:
-            obj: Any = object.__new__(cls)
-            for name, attribute in signature[2]:
-                obj.__dict__[name] = _value_from_signature(attribute, device)
-            return obj
-    raise BackendError(
-        f"cannot rebuild an input {signature!r} to learn the output structure; register the "
-        "output type with pytree (serialized_type_name) so that its structure is saved"
-    )
+    return flatten(run.output)[1]
 
 
 class FlatModule(nn.Module):

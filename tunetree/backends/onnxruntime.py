@@ -28,6 +28,7 @@ from .dtypes import as_numpy, as_torch, carries, check_numpy_dtypes, numpy_dtype
 from .export_context import attention_as_eager, describe_error, exporting, quiet
 from .files import artifact_file, copy_files
 from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io, saved_outputs
+from .onnx_content import check_external_data, reduced_precision, refused_by_onnxruntime
 from .packages import not_installed_reason
 from .ranges import AxisBounds, axis_dims, export_dynamic_shapes, narrowed_to_artifact
 from .safe_config import check_choice, check_count, check_fields, refuse
@@ -128,11 +129,14 @@ class OnnxRuntimeRunner(Runner):
 
         backend = self.backend
         assert isinstance(backend, OnnxRuntime)
-        return onnxruntime.InferenceSession(
-            str(self.directory / MODEL_FILE),
-            sess_options=options,
-            providers=backend.session_providers(self.device),
-        )
+        try:
+            return onnxruntime.InferenceSession(
+                str(self.directory / MODEL_FILE),
+                sess_options=options,
+                providers=backend.session_providers(self.device),
+            )
+        except Exception as exc:  # onnxruntime's own errors derive from Exception only
+            raise BackendError(refused_by_onnxruntime(exc)) from exc
 
     def serve_alone(self) -> None:
         """Let the session's threads spin between calls when this runner is the whole model.
@@ -360,7 +364,7 @@ class OnnxRuntime(Backend):
 
         The copy lives in the runner's own directory.
         """
-        files, inputs, served = _read_saved(directory, saved, key)
+        files, inputs, served = _read_saved(directory, saved, key, self.preserves_results)
         outputs = FlatOutputs.from_json(saved.get("outputs"), module, key, device)
         # The runner owns a copy (hard links where possible): the checkpoint's directory may
         # be temporary, and the runner can save itself again later.
@@ -382,8 +386,24 @@ class OnnxRuntime(Backend):
     def check_saved_artifacts(
         self, key: GraphKey, directory: Path, saved: dict[str, Any]
     ) -> GraphKey | None:
-        """The part of ``key`` the saved model serves: :func:`_read_saved`, as ``load`` runs it."""
-        return _read_saved(directory, saved, key)[2]
+        """The part of ``key`` the saved model serves: :func:`_read_saved`, as ``load`` runs it.
+
+        Then an ONNX Runtime session is opened on the model, on the CPU, as ``load`` opens
+        one: a model ONNX Runtime refuses (an operator of an unknown domain, a path it will
+        not read) is refused here too, so ``tunetree info`` agrees with ``tt.load``.
+        """
+        served = _read_saved(directory, saved, key, self.preserves_results)[2]
+        import onnxruntime
+
+        try:
+            onnxruntime.InferenceSession(
+                str(directory / MODEL_FILE),
+                sess_options=self.session_options(),
+                providers=["CPUExecutionProvider"],
+            )
+        except Exception as exc:  # onnxruntime's own errors derive from Exception only
+            raise BackendError(refused_by_onnxruntime(exc)) from exc
+        return served
 
 
 _ONNX_TYPES = {
@@ -405,7 +425,7 @@ for an unknown rank."""
 
 
 def _read_saved(
-    directory: Path, saved: dict[str, Any], key: GraphKey
+    directory: Path, saved: dict[str, Any], key: GraphKey, keeps_results: bool
 ) -> tuple[list[str], FlatInputs, GraphKey]:
     """The saved files, the input record and the part of ``key`` the model serves.
 
@@ -421,7 +441,7 @@ def _read_saved(
     paths = [artifact_file(directory, name) for name in files]
     if MODEL_FILE not in files:
         raise BackendError(f"saved ONNX Runtime runner lists no {MODEL_FILE}")
-    graph = read_graph(paths[files.index(MODEL_FILE)], set(files))
+    graph = read_graph(paths[files.index(MODEL_FILE)], set(files), keeps_results)
     inputs = FlatInputs.from_json(saved.get("inputs"))
     inputs.check_against(key)
     _, _, _, dtypes, shapes = saved_outputs(saved.get("outputs"))
@@ -578,26 +598,30 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
         raise BackendError("torch.onnx.export wrote no model file")
 
 
-def read_graph(model_file: Path, files: set[str]) -> Any:
+def read_graph(model_file: Path, files: set[str], keeps_results: bool = False) -> Any:
     """The graph of a saved ONNX model, parsed with ``onnx.load`` without its external data.
 
     Refuses a model whose tensors name external data files other than the runner's
-    ``files``: a path in the model could point anywhere on the disk.
+    ``files``, wherever a tensor can sit (:func:`.onnx_content.check_external_data`): a path
+    in the model could point anywhere on the disk. With ``keeps_results`` (the record's kind
+    says the runner keeps results), refuses a model whose content computes in reduced
+    precision (:func:`.onnx_content.reduced_precision`).
     """
     import onnx
-    from onnx.external_data_helper import _get_all_tensors
 
     try:
         model = onnx.load(str(model_file), load_external_data=False)
     except Exception as exc:
         raise BackendError(f"saved ONNX model cannot be parsed: {type(exc).__name__}") from exc
-    for tensor in _get_all_tensors(model):
-        for entry in tensor.external_data:
-            if entry.key == "location" and entry.value not in files:
-                raise BackendError(
-                    f"saved ONNX model names external data {entry.value[:80]!r}, not one of "
-                    "the runner's own files: refusing to read outside the checkpoint"
-                )
+    check_external_data(model, files)
+    if keeps_results:
+        found = reduced_precision(model)
+        if found is not None:
+            raise BackendError(
+                f"the saved ONNX model {found}, so it changes results, but its record says it "
+                "is a results-keeping onnxruntime runner: the kind comes from the content, "
+                "not the record (refused)"
+            )
     return model.graph
 
 

@@ -285,7 +285,7 @@ class OpenVINO(Backend):
         device: torch.device,
     ) -> Runner:
         """Read and check the saved model (:func:`_read_saved`), then rebuild the runner."""
-        model, inputs, served = _read_saved(directory, saved, key)
+        model, inputs, served = _read_saved(directory, saved, key, self.preserves_results)
         outputs = FlatOutputs.from_json(saved.get("outputs"), module, key, device)
         runner = OpenVINORunner(self, model, inputs, outputs, device)
         if served is not key:
@@ -302,7 +302,7 @@ class OpenVINO(Backend):
         self, key: GraphKey, directory: Path, saved: dict[str, Any]
     ) -> GraphKey | None:
         """The part of ``key`` the saved model serves: :func:`_read_saved`, as ``load`` runs it."""
-        return _read_saved(directory, saved, key)[2]
+        return _read_saved(directory, saved, key, self.preserves_results)[2]
 
     def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
         """The model's file name and the I/O records against ``key`` (:func:`.check_saved_io`)."""
@@ -313,7 +313,7 @@ class OpenVINO(Backend):
 
 
 def _read_saved(
-    directory: Path, saved: dict[str, Any], key: GraphKey
+    directory: Path, saved: dict[str, Any], key: GraphKey, keeps_results: bool = False
 ) -> tuple[Any, FlatInputs, GraphKey]:
     """The saved model, its input record and the part of ``key`` it serves, without the module.
 
@@ -330,7 +330,73 @@ def _read_saved(
     check_numpy_dtypes((*inputs.dtypes, *output_dtypes))
     with private_home():
         model = _core().read_model(str(model_file))
+    if keeps_results:
+        found = reduced_precision(model)
+        if found is not None:
+            raise BackendError(
+                f"the saved OpenVINO model {found}, so it changes results, but its record "
+                "says it is a results-keeping openvino runner: the kind comes from the "
+                "content, not the record (refused)"
+            )
     return model, inputs, _served_by(model, inputs, output_dtypes, key)
+
+
+_REDUCED_TYPES = frozenset({"f16", "bf16", "f8e4m3", "f8e5m2", "f8e8m0", "f4e2m1", "nf4"})
+"""OpenVINO element types narrower than a float32 model computes in (``Type.get_type_name``)."""
+_INTEGER_WEIGHTS = frozenset({"i8", "u8", "i4", "u4", "u2", "u1"})
+"""Integer constants that, converted to a float, are compressed weights."""
+
+
+def reduced_precision(model: Any) -> str | None:
+    """What in an OpenVINO model computes below its ports' precision, or None.
+
+    A ``FakeQuantize``/``FakeConvert`` node, a constant of a reduced float type the model's
+    inputs and outputs do not carry, or an integer constant converted to a float (weight
+    compression, as NNCF writes it).
+    """
+    carried = {p.get_element_type().get_type_name() for p in [*model.inputs, *model.outputs]}
+    for op in model.get_ops():
+        kind = op.get_type_name()
+        if kind in ("FakeQuantize", "FakeConvert"):
+            return f"holds quantization nodes ({kind})"
+        if kind == "Constant":
+            element = op.get_output_element_type(0).get_type_name()
+            if element in _REDUCED_TYPES and element not in carried:
+                return f"holds {element} constants ({op.get_friendly_name()[:60]!r})"
+        if kind == "Convert" and _decompresses_weights(op):
+            element = op.get_input_element_type(0).get_type_name()
+            return f"holds {element} weights converted to float"
+    return None
+
+
+_SCALING = frozenset({"Subtract", "Multiply", "Reshape", "Transpose", "Convert"})
+_WEIGHT_USERS = frozenset({"MatMul", "Convolution", "GroupConvolution", "Gather"})
+
+
+def _decompresses_weights(convert: Any) -> bool:
+    """Whether ``convert`` turns an integer constant into float weights of a product.
+
+    The pattern weight compression writes: ``Constant(u8) -> Convert -> Subtract ->
+    Multiply -> MatMul``. An integer mask converted to a float and used elsewhere is not.
+    """
+    source = convert.input_value(0).get_node()
+    element = convert.get_input_element_type(0).get_type_name()
+    if source.get_type_name() != "Constant" or element not in _INTEGER_WEIGHTS:
+        return False
+    if not convert.get_output_element_type(0).is_real():
+        return False
+    frontier, seen = [convert], 0
+    while frontier and seen < 16:
+        node = frontier.pop()
+        seen += 1
+        for target in node.output(0).get_target_inputs():
+            user = target.get_node()
+            kind = user.get_type_name()
+            if kind in _WEIGHT_USERS:
+                return True
+            if kind in _SCALING:
+                frontier.append(user)
+    return False
 
 
 def _served_by(

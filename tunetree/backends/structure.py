@@ -10,11 +10,12 @@ nodes only::
     ["dict", [keys], [children]]      keys are strings or integers
     ["named", "module.Class", [children]]
 
-Tuples, lists and dicts are rebuilt directly. A named container (a namedtuple, a Hugging Face
-``ModelOutput``) is resolved only against the user's own model: its output structure is
-learnt by running the fresh module's eager forward once (``learn``), and must match the saved
-description node for node. Files of the first release hold pytree's JSON instead; it is read
-here as plain data (:func:`from_pytree_json`) into the same nodes.
+A structure is never rebuilt from the file alone: the user's own model's output structure is
+learnt by running its eager forward once on fake tensors (``learn``), and the saved
+description must match it node for node; a named container (a namedtuple, a Hugging Face
+``ModelOutput``) is matched by its class name, a plain one by its kind. Files of the first
+release hold pytree's JSON instead; it is read here as plain data
+(:func:`from_pytree_json`) into the same nodes.
 """
 
 from __future__ import annotations
@@ -184,32 +185,20 @@ def _module_present(top: str) -> bool:
 
 
 def build(node: list[Any], learn: Callable[[], pytree.TreeSpec]) -> pytree.TreeSpec:
-    """The pytree spec of a checked structure.
+    """The pytree spec of a checked structure: the user's model's own (``learn``).
 
-    Plain containers are built directly; a structure with named containers is learnt from the
-    user's model (``learn``) and must match the saved one, else :class:`BackendError`.
+    The saved structure must match it node for node, plain containers included, else
+    :class:`BackendError`: a record saying "a plain tuple" where the module returns a
+    ``ModelOutput`` holding a cache was accepted before (issue 29) and ``generate`` then
+    failed inside transformers on the loaded model.
     """
-    if not _has_named(node):
-        return _build_plain(node)
     learnt = learn()
     if not _matches(node, describe(learnt)):
         raise BackendError(
             "the module's output structure differs from the saved runner's: the checkpoint "
-            "belongs to another model"
+            "belongs to another model, or the file was altered"
         )
     return learnt
-
-
-def _has_named(node: list[Any]) -> bool:
-    return node[0] == "named" or (node[0] != "leaf" and any(_has_named(c) for c in node[-1]))
-
-
-def _build_plain(node: list[Any]) -> pytree.TreeSpec:
-    if node[0] == "leaf":
-        return pytree.treespec_leaf()
-    children = [_build_plain(c) for c in node[-1]]
-    context = list(node[1]) if node[0] == "dict" else None
-    return pytree.TreeSpec(_CONTAINERS[node[0]], context, children)
 
 
 def _matches(saved: list[Any], learnt: list[Any]) -> bool:

@@ -2,7 +2,9 @@
 
 Only the candidates needed are loaded (the winner, or the next recorded candidate when the
 winner no longer loads), each rebuilt from its artifacts with the strategy's own backend
-object and re-validated against eager on the current samples before use.
+object and checked exactly like a fresh build before use: against eager on the current
+samples and on the graph's probes (value probes, range ends). An entry is hostile until
+checked: its artifacts may have been rewritten and its manifest resealed.
 """
 
 from __future__ import annotations
@@ -97,6 +99,10 @@ def load_candidate(
     if not comparison.ok:
         remove_tree(directory)
         raise Unusable(f"{row.backend.name} no longer matches eager: {comparison.reason}")
+    wrong = _probe_failure(session, runner)
+    if wrong is not None:
+        remove_tree(directory)
+        raise Unusable(f"{row.backend.name} does not match eager on probes: {wrong}")
     # The files live as long as the runner (a backend may read them lazily).
     remove_with(runner, directory)
     row.max_abs_diff, row.error = comparison.max_abs_diff, error
@@ -114,6 +120,20 @@ def _validate(
         outputs = [detach_clone(s.run(runner)) for s in session.graph.samples]
     reason, max_diff, error = session.judge(backend, outputs)
     return Comparison(not reason, max_diff, reason), error
+
+
+def _probe_failure(session: GraphSession, runner: Runner) -> str | None:
+    """Why the loaded runner is wrong on the graph's probes, as a fresh build is checked.
+
+    The recorded samples alone cannot show weights changed in directions they do not span
+    (a rank-one change in the null space of the recorded inputs passes them exactly); the
+    value probes (other values, same shapes) and, for a ranged graph, the range ends do.
+    Eager's outputs on the probes are computed once per graph and shared with any build.
+    """
+    try:
+        return session.probe_failure(runner)
+    except Exception as exc:  # a probe that breaks the check refuses the entry
+        return f"{type(exc).__name__}: {exc}"
 
 
 def select(strategy: Strategy, measured: list[CandidateRow]) -> CandidateRow:

@@ -1,7 +1,8 @@
 """:class:`TuningCache`: the :class:`~tunetree.candidates.results.GraphCache` ``tune`` asks.
 
 A hit reads only that entry's manifest and its winner's artifacts (a partial load),
-rebuilds the winner's runner and re-validates its outputs against eager before using it.
+rebuilds the winner's runner and checks it like a fresh build before using it: against
+eager on the recorded samples and on the graph's probes (:mod:`.reuse`).
 Every recorded candidate row comes back (status, reason, latency), so losers are never
 rebuilt.
 
@@ -281,7 +282,8 @@ class TuningCache:
         """A result borrowed from an entry tuned for a wider range that covers this graph.
 
         The entry's winner is loaded, checked against eager on this graph's samples and on its
-        own probes (the narrower range's ends), and serves this graph; nothing is written.
+        own probes (the narrower range's ends, value probes) like every hit, and serves this
+        graph; nothing is written.
         Entries of another environment (soft fields included) are not borrowed from.
         """
         for key in self.disk.markers.family_members(ident.family):
@@ -299,10 +301,6 @@ class TuningCache:
                 continue
             winner = result.winner
             if winner is None or winner.runner is None:
-                continue
-            wrong = session.probe_failure(winner.runner)
-            if wrong is not None:
-                log.info("tuning cache: wider entry %s not used: %s", key[:12], wrong)
                 continue
             result.strategy = f"{strategy.describe()} (cached for {manifest.graph_text})"
             self.disk.markers.record_hit(key)

@@ -29,6 +29,11 @@ class GraphResult:
     strategy: str = ""
 
     @property
+    def cached(self) -> bool:
+        """Whether this result was served from a tuning cache (its strategy text says so)."""
+        return "(cached" in self.strategy
+
+    @property
     def eager_latency_s(self) -> float | None:
         """Median latency of the eager row, or None when eager was not measured."""
         for row in self.rows:

@@ -28,6 +28,7 @@ from ..errors import (
     UntrustedConfigError,
 )
 from ..runtime.artifacts import allowed_elements
+from ..signature.synthetic import check_key_names
 from .environment import unrecorded_libraries
 from .format import RUNNERS, EntryRecord, Manifest
 from .reader import Budget, Source, extract
@@ -37,10 +38,14 @@ def needed_entries(manifest: Manifest) -> list[int]:
     """Entries to rebuild: those of paths that are wrapped.
 
     A path is wrapped where some graph's winner is not eager (as :meth:`Plan.runners` decides). The
-    others need nothing from the file.
+    others need nothing from the file, nor do entries keyed by an object's identity.
     """
     wrapped = {e.path for e in manifest.entries if e.backend.kind != "eager"}
-    return [n for n, e in enumerate(manifest.entries) if e.path in wrapped]
+    return [
+        n
+        for n, e in enumerate(manifest.entries)
+        if e.path in wrapped and not e.graph.has_opaque  # keyed by an object's identity: no
+    ]  # call after a load can match it, so it is neither read nor rebuilt
 
 
 def tuned_device(manifest: Manifest) -> torch.device:
@@ -131,6 +136,7 @@ def check_plan(
         entry = manifest.entries[n]
         backend = entry_backend(entry, device, trust_config)
         try:
+            check_key_names(entry.graph)  # cache classes of the key: the allow-list only
             backend.check_saved_runner(entry.graph, entry.runner, max_elements)
         except Exception as exc:  # a backend's own check: any failure refuses the record
             raise BackendError(

@@ -322,8 +322,12 @@ def read_accuracy(fields: Fields) -> dict[str, Any] | None:
     }
 
 
-def accuracy_note(record: dict[str, Any]) -> str:
-    """One line: the checkpoint's plan was tuned under an accuracy budget, with its error."""
+def accuracy_note(record: dict[str, Any], changes_results: bool | None = None) -> str:
+    """One line: the checkpoint's plan was tuned under an accuracy budget, with its error.
+
+    ``changes_results``: whether the plan's content changes results (a load knows it from the
+    runners' backends); the record's own claim is used only without it.
+    """
     budget = record.get("budget", {})
     bound = []
     if budget.get("max_error") is not None:
@@ -339,7 +343,8 @@ def accuracy_note(record: dict[str, Any]) -> str:
         )
         if record.get(name) is not None
     ]
-    changes = "its outputs differ from eager's" if record.get("changes_results") else "results kept"
+    differ = record.get("changes_results") if changes_results is None else changes_results
+    changes = "its outputs differ from eager's" if differ else "results kept"
     return (
         f"tuned under an accuracy budget ({', '.join(bound) or 'unstated'}): {changes}; measured "
         f"{', '.join(measured) or 'nothing'}"

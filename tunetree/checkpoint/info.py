@@ -25,6 +25,8 @@ from .compat import (
 from .environment import Difference, compare_records, environment_record
 from .format import EnvironmentMismatchError, Manifest
 from .reader import Budget, Source, open_source, read_header, read_manifest, verify
+from .staging import recover
+from .weights_header import read_header as read_weights_header
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,7 @@ def read_info(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> Ch
     """
     path = Path(os.fspath(path))
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
+    recover(path)  # as tt.load does
     header = read_header(path)
     running = environment_record(header.record["backends"])
     differences = compare_records(header.record, running, ignore)
@@ -144,7 +147,9 @@ def check_members(source: Source, manifest: Manifest, backends: dict[int, Backen
 
     The weights and every needed entry's members are read within one byte budget and
     verified against their SHA-256 (the runners' into a private directory, removed after),
-    then each runner's artifacts are read by its backend and checked against its records
+    the weights' safetensors header is checked as the load checks it
+    (:func:`.weights_header.read_header`), then each runner's artifacts are read by its
+    backend and checked against its records
     (:meth:`~tunetree.backends.base.Backend.check_saved_artifacts`, which its ``load`` runs).
     ``backends`` are :func:`.compat.check_plan`'s. Raises what ``tt.load`` raises.
     """
@@ -152,6 +157,8 @@ def check_members(source: Source, manifest: Manifest, backends: dict[int, Backen
     try:
         budget = Budget()
         verify(source, manifest.weights_member, manifest, budget)
+        with source.open(manifest.weights_member) as weights:
+            read_weights_header(weights, manifest.members[manifest.weights_member].size)
         extract_runners(source, manifest, workdir, budget)
         served = {n: _served(manifest, n, b, workdir) for n, b in backends.items()}
     finally:

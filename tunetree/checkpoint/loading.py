@@ -22,6 +22,7 @@ from ..runtime.artifacts import SavedRunner, allowed_elements, load_runner, remo
 from ..runtime.wrap import wrap, wrapped_paths
 from ..signature.graph import GraphKey
 from ..signature.modules import find_module, resolve_device, root_modules
+from ..signature.state import eval_mode, preserved_state
 from .compat import (
     check_plan,
     extract_runners,
@@ -30,6 +31,7 @@ from .compat import (
     rebuilding,
     runner_directory,
     tuned_device,
+    where,
 )
 from .environment import compare_records, environment_record
 from .format import EntryRecord, Manifest, accuracy_note
@@ -42,6 +44,9 @@ from .reader import (
     read_header,
     read_manifest,
 )
+from .runner_check import RunnerCheck, check_budget_bytes, check_runner
+from .staging import recover
+from .weights_header import read_header as read_weights_header
 from .writer import model_state
 
 log = logging.getLogger(__name__)
@@ -75,6 +80,7 @@ def load(
         raise InvalidInputError(
             "load() needs a freshly built, untuned model; this one already carries a tune"
         )
+    recover(path)  # a directory save killed between its renames: its old copy back
     header = read_header(path)
     running = environment_record(header.record["backends"])
     differences = compare_records(header.record, running, ignore)
@@ -85,10 +91,43 @@ def load(
         dev = _target_device(model, device, manifest)
         size = read_bytes(path, source, manifest)
         backends = check_plan(path, header.record, manifest, dev, size, trust_config)
-        tuned = _load_from(model, source, manifest, dev, backends, size)
-    if manifest.accuracy is not None:
-        log.warning("%s: %s", path.name, accuracy_note(manifest.accuracy))
+        tuned, checks = _load_from(model, source, manifest, dev, backends, size)
+    note = results_note(manifest, backends, checks)
+    if note:
+        log.warning("%s: %s", path.name, note)
     return tuned
+
+
+def results_note(
+    manifest: Manifest, backends: dict[int, Backend], checks: dict[int, RunnerCheck]
+) -> str:
+    """What a load says of the plan's results: from its content, not from the record alone.
+
+    A plan changes results when a runner's backend does (its kind, checked against the
+    artifact's content by the backend: an int8 ONNX model is not an ``onnxruntime`` runner),
+    whatever its accuracy record says; each such runner's error was measured by the load's
+    check. Empty when the plan keeps results and records no budget.
+    """
+    changing = sorted(n for n, backend in backends.items() if not backend.preserves_results)
+    if not changing and manifest.accuracy is None:
+        return ""
+    record = dict(manifest.accuracy or {})
+    note = accuracy_note(record, changes_results=bool(changing)) if record else ""
+    if not changing:
+        return note
+    measured = []
+    for n in changing:
+        check = checks.get(n)
+        entry = manifest.entries[n]
+        error = "" if check is None or check.error is None else f" {check.metric} {check.error:.3g}"
+        measured.append(f"{entry.path or '<model>'} ({backends[n].name}{error})")
+    head = "the plan changes results" + (
+        "" if record else " though the file records no accuracy budget"
+    )
+    if record and record.get("changes_results") is False:
+        head += " though its accuracy record claims it keeps them"
+    text = f"{head}; measured on this model's weights at load: {', '.join(measured[:8])}"
+    return f"{text}. {note}" if note else text
 
 
 def _load_from(
@@ -98,8 +137,11 @@ def _load_from(
     dev: torch.device,
     backends: dict[int, Backend],
     size: int,
-) -> Any:
-    """Extract the weights and the needed entries' members, apply and wrap."""
+) -> tuple[Any, dict[int, RunnerCheck]]:
+    """Extract the weights and the needed entries' members, apply, check and wrap.
+
+    Returns the tuned model and each checked runner's comparison with eager.
+    """
     needed = needed_entries(manifest)
     workdir = Path(tempfile.mkdtemp(prefix="tunetree-load-"))
     keep = False
@@ -109,13 +151,13 @@ def _load_from(
         extract_runners(source, manifest, workdir, budget)
         _apply_weights(model, weights_file, dev)
         weights_file.unlink()
-        max_elements = allowed_elements(size)
-        runners = _load_runners(model, manifest, backends, workdir, dev, max_elements)
+        checks: dict[int, RunnerCheck] = {}
+        runners = _load_runners(model, manifest, backends, workdir, dev, size, checks)
         tuned = wrap(model, runners)
         keep = any(manifest.entries[n].members for n in needed)
         if keep:
             remove_with(tuned, workdir)
-        return tuned
+        return tuned, checks
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -143,6 +185,8 @@ def _apply_weights(model: Any, weights_file: Path, device: torch.device) -> None
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    with open(weights_file, "rb") as stream:  # as tunetree info checks it
+        read_weights_header(stream, weights_file.stat().st_size)
     try:
         saved = load_file(str(weights_file), device=str(device))
     except (SafetensorError, OSError, ValueError) as exc:
@@ -182,20 +226,49 @@ def _load_runners(
     backends: dict[int, Backend],
     workdir: Path,
     device: torch.device,
-    max_elements: int,
+    size: int,
+    checks: dict[int, RunnerCheck],
 ) -> dict[str, dict[GraphKey, Runner]]:
-    """The needed entries' runners by path and graph.
+    """The needed entries' runners by path and graph, each checked against eager.
 
     A narrower graph where a runner's artifact serves less than its entry's (see
-    :attr:`Runner.served`).
+    :attr:`Runner.served`). Each runner is checked like a fresh build
+    (:func:`.runner_check.check_runner`) before anything is wrapped; its comparison lands in
+    ``checks`` by entry index. ``size``: the bytes the checkpoint holds.
     """
     runners: dict[str, dict[GraphKey, Runner]] = {}
+    max_elements = allowed_elements(size)
+    budget = check_budget_bytes(size, model)  # the bytes read, never what the file claims
     for n, backend in backends.items():
         entry = manifest.entries[n]
         directory = runner_directory(workdir, n)
         runner = _load_entry(model, entry, backend, directory, device, max_elements)
-        runners.setdefault(entry.path, {})[runner.served or entry.graph] = runner
+        key = runner.served or entry.graph
+        check = _check_entry(model, entry, key, runner, device, budget, manifest.accuracy)
+        if check is not None:
+            checks[n] = check
+        runners.setdefault(entry.path, {})[key] = runner
     return runners
+
+
+def _check_entry(
+    model: Any,
+    entry: EntryRecord,
+    key: GraphKey,
+    runner: Runner,
+    device: torch.device,
+    budget: int,
+    accuracy: dict[str, Any] | None,
+) -> RunnerCheck | None:
+    """:func:`.runner_check.check_runner` of one entry, its refusal naming the entry."""
+    module = find_module(model, entry.path)
+    try:
+        # Runners serve eval mode (a model tuned in training mode: its eval behaviour), and the
+        # check changes nothing of the model: buffers and the RNG state are put back.
+        with preserved_state(model), eval_mode(model):
+            return check_runner(module, key, runner, device, budget, accuracy)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{where(entry)}: {exc}") from exc
 
 
 def _load_entry(

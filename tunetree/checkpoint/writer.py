@@ -1,7 +1,8 @@
 """Writing a checkpoint: weights, plan entries, winners' artifacts, environment record.
 
 Only what the plan reaches is written, into a staging directory beside the target that is
-flushed and renamed over it, so a save killed halfway leaves the previous checkpoint intact.
+flushed and put in place atomically (:mod:`.staging`), so a save killed halfway leaves the
+previous checkpoint intact, and the next save or load cleans up after it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import shutil
 import zipfile
 from collections.abc import Mapping
@@ -40,6 +40,7 @@ from .format import (
     Manifest,
     MemberRecord,
 )
+from .staging import install, recover, sibling
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,15 @@ def save(
 
     ``compress_checkpoint=False`` writes a directory with the same content. The write is
     atomic: a temporary file (or directory) beside ``path`` is filled, flushed to disk and
-    renamed over the target, so a save killed halfway leaves the previous checkpoint intact.
+    put at the target in one step (:func:`.staging.install`), so a save killed halfway leaves
+    the previous checkpoint intact; what a killed save left beside it is cleaned up first.
     Returns the path written.
     """
     model, plan, graphs = _model_and_plan(model_or_result)
     _refuse_hidden_modules(model)
     target = Path(os.fspath(path))
+    if target.parent.is_dir():
+        recover(target)  # a save killed before: its old copy back, its staging removed
     if not target.parent.is_dir():
         raise InvalidInputError(
             f"cannot save to {target}: directory {target.parent} does not exist"
@@ -71,7 +75,7 @@ def save(
     device = resolve_device(model, None)
     record = environment_record(entry.backend for entry in plan.entries)
     record_bytes = json.dumps(record, sort_keys=True).encode("utf-8")
-    staging = _sibling(target)
+    staging = sibling(target)
     staging.mkdir(mode=0o700)
     try:
         entries = [_save_entry(n, entry, staging, graphs) for n, entry in enumerate(plan.entries)]
@@ -100,7 +104,7 @@ def save(
             (staging / DIR_ENVIRONMENT).write_bytes(record_bytes)
             (staging / DIR_FORMAT).write_text(f"{FORMAT_VERSION}\n")
             _fsync_tree(staging)
-            _install(staging, target)
+            install(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
@@ -248,7 +252,7 @@ def model_state(model: Any) -> dict[str, torch.Tensor]:
 
 def _write_tt(staging: Path, record_bytes: bytes, target: Path) -> None:
     """Header + record + zip of the staging directory, written atomically to ``target``."""
-    tmp = _sibling(target)
+    tmp = sibling(target)
     try:
         with open(tmp, "xb") as f:
             f.write(HEADER.pack(FORMAT_VERSION, len(record_bytes)))
@@ -261,34 +265,10 @@ def _write_tt(staging: Path, record_bytes: bytes, target: Path) -> None:
                     archive.write(staging / name, name, compress_type=method)
             f.flush()
             os.fsync(f.fileno())
-        _install(tmp, target)
+        install(tmp, target)
     finally:
         if tmp.exists():
             tmp.unlink()
-
-
-def _install(tmp: Path, target: Path) -> None:
-    """Move a fully written (and fsynced) file or directory onto ``target``.
-
-    The rename is made durable. A file replaces a file in one atomic rename; anything involving a
-    directory moves the old target aside first and deletes it after the new one is in.
-    """
-    if target.exists() and (tmp.is_dir() or target.is_dir()):
-        aside = _sibling(target, "old")
-        os.rename(target, aside)
-        os.rename(tmp, target)
-        fsync_dir(target.parent)
-        if aside.is_dir():
-            shutil.rmtree(aside, ignore_errors=True)
-        else:
-            aside.unlink()
-    else:
-        os.replace(tmp, target)
-    fsync_dir(target.parent)
-
-
-def _sibling(target: Path, tag: str = "tmp") -> Path:
-    return target.with_name(f"{target.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def _fsync_tree(root: Path) -> None:

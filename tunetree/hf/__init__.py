@@ -7,10 +7,16 @@ that does not use transformers pays nothing.
 from __future__ import annotations
 
 from .caches import (
+    CACHE_CLASSES_MODULE,
+    INERT_CACHE_CLASSES,
+    MAX_CACHE_ATTRIBUTES,
     ObjectState,
     cache_objects,
+    check_attribute_name,
+    config_size_limit,
     contains_cache,
     from_data,
+    inert_cache_class,
     is_cache_object,
     loaded_cache_class,
     nested_cache_objects,
@@ -22,12 +28,18 @@ from .positions import BELOW_CAPACITY, Derived, capacity_of, key_value, position
 
 __all__ = [
     "BELOW_CAPACITY",
+    "CACHE_CLASSES_MODULE",
     "Derived",
+    "INERT_CACHE_CLASSES",
+    "MAX_CACHE_ATTRIBUTES",
     "ObjectState",
     "cache_objects",
     "capacity_of",
+    "check_attribute_name",
+    "config_size_limit",
     "contains_cache",
     "from_data",
+    "inert_cache_class",
     "is_cache_object",
     "key_value",
     "loaded_cache_class",

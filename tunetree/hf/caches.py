@@ -254,16 +254,87 @@ def updated_in_place(inputs: Any, output: Any) -> Any:
     return pytree.tree_map(into_input, output, is_leaf=is_cache_object)
 
 
-def loaded_cache_class(name: str) -> type | None:
-    """The cache class called ``name`` among transformers modules already imported, or None.
+CACHE_CLASSES_MODULE = "transformers.cache_utils"
+"""The one module whose cache classes a saved graph key may name."""
 
-    For rebuilding a cache from a saved signature: nothing is imported by name (a checkpoint is
-    untrusted), so only a class the user's own model has loaded can be found.
+INERT_CACHE_CLASSES = frozenset(
+    {
+        "DynamicCache",
+        "StaticCache",
+        "SlidingWindowCache",
+        "EncoderDecoderCache",
+        "DynamicLayer",
+        "DynamicSlidingWindowLayer",
+        "DynamicIndexedLayer",
+        "StaticLayer",
+        "StaticSlidingWindowLayer",
+        "StaticIndexedLayer",
+        "LinearAttentionLayer",
+        "LinearAttentionAndFullAttentionLayer",
+        "LinearAttentionAndSlidingWindowAttentionLayer",
+        "LinearAttentionAndStaticFullAttentionLayer",
+        "LinearAttentionAndStaticSlidingWindowAttentionLayer",
+    }
+)
+"""Cache classes a graph key read from a file may name (issue 29): transformers' plain
+containers of tensors, whose methods only index, concatenate and allocate with torch. Anything
+else is refused: a quantized layer (``QuantoQuantizedLayer``'s ``update`` imports its
+quantization package, found on ``sys.path``), a model's own cache class, or a class a file
+names for any other reason. A name missing from the installed transformers is refused too."""
+
+MAX_CACHE_ATTRIBUTES = 64
+"""Most attributes one saved cache object may have."""
+
+
+def inert_cache_class(name: Any) -> type | None:
+    """The allow-listed cache class called ``name``, or None (:data:`INERT_CACHE_CLASSES`).
+
+    Looked up in transformers' cache module only if the user's process has imported it
+    already: nothing is imported here, and no module a file names is searched.
     """
-    for module_name, module in list(sys.modules.items()):
-        if not module_name.startswith("transformers") or module is None:
-            continue
-        cls = getattr(module, name, None)
-        if isinstance(cls, type) and is_cache_class(cls):
-            return cls
-    return None
+    if not isinstance(name, str) or name not in INERT_CACHE_CLASSES:
+        return None
+    module = sys.modules.get(CACHE_CLASSES_MODULE)
+    cls = getattr(module, name, None) if module is not None else None
+    if (
+        not isinstance(cls, type)
+        or cls.__module__ != CACHE_CLASSES_MODULE
+        or cls.__qualname__ != name
+        or not is_cache_class(cls)
+    ):
+        return None
+    return cls
+
+
+def loaded_cache_class(name: str) -> type | None:
+    """The cache class a saved signature names, from the fixed list only; None for others.
+
+    Kept for callers of the first name; see :func:`inert_cache_class`.
+    """
+    return inert_cache_class(name)
+
+
+def check_attribute_name(name: Any) -> str:
+    """A saved cache attribute's name: a short identifier, never a dunder (ValueError)."""
+    if not isinstance(name, str) or not name.isidentifier() or len(name) > 64:
+        raise ValueError(f"a cache attribute name must be a short identifier, not {name!r:.60}")
+    if name.startswith("__"):
+        raise ValueError(f"a cache attribute may not be named {name!r:.60}")
+    return name
+
+
+def config_size_limit(module: Any) -> int | None:
+    """The largest sequence size a Hugging Face model's config declares, or None.
+
+    Sizes a saved cache object states (``max_cache_len``, ``sliding_window``) are bounded by
+    this and by the graph's own tensors, never by the file alone.
+    """
+    config = getattr(module, "config", None)
+    if config is None:
+        return None
+    found = []
+    for name in ("max_position_embeddings", "n_positions", "max_seq_len", "sliding_window"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            found.append(value)
+    return max(found) if found else None

@@ -86,7 +86,7 @@ class TuneResult:
                 )
                 rows.append(
                     [
-                        g.path or "<model>",
+                        (g.path or "<model>") + (" (cached)" if g.cached else ""),
                         str(g.graph.key),
                         mark + row.backend.name,
                         row.describe(),
@@ -229,7 +229,8 @@ def _tune_graph(
             for b in base.backends
             if b not in narrowed.backends
         ]
-        result.strategy = f"{base.describe()} (twin of {twin.path or '<model>'})"
+        cached = " (cached)" if result.strategy.endswith("(cached)") else ""
+        result.strategy = f"{base.describe()} (twin of {twin.path or '<model>'}){cached}"
         return result
     result = _tune_with(session, base, cache)
     if result.winner is not None and not _budget_cut(result):
@@ -258,6 +259,7 @@ def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) 
         with session.clock.phase(CACHE):
             cached = cache.lookup(session, own)
         if cached is not None:
+            session.graph.checks = None  # the hit's probe check is done; probes can be large
             return cached
     outcome = own.run(session)
     result = GraphResult(session.path, session.graph, outcome.rows, outcome.winner, own.describe())
