@@ -81,8 +81,9 @@ class OnnxRuntimeRunner(Runner):
         self.directory = directory
         self.device = device
         self.bind = device.type == "cuda"
-        self.spinning = False
-        """Whether the session's threads spin between calls (see :meth:`serve_alone`)."""
+        self.spinning = backend.allow_spinning and not self.bind
+        """Whether the session's threads spin between calls (only after :meth:`serve_alone`
+        or with ``allow_spinning=True``)."""
         self.dynamic = dynamic  # output shapes vary with the call: ONNX Runtime allocates
         weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
         self.session = self._session(backend.session_options())
@@ -135,16 +136,17 @@ class OnnxRuntimeRunner(Runner):
         )
 
     def serve_alone(self) -> None:
-        """Let the session's threads spin between calls when this runner is the whole model.
+        """Let the session's threads spin between calls: the process serves this model only.
 
-        Measured on the 2-core EPYC, BERT-2L: spinning serves the whole model 14% faster
-        (10.1 against 11.5 ms), but with torch code between calls (BERT tuned at depth 2) it
-        took 47.7 ms against 14.4, three times slower than eager. So a session spins only when
-        nothing runs between its calls. The session is rebuilt once, from the same model file.
+        Only when the user asks (:func:`tunetree.serve_alone`). Measured on the 2-core EPYC,
+        BERT-2L: spinning serves the whole model 14% faster (10.1 against 11.5 ms), but any
+        torch code between calls pays for it: BERT tuned at depth 2 took 47.7 ms against 14.4,
+        and eager work right after a spinning depth-0 call took 40.1 ms against 18.5 ms alone.
+        The session is rebuilt once, from the same model file.
         """
         backend = self.backend
         assert isinstance(backend, OnnxRuntime)
-        if self.spinning or self.bind or backend.allow_spinning:
+        if self.spinning or self.bind:
             return
         self.session = self._session(backend.session_options(spinning=True))
         self.spinning = True

@@ -7,7 +7,8 @@ of those timings is larger than the gap they decide on, the depth is measured ag
 if it stays noisy the table says so and a warning names the likely cause (the load
 average). At each depth the greedy plan (each graph's own winner) is measured against the
 best single-runtime plan (every graph on the runtime that won most graphs, eager
-elsewhere), because runtimes' thread pools can disturb each other; the faster is kept.
+elsewhere), because runtimes' thread pools can disturb each other; the faster is kept. Last,
+the selected plan is timed beside depth 0's best whole-model backend (:mod:`.rival`).
 Among depths within ``tie_tolerance`` of the best speed-up the shallowest wins; when no
 depth beats the untuned model, the model stays untuned.
 """
@@ -45,13 +46,37 @@ from ..runtime.plan import Plan
 from ..runtime.wrap import unwrap, wrap
 from ..signature.compare import Tolerances, compare_all
 from ..signature.inspection import ModelInfo, inspect
-from ..signature.modules import CallFn, module_paths, run_model
+from ..signature.modules import CallFn, run_model
 from ..signature.shapes import DynamicShapes
-from ..signature.state import check_eval_mode, eval_mode, preserved_state
+from ..signature.state import (
+    Placement,
+    check_eval_mode,
+    eval_mode,
+    preserved_state,
+    restore_placement,
+    tensor_placement,
+)
 from .accuracy_check import EndToEndCheck
 from .auto_result import AutoTuneResult, DepthRow, DepthStatus
-from .endtoend import UNTUNED, load_text, runtime_name, side_by_side, single_runtime_plan, too_noisy
-from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
+from .endtoend import (
+    UNTUNED,
+    end_to_end_tolerances,
+    load_text,
+    runtime_name,
+    side_by_side,
+    single_runtime_plan,
+    too_noisy,
+)
+from .rival import WHOLE_MODEL, FinalCheck, FinalRun, final_check, whole_model_plan
+from .tune import (
+    GraphCache,
+    GraphMemo,
+    GraphResult,
+    check_device,
+    check_untuned,
+    plan_from,
+    release_unplanned,
+)
 from .tune import tune_cut as _tune_cut
 
 log = logging.getLogger(__name__)
@@ -70,28 +95,6 @@ UNTUNED_SHARE = 0.1
 MAX_PLANS_TIMED = 6
 """Under an accuracy budget, the most plans of one depth timed end to end (the first ones
 checked, and the first within the budget); the rest show their error only."""
-
-
-Placement = dict[tuple[int, str], tuple[torch.nn.Module, torch.device, torch.dtype]]
-
-
-def _tensor_devices(model: Any) -> Placement:
-    """Device and dtype of every parameter and buffer, to put back what a backend moved."""
-    found: Placement = {}
-    for _, module in module_paths(model):
-        for name, tensor in list(module.named_parameters(recurse=False)) + list(
-            module.named_buffers(recurse=False)
-        ):
-            if tensor is not None:
-                found[(id(module), name)] = (module, tensor.device, tensor.dtype)
-    return found
-
-
-def _restore_devices(saved: Placement) -> None:
-    for (_, name), (module, device, dtype) in saved.items():
-        tensor = getattr(module, name, None)
-        if isinstance(tensor, torch.Tensor) and (tensor.device, tensor.dtype) != (device, dtype):
-            tensor.data = tensor.data.to(device=device, dtype=dtype)
 
 
 def auto_tune(
@@ -198,7 +201,7 @@ def auto_tune(
                 tolerances=tolerances,
                 progress=progress,
                 cache=open_cache(cache),
-                devices=_tensor_devices(model),
+                devices=tensor_placement(model),
                 deadline=None if budget is None else Deadline.after(budget, start),
                 clock=clock,
             )
@@ -220,7 +223,7 @@ def auto_tune(
         if budget is not None:
             run.reserve_s = _end_to_end_reserve(before, now() - measured_at, run.config, budget)
         _tune_depths(run, rows)
-    result = _finish(run, rows, before, tie_tolerance, start)
+        result = _finish(run, rows, before, tie_tolerance, start)  # measures: still in eval mode
     result.breakdown = clock.breakdown()
     result.time_budget = budget
     result.accuracy = accuracy
@@ -306,6 +309,10 @@ def _finish(
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
     _against_fastest_untuned(measured, before)
     selected = _select(rows, tie_tolerance)
+    final = _final_check(run, rows, selected, tie_tolerance)
+    if final is not None and final.kept_rival:  # depth 0 now holds the rival, timed again
+        selected = 0
+        _against_fastest_untuned([r for r in rows if r.untuned and r.same_as is None], before)
     if run.accuracy is not None:
         for depth, measured_plan in run.plans.items():
             measured_plan.accuracy = _accuracy_record(
@@ -322,11 +329,44 @@ def _finish(
         info=run.info,
         original=run.model,
         plans=dict(run.plans),
+        final="" if final is None else str(final),
     )
     if selected is not None:
         result.use(selected)
+    release_unplanned(run.graphs.values(), run.plans.values())  # result.use picks among those
     result.tuning_s = now() - start
     return result
+
+
+def _final_check(
+    run: _Run, rows: list[DepthRow], selected: int | None, tie_tolerance: float
+) -> FinalCheck | None:
+    """The best whole-model backend of depth 0 beside the selected plan (:mod:`.rival`)."""
+    rival = whole_model_plan(run.graphs[0]) if run.accuracy is None and 0 in run.graphs else None
+    if rival is None or not rival.runners():
+        return None
+
+    def measure(models: dict[str, Any]) -> dict[str, Timing]:
+        run.progress("final", "the selected plan beside the best whole-model backend")
+        with run.clock.phase(END_TO_END, "final side by side"):
+            return run.measure(models)
+
+    final_run = FinalRun(
+        untuned=run.model,
+        wrap_plan=lambda plan: wrap(run.model, plan.runners(), in_place=False),
+        problems=lambda model, plan: _check_outputs(run, model, plan),
+        measure=measure,
+        restore=run.restore,
+        room=lambda: run.deadline is None or run.deadline.room_for_s(run.reserve_s),
+    )
+    final = final_check(final_run, run.plans, selected, rival, tie_tolerance)
+    if final is not None and final.kept_rival:
+        row = next(r for r in rows if r.depth == 0)
+        run.plans[0] = rival
+        row.status, row.error, row.noisy = DepthStatus.MEASURED, "", False
+        row.timing, row.untuned = final.timings[WHOLE_MODEL], final.timings[UNTUNED]
+        row.plans = f"whole-model {final.rival}, kept by the final side by side"
+    return final
 
 
 def _against_fastest_untuned(measured: list[DepthRow], before: Timing) -> None:
@@ -399,7 +439,7 @@ class _Run:
     def restore(self) -> None:
         """Unwrap the model and put back every tensor a backend moved."""
         unwrap(self.model)
-        _restore_devices(self.devices)
+        restore_placement(self.devices)
 
 
 def _tune_depths(run: _Run, rows: list[DepthRow]) -> None:
@@ -442,7 +482,7 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
             clock=run.clock,
             accuracy=run.accuracy.budget if run.accuracy is not None else None,
         )
-    _restore_devices(run.devices)
+    restore_placement(run.devices)
     run.graphs[row.depth] = results
     skipped = sum(1 for g in results for r in g.rows if r.reason == TIME_BUDGET_ERROR)
     if skipped:
@@ -592,7 +632,7 @@ def _check_outputs(run: _Run, tuned: Any, plan: Plan) -> str:
     """Why ``tuned``'s outputs do not match eager's ("" when they do)."""
     with torch.no_grad():
         outputs = [run_model(tuned, s, run.call) for s in run.info.samples]
-    check = compare_all(run.info.outputs, outputs, _end_to_end_tolerances(plan, run.tolerances))
+    check = compare_all(run.info.outputs, outputs, end_to_end_tolerances(plan, run.tolerances))
     return "" if check.ok else check.reason
 
 
@@ -627,22 +667,6 @@ def _timed(run: _Run, row: DepthRow, tuned: dict[str, Any]) -> dict[str, Timing]
             load_text(),
         )
     return timings
-
-
-def _end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:
-    """Tolerances for the whole model's output.
-
-    The caller's, else the loosest of the opt-in backends in the plan (a user who opted into bf16
-    accepted its error), else the defaults.
-    """
-    if given is not None:
-        return given
-    loose = [t for e in plan.entries if (t := e.backend.tolerances()) is not None]
-    if not loose:
-        return None
-    atol = max(tol.atol for t in loose for tol in t.by_dtype.values())
-    rtol = max(tol.rtol for t in loose for tol in t.by_dtype.values())
-    return Tolerances.uniform(atol, rtol)
 
 
 def _select(rows: list[DepthRow], tie_tolerance: float) -> int | None:

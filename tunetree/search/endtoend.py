@@ -21,6 +21,7 @@ from ..candidates.budget import Deadline
 from ..candidates.measure import MeasureConfig, Timing, cycle_calls, measure
 from ..candidates.results import GraphResult
 from ..runtime.plan import Plan, PlanEntry
+from ..signature.compare import Tolerances
 from ..signature.graph import Sample
 from ..signature.inspection import ModelInfo
 from ..signature.modules import CallFn, run_model
@@ -102,3 +103,19 @@ def runtime_name(plan: Plan) -> str:
     """``openvino-only`` or ``mixed (a, b)``: how a plan's runtimes are described."""
     kinds = sorted({e.backend.kind for e in plan.entries if e.backend.kind != "eager"})
     return f"{kinds[0]}-only" if len(kinds) == 1 else f"mixed ({', '.join(kinds)})"
+
+
+def end_to_end_tolerances(plan: Plan, given: Tolerances | None) -> Tolerances | None:
+    """Tolerances for the whole model's output.
+
+    The caller's, else the loosest of the opt-in backends in the plan (a user who opted into bf16
+    accepted its error), else the defaults.
+    """
+    if given is not None:
+        return given
+    loose = [t for e in plan.entries if (t := e.backend.tolerances()) is not None]
+    if not loose:
+        return None
+    atol = max(tol.atol for t in loose for tol in t.by_dtype.values())
+    rtol = max(tol.rtol for t in loose for tol in t.by_dtype.values())
+    return Tolerances.uniform(atol, rtol)
