@@ -42,7 +42,6 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
 
 import dataclasses
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -55,10 +54,10 @@ from torch import nn
 import tunetree as tt
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.graph import Sample
-from tunetree.signature.modules import synchronize
 
 from . import common
 from .dynamic import Workload, cnn, subset, trace
+from .interleave import Stat, interleaved_passes, rotations, timed
 from .runner_overhead import BACKENDS, bert2, by_hand, mlp, runner_eager_calls, unseen_calls
 
 
@@ -121,63 +120,6 @@ class OtherWork(nn.Module):
 
 
 # Timing ------------------------------------------------------------------------------------
-
-
-def timed(fn: Callable[[], Any], device: torch.device) -> float:
-    """Seconds one call takes, synchronised on the device."""
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
-@dataclasses.dataclass
-class Stat:
-    median_s: float
-    q1_s: float
-    q3_s: float
-
-    @classmethod
-    def of(cls, values: list[float]) -> Stat:
-        if len(values) < 2:
-            return cls(values[0], values[0], values[0])
-        q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-        return cls(median, q1, q3)
-
-    def text(self) -> str:
-        spread = 50 * (self.q3_s - self.q1_s) / self.median_s if self.median_s else 0.0
-        return f"{1e3 * self.median_s:.3f} ±{spread:.1f}%"
-
-
-def rotations(names: list[str], rounds: int) -> list[list[str]]:
-    """Per round, the names in a rotating order (each starts a round equally often)."""
-    return [names[r % len(names) :] + names[: r % len(names)] for r in range(rounds)]
-
-
-def interleaved_passes(
-    approaches: dict[str, Callable[[Sample], Any]],
-    samples: list[Sample],
-    device: torch.device,
-    rounds: int,
-) -> dict[str, Stat]:
-    """Per round, each approach runs one pass over ``samples``, every call timed; mean per call.
-
-    No untimed call before a pass: each pass starts right after another approach's, as a
-    call in a process that does other things does. One untimed pass each first (first-call
-    work: a capture, a compile).
-    """
-    with torch.no_grad():
-        for fn in approaches.values():
-            for s in samples:
-                fn(s)
-        per_call: dict[str, list[float]] = {name: [] for name in approaches}
-        for order in rotations(list(approaches), rounds):
-            for name in order:
-                fn = approaches[name]
-                total = sum(timed(lambda s=s, fn=fn: fn(s), device) for s in samples)
-                per_call[name].append(total / len(samples))
-    return {name: Stat.of(v) for name, v in per_call.items()}
 
 
 def other_work_after(
