@@ -33,20 +33,37 @@ def timed(fn: Callable[[], Any], device: torch.device) -> float:
 
 @dataclasses.dataclass
 class Stat:
+    """Median and quartiles of one value per round (seconds, or a ratio)."""
+
     median_s: float
     q1_s: float
     q3_s: float
+    values: list[float] = dataclasses.field(default_factory=list, repr=False)
 
     @classmethod
     def of(cls, values: list[float]) -> Stat:
         if len(values) < 2:
-            return cls(values[0], values[0], values[0])
+            return cls(values[0], values[0], values[0], list(values))
         q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive")
-        return cls(median, q1, q3)
+        return cls(median, q1, q3, list(values))
 
     def text(self) -> str:
         spread = 50 * (self.q3_s - self.q1_s) / self.median_s if self.median_s else 0.0
         return f"{1e3 * self.median_s:.3f} ±{spread:.1f}%"
+
+    def ratio_text(self) -> str:
+        """A ratio with its interquartile range: ``1.021 (1.004-1.035)``."""
+        return f"{self.median_s:.3f} ({self.q1_s:.3f}-{self.q3_s:.3f})"
+
+
+def paired(a: Stat, b: Stat) -> Stat:
+    """The ratio ``a / b`` round by round (both measured in the same rounds), as a Stat.
+
+    Each round's two values were taken seconds apart, so a load change between rounds (a
+    neighbour process on a shared machine) moves both and cancels in their ratio: the median
+    of the ratios is steadier than the ratio of the medians.
+    """
+    return Stat.of([x / y for x, y in zip(a.values, b.values, strict=True)])
 
 
 def rotations(names: list[str], rounds: int) -> list[list[str]]:

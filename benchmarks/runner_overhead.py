@@ -181,7 +181,7 @@ def openvino_by_hand(work: Workload, calls: list[Sample]) -> Callable[[Sample], 
 def onnxruntime_by_hand(
     work: Workload, calls: list[Sample], folder: Path
 ) -> Callable[[Sample], Any]:
-    """The dynamo ONNX exporter with Dims, a default CPU session, numpy in and out."""
+    """The dynamo ONNX exporter with Dims, a CPU session, numpy in and out."""
     import onnxruntime
 
     example = _largest(calls)
@@ -197,7 +197,12 @@ def onnxruntime_by_hand(
             verbose=False,
             report=False,
         )
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    # Threads spin while a call runs and stop when it returns, as tunetree's sessions do. With
+    # ONNX Runtime's default they keep spinning after each call, which slows whatever runs
+    # next: here the other approach's pass (and in a serving process, the user's own work).
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
 
     def run(sample: Sample) -> Any:

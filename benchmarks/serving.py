@@ -42,6 +42,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
 
 import dataclasses
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -57,7 +58,7 @@ from tunetree.signature.graph import Sample
 
 from . import common
 from .dynamic import Workload, cnn, subset, trace
-from .interleave import Stat, interleaved_passes, rotations, timed
+from .interleave import Stat, interleaved_passes, paired, rotations, timed
 from .runner_overhead import BACKENDS, bert2, by_hand, mlp, runner_eager_calls, unseen_calls
 
 
@@ -130,8 +131,9 @@ def other_work_after(
     rounds: int,
 ) -> dict[str, tuple[Stat, Stat | None]]:
     """Per approach: the other work timed right after one of its calls, and that call timed
-    right after the other work (the step of a serving loop). ``alone``: other work after other
-    work."""
+    right after the other work (the step of a serving loop); ``alone``: other work after other
+    work. Per round and approach, one untimed step, then a step per sample; the round's value
+    is their median."""
     names = ["alone", *approaches]
     after: dict[str, list[float]] = {n: [] for n in names}
     calls: dict[str, list[float]] = {n: [] for n in approaches}
@@ -139,17 +141,19 @@ def other_work_after(
         for fn in approaches.values():
             for s in samples:
                 fn(s)
-        other()
         for r, order in enumerate(rotations(names, rounds)):
             for name in order:
+                call = approaches.get(name, lambda _: other())
+                call(samples[r % len(samples)])  # untimed: what the previous approach left
+                other()
+                got, took = [], []
                 for i in range(len(samples)):
                     sample = samples[(r + i) % len(samples)]
-                    if name == "alone":
-                        other()
-                    else:
-                        call = approaches[name]
-                        calls[name].append(timed(lambda s=sample, f=call: f(s), device))
-                    after[name].append(timed(other, device))
+                    took.append(timed(lambda s=sample, f=call: f(s), device))
+                    got.append(timed(other, device))
+                after[name].append(statistics.median(got))
+                if name in calls:
+                    calls[name].append(statistics.median(took))
     return {n: (Stat.of(after[n]), Stat.of(calls[n]) if n in calls else None) for n in names}
 
 
@@ -238,7 +242,14 @@ def section_other(built: Built, args: Any, device: torch.device) -> list[dict[st
         model = forced(built, backend, device)
         if model is not None:
             approaches[f"{backend} at depth 0"] = lambda s, m=model: s.run(m)
+    torch.manual_seed(1)
+    other_model = OtherWork(64 if args.quick else 256).eval().to(device)
+    x = torch.randn(16, 64, other_model.mlp[0].in_features, device=device)
+    runs = [
+        other_work_after(approaches, lambda: other_model(x), built.recorded, device, args.rounds)
+    ]
     if device.type == "cpu" and forced(built, "onnxruntime", device) is not None:
+        # Measured apart: threads spinning after its calls would slow the next approach.
         spinning = tt.tune(
             built.work.model,
             built.recorded,
@@ -248,28 +259,27 @@ def section_other(built: Built, args: Any, device: torch.device) -> list[dict[st
             verbose=False,
         ).model
         tt.serve_alone(spinning)
-        approaches["onnxruntime at depth 0, tt.serve_alone (spinning)"] = lambda s, m=spinning: (
-            s.run(m)
+        label = "onnxruntime at depth 0, tt.serve_alone (spinning; measured apart)"
+        one = {label: lambda s, m=spinning: s.run(m)}
+        runs.append(
+            other_work_after(one, lambda: other_model(x), built.recorded, device, args.rounds)
         )
-    torch.manual_seed(1)
-    other_model = OtherWork(64 if args.quick else 256).eval().to(device)
-    x = torch.randn(16, 64, other_model.mlp[0].in_features, device=device)
-    found = other_work_after(
-        approaches, lambda: other_model(x), built.recorded, device, args.rounds
-    )
-    alone = found["alone"][0]
     rows = []
-    for name, (after, call) in found.items():
-        rows.append(
-            {
-                "model": built.work.name,
-                "approach": name,
-                "call": call.text() if call else "-",
-                "other": after.text(),
-                "other / alone": after.median_s / alone.median_s,
-                "step ms": 1e3 * (after.median_s + (call.median_s if call else 0.0)),
-            }
-        )
+    for found in runs:
+        alone = found["alone"][0]
+        for name, (after, call) in found.items():
+            if name == "alone" and rows:
+                continue
+            rows.append(
+                {
+                    "model": built.work.name,
+                    "approach": name,
+                    "call ms": call.text() if call else "-",
+                    "other work ms": after.text(),
+                    "other / alone": paired(after, alone).ratio_text(),
+                    "step ms": f"{1e3 * (after.median_s + (call.median_s if call else 0.0)):.3f}",
+                }
+            )
     return rows
 
 
@@ -297,7 +307,7 @@ def section_overhead(built: Built, args: Any, device: torch.device) -> list[dict
                 "backend": backend,
                 "by hand": stats["by hand"].text(),
                 "tunetree": stats["tunetree"].text(),
-                "tunetree / by hand": stats["tunetree"].median_s / stats["by hand"].median_s,
+                "tunetree / by hand": paired(stats["tunetree"], stats["by hand"]).ratio_text(),
                 "fallbacks": dispatcher.fallback_calls - fallbacks,
                 "runner eager calls": runner_eager_calls(runners) - eager,
             }
@@ -320,7 +330,7 @@ def section_auto(built: Built, args: Any, device: torch.device) -> list[dict[str
     row: dict[str, Any] = {"model": built.work.name, "auto_tune picked": describe(auto)}
     row |= {name: s.text() for name, s in stats.items()}
     row["best single"] = best
-    row["auto / best single"] = stats["auto_tune"].median_s / stats[best].median_s
+    row["auto / best single"] = paired(stats["auto_tune"], stats[best]).ratio_text()
     row["final check"] = auto.final or "-"
     return [row]
 
