@@ -197,11 +197,11 @@ def onnxruntime_by_hand(
             verbose=False,
             report=False,
         )
-    # Threads spin while a call runs and stop when it returns, as tunetree's sessions do. With
-    # ONNX Runtime's default they keep spinning after each call, which slows whatever runs
-    # next: here the other approach's pass (and in a serving process, the user's own work).
+    # Threads that do not spin, as tunetree's sessions: with ONNX Runtime's default they keep
+    # spinning after each call and slow whatever runs next, here the other approach's pass (in
+    # a serving process, the user's own work).
     options = onnxruntime.SessionOptions()
-    options.add_session_config_entry("session.force_spinning_stop", "1")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
 

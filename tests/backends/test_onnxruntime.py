@@ -94,15 +94,13 @@ def test_session_options() -> None:
     options = OnnxRuntime(intra_op_num_threads=1, graph_optimization_level="basic")
     session_options = options.session_options()
     assert session_options.intra_op_num_threads == 1
-    # threads spin while a call runs, and stop when it returns
-    assert session_options.get_session_config_entry("session.intra_op.allow_spinning") == "1"
-    assert session_options.get_session_config_entry("session.force_spinning_stop") == "1"
+    assert session_options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
     assert (
         session_options.graph_optimization_level
         == onnxruntime.GraphOptimizationLevel.ORT_ENABLE_BASIC
     )
     spinning = OnnxRuntime(allow_spinning=True).session_options()
-    assert spinning.get_session_config_entry("session.force_spinning_stop") == "0"
+    assert spinning.get_session_config_entry("session.intra_op.allow_spinning") == "1"
 
 
 def test_missing_package_gives_reason(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,10 +216,8 @@ def test_no_session_spins_unless_the_user_asks_for_a_dedicated_process() -> None
         return found
 
     def spins(runner: Any) -> str:
-        """ "1" when the session's threads keep spinning between calls."""
         options = runner.session.get_session_options()
-        stop = options.get_session_config_entry("session.force_spinning_stop")
-        return "0" if stop == "1" else "1"
+        return str(options.get_session_config_entry("session.intra_op.allow_spinning"))
 
     x = torch.randn(4, 16)
     whole = quick_tune(mlp_model(), [x], depth=0)

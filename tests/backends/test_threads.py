@@ -5,7 +5,7 @@ spin takes the cores from it (eager work right after a spinning depth-0 ONNX Run
 2.2x its time alone on two cores). Counted as work, not time: the CPU time each thread of the
 process uses while the main thread sleeps after the calls (``/proc/self/task/*/schedstat``).
 A spinning thread burns most of the window (ONNX Runtime with spinning on: 56 ms of 200 on a
-busy 2-core machine); an idle one none (ONNX Runtime after the fix: 1.5 ms, OpenVINO's
+busy 2-core machine); an idle one none (ONNX Runtime without spinning: under 1 ms, OpenVINO's
 threads: 2 ms, torch's own OpenMP threads after eager work: 5-9 ms).
 """
 
@@ -65,7 +65,7 @@ def _tuned(backend: tt.backends.Backend) -> tt.TuneResult:
     )
 
 
-def test_an_onnxruntime_runner_stops_spinning_when_a_call_returns() -> None:
+def test_an_onnxruntime_runner_leaves_no_thread_spinning_unless_asked() -> None:
     pytest.importorskip("onnxruntime")
     result = _tuned(tt.backends.OnnxRuntime())
     x = torch.randn(64, 256)
