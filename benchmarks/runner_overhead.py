@@ -34,9 +34,15 @@ shapes not captured up front, would make the by-hand side the eager model on uns
 say nothing about tunetree's runner. tunetree's side is ``tt.tune`` at depth 0 with
 ``OneBackendStrategy(DeviceGraph())``, whose runner also clones every output.
 
-``by hand`` and ``tunetree`` are timed in one run of their own, alternating; ``runner`` and
-``artifact`` in a second run beside ``tunetree`` (all on tunetree's artifact, so no block
-follows another runtime's), and are scaled to the first run by ``tunetree``'s time.
+``by hand`` and ``tunetree`` are timed in one run of their own with the harder method of
+:mod:`benchmarks.interleave`: they alternate one pass over the calls at a time, every call
+timed, no untimed call before a pass (15 rounds, medians), as calls in a serving process
+follow other work. :func:`tunetree.measure`'s blocks, each after an untimed call, had
+OpenVINO's runner at 0.97-1.05x of by hand where alternating passes found 1.09-1.12x on
+BERT-2L (issue 30; why, in ``benchmarks/README.md``). ``runner`` and ``artifact`` are timed in
+a second run beside ``tunetree`` (all on tunetree's artifact, so no block follows another
+runtime's) with :func:`tunetree.measure`, and are scaled to the first run by ``tunetree``'s
+time.
 
 So ``tunetree - runner`` is the dispatcher (binding, keying, routing), ``runner - artifact``
 the runner's conversions (picking inputs, numpy views, output tensors, rebuilding eager's
@@ -75,6 +81,7 @@ from tunetree.signature.graph import GraphKey, Sample, flatten
 
 from . import common
 from .dynamic import Workload, _tokens, cnn, subset, trace
+from .interleave import interleaved_passes
 
 Call = Callable[[], Any]
 
@@ -174,7 +181,7 @@ def openvino_by_hand(work: Workload, calls: list[Sample]) -> Callable[[Sample], 
 def onnxruntime_by_hand(
     work: Workload, calls: list[Sample], folder: Path
 ) -> Callable[[Sample], Any]:
-    """The dynamo ONNX exporter with Dims, a default CPU session, numpy in and out."""
+    """The dynamo ONNX exporter with Dims, a CPU session, numpy in and out."""
     import onnxruntime
 
     example = _largest(calls)
@@ -190,7 +197,12 @@ def onnxruntime_by_hand(
             verbose=False,
             report=False,
         )
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    # Threads that do not spin, as tunetree's sessions: with ONNX Runtime's default they keep
+    # spinning after each call and slow whatever runs next, here the other approach's pass (in
+    # a serving process, the user's own work).
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
 
     def run(sample: Sample) -> Any:
@@ -380,6 +392,7 @@ def run_pair(
     device: torch.device,
     config: tt.MeasureConfig,
     folder: Path,
+    rounds: int = 15,
 ) -> list[Row]:
     start = time.perf_counter()
     result = tt.tune(
@@ -415,10 +428,13 @@ def run_pair(
         # refuse the shape, a ShapeSetRunner is full) are not in the dispatcher's fallbacks.
         runners = list({id(r): r for r, _ in routed if r is not None}.values())
         before, eager_before = dispatcher.fallback_calls, runner_eager_calls(runners)
-        pair = tt.measure(
-            {"by hand": Cycle([lambda s=s: hand(s) for s in samples]), "tunetree": tuned},
+        # The headline pair alternates one pass over the calls at a time, every call timed
+        # and no untimed call first (the harder method: see the module docstring).
+        pair = interleaved_passes(
+            {"by hand": hand, "tunetree": lambda s: s.run(result.model)},
+            samples,
             device,
-            config,
+            rounds,
         )
         fallbacks = dispatcher.fallback_calls - before
         runner_eager = runner_eager_calls(runners) - eager_before
@@ -435,7 +451,7 @@ def run_pair(
             "tunetree": pair["tunetree"].median_s * 1e3,
         }
         ms |= {k: t.median_s * scale * 1e3 for k, t in split.items() if k != "tunetree"}
-        spread = {k: t.spread for k, t in pair.items()}
+        spread = {k: (t.q3_s - t.q1_s) / t.median_s for k, t in pair.items()}
         spread |= {k: t.spread for k, t in split.items() if k != "tunetree"}
         note = f"tuned in {tune_s:.0f} s"
         note += f"; runner eager calls {runner_eager}"
@@ -513,6 +529,7 @@ def main() -> None:
         else tt.MeasureConfig(trials=15, block_s=0.2, max_s_per_candidate=6.0)
     )
     config = tt.MeasureConfig.quick() if args.quick else long
+    rounds = 3 if args.quick else 15
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
@@ -521,7 +538,9 @@ def main() -> None:
             unseen = unseen_calls(work, recorded, 6)
             for backend in backends:
                 try:
-                    rows += run_pair(work, backend, recorded, unseen, device, config, Path(tmp))
+                    rows += run_pair(
+                        work, backend, recorded, unseen, device, config, Path(tmp), rounds
+                    )
                 except Exception as exc:  # one broken pair must not end the run
                     rows.append(Row(work.name, backend, "-", {}, {}, 0, f"failed: {exc!r}"[:160]))
                     print(format_row(rows[-1]), flush=True)

@@ -33,7 +33,7 @@ from .errors import (
     UntrustedConfigError,
 )
 from .runtime.plan import Plan, PlanEntry
-from .runtime.wrap import unwrap
+from .runtime.wrap import serve_alone, unwrap
 from .search.auto import auto_tune
 from .search.auto_result import AutoTuneResult, DepthRow, DepthStatus, SkippedWork
 from .search.tune import GraphResult, TuneResult, tune
@@ -97,6 +97,7 @@ __all__ = [
     "quick_strategy",
     "rebatch",
     "save",
+    "serve_alone",
     "tune",
     "unwrap",
 ]

@@ -60,9 +60,11 @@ class Runner(ABC):
         return frozenset()
 
     def serve_alone(self) -> None:
-        """Told that this runner serves the whole model: no torch code runs between its calls.
+        """Told that this runner serves the whole model in a process that does nothing else.
 
-        A runner may then trade idle CPU for latency (ONNX Runtime lets its threads spin). The
+        Only on the user's request (:func:`tunetree.serve_alone`): a runner may then trade
+        idle CPU for latency (ONNX Runtime lets its threads spin). Never done by default,
+        since spinning threads slow whatever else the process runs between calls. The
         default does nothing.
         """
         return

@@ -82,8 +82,9 @@ class OnnxRuntimeRunner(Runner):
         self.directory = directory
         self.device = device
         self.bind = device.type == "cuda"
-        self.spinning = False
-        """Whether the session's threads spin between calls (see :meth:`serve_alone`)."""
+        self.spinning = backend.allow_spinning and not self.bind
+        """Whether the session's threads spin between calls (only after :meth:`serve_alone`
+        or with ``allow_spinning=True``)."""
         self.dynamic = dynamic  # output shapes vary with the call: ONNX Runtime allocates
         weakref.finalize(self, shutil.rmtree, directory, ignore_errors=True)
         self.session = self._session(backend.session_options())
@@ -139,16 +140,17 @@ class OnnxRuntimeRunner(Runner):
             raise BackendError(refused_by_onnxruntime(exc)) from exc
 
     def serve_alone(self) -> None:
-        """Let the session's threads spin between calls when this runner is the whole model.
+        """Let the session's threads spin between calls: the process serves this model only.
 
-        Measured on the 2-core EPYC, BERT-2L: spinning serves the whole model 14% faster
-        (10.1 against 11.5 ms), but with torch code between calls (BERT tuned at depth 2) it
-        took 47.7 ms against 14.4, three times slower than eager. So a session spins only when
-        nothing runs between its calls. The session is rebuilt once, from the same model file.
+        Only when the user asks (:func:`tunetree.serve_alone`). Measured on the 2-core EPYC,
+        BERT-2L: spinning serves the whole model 14% faster (10.1 against 11.5 ms), but any
+        torch code between calls pays for it: BERT tuned at depth 2 took 47.7 ms against 14.4,
+        and eager work right after a spinning depth-0 call took 40.1 ms against 18.5 ms alone.
+        The session is rebuilt once, from the same model file.
         """
         backend = self.backend
         assert isinstance(backend, OnnxRuntime)
-        if self.spinning or self.bind or backend.allow_spinning:
+        if self.spinning or self.bind:
             return
         self.session = self._session(backend.session_options(spinning=True))
         self.spinning = True
@@ -226,8 +228,9 @@ class OnnxRuntime(Backend):
 
     ``graph_optimization_level`` is one of disable, basic, extended, layout, all;
     ``intra_op_num_threads`` / ``inter_op_num_threads`` None lets ONNX Runtime choose;
-    ``allow_spinning`` False stops idle pool threads from spinning, which otherwise slows
-    down the torch code that runs between calls; ``providers`` overrides the execution
+    ``allow_spinning`` True lets the pool's idle threads spin (for a process that serves
+    this model only, see :func:`tunetree.serve_alone`); by default they sleep, so they take no
+    core from the code that runs between calls; ``providers`` overrides the execution
     providers (default: CPU, or CUDA then CPU on a CUDA device).
     """
 
@@ -305,6 +308,9 @@ class OnnxRuntime(Backend):
             options.intra_op_num_threads = self.intra_op_num_threads
         if self.inter_op_num_threads is not None:
             options.inter_op_num_threads = self.inter_op_num_threads
+        # No spinning by default, not even within a call: on the shared 2-core CPU, threads
+        # that spun only while a call ran (session.force_spinning_stop) served BERT-2L in 83 ms
+        # against 54 without spinning, beside other processes (issue 30).
         spin = "1" if (self.allow_spinning if spinning is None else spinning) else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)

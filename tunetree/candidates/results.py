@@ -7,6 +7,7 @@ downward: tune uses a cache through :class:`GraphCache`, and the cache builds
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -15,6 +16,7 @@ from ..signature.graph import Graph
 from .evaluate import CandidateRow, GraphSession
 
 if TYPE_CHECKING:
+    from ..backends.base import Runner
     from .strategy import Strategy
 
 
@@ -56,6 +58,43 @@ class GraphResult:
             and r.latency_s is not None
         ]
         return min(keeping, key=lambda r: r.latency_s or 0.0, default=None)
+
+    def best_per_kind(self) -> dict[str, CandidateRow]:
+        """Each backend kind's fastest usable measured row (the winner stands for its kind).
+
+        What a plan can still pick after the choice: a single-runtime plan, the best
+        whole-model backend, an accuracy budget's repair.
+        """
+        best: dict[str, CandidateRow] = {}
+        for row in self.rows:
+            if not row.usable or row.latency_s is None:
+                continue
+            held = best.get(row.backend.kind)
+            if held is None or row.latency_s < (held.latency_s or 0.0):
+                best[row.backend.kind] = row
+        if self.winner is not None and self.winner.usable:
+            best[self.winner.backend.kind] = self.winner
+        return best
+
+    def release_runners(self, keep: Collection[Runner] | None = None) -> int:
+        """Drop the runners that no plan will use, so none keeps threads or memory.
+
+        A losing candidate's runner holds its backend's session, thread pool and weights
+        while later candidates and depths are measured: nothing of it may slow them. With
+        ``keep`` None the rows of :meth:`best_per_kind` keep theirs; otherwise only the
+        runners in ``keep`` stay. The rows keep their status and timings; returns how many
+        runners were dropped.
+        """
+        if keep is None:
+            kept = {id(r.runner) for r in self.best_per_kind().values()}
+        else:
+            kept = {id(runner) for runner in keep}
+        dropped = 0
+        for row in self.rows:
+            if row.runner is not None and id(row.runner) not in kept:
+                row.runner = None
+                dropped += 1
+        return dropped
 
     def per_shape_table(self) -> str:
         """Latency of the winner and eager on each recorded shape of a ranged graph.

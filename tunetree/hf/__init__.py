@@ -29,9 +29,9 @@ from .positions import BELOW_CAPACITY, Derived, capacity_of, key_value, position
 __all__ = [
     "BELOW_CAPACITY",
     "CACHE_CLASSES_MODULE",
-    "Derived",
     "INERT_CACHE_CLASSES",
     "MAX_CACHE_ATTRIBUTES",
+    "Derived",
     "ObjectState",
     "cache_objects",
     "capacity_of",

@@ -7,7 +7,8 @@ of those timings is larger than the gap they decide on, the depth is measured ag
 if it stays noisy the table says so and a warning names the likely cause (the load
 average). At each depth the greedy plan (each graph's own winner) is measured against the
 best single-runtime plan (every graph on the runtime that won most graphs, eager
-elsewhere), because runtimes' thread pools can disturb each other; the faster is kept.
+elsewhere), because runtimes' thread pools can disturb each other; the faster is kept. Last,
+the selected plan is timed beside depth 0's best whole-model backend (:mod:`.rival`).
 Among depths within ``tie_tolerance`` of the best speed-up the shallowest wins; when no
 depth beats the untuned model, the model stays untuned.
 """
@@ -48,7 +49,14 @@ from ..signature.compare import Tolerances
 from ..signature.inspection import ModelInfo, inspect
 from ..signature.modules import CallFn
 from ..signature.shapes import DynamicShapes
-from ..signature.state import check_eval_mode, eval_mode, preserved_state
+from ..signature.state import (
+    Placement,
+    check_eval_mode,
+    eval_mode,
+    preserved_state,
+    restore_placement,
+    tensor_placement,
+)
 from .accuracy_check import EndToEndCheck
 from .auto_result import AutoTuneResult, DepthRow, DepthStatus
 from .decision import DepthDecisions
@@ -61,8 +69,16 @@ from .endtoend import (
     single_runtime_plan,
     too_noisy,
 )
-from .placement import Placement, restore_devices, tensor_devices
-from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
+from .rival import WHOLE_MODEL, FinalCheck, FinalRun, final_check, whole_model_plan
+from .tune import (
+    GraphCache,
+    GraphMemo,
+    GraphResult,
+    check_device,
+    check_untuned,
+    plan_from,
+    release_unplanned,
+)
 from .tune import tune_cut as _tune_cut
 
 log = logging.getLogger(__name__)
@@ -200,7 +216,7 @@ def auto_tune(
                 tolerances=tolerances,
                 progress=progress,
                 cache=open_cache(cache),
-                devices=tensor_devices(model),
+                devices=tensor_placement(model),
                 deadline=None if budget is None else Deadline.after(budget, start),
                 clock=clock,
                 generation=is_generation(info, model),
@@ -220,7 +236,7 @@ def auto_tune(
         before = decisions.try_reuse()
         if before is None:
             before = _search(run, rows, budget)
-    result = _finish(run, rows, before, tie_tolerance, start)
+        result = _finish(run, rows, before, tie_tolerance, start)  # measures: still in eval mode
     decisions.finish(result)
     result.breakdown = clock.breakdown()
     result.time_budget = budget
@@ -326,6 +342,10 @@ def _finish(
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
     _against_fastest_untuned(measured, before)
     selected = _select(rows, tie_tolerance)
+    final = _final_check(run, rows, selected, tie_tolerance)
+    if final is not None and final.kept_rival:  # depth 0 now holds the rival, timed again
+        selected = 0
+        _against_fastest_untuned([r for r in rows if r.untuned and r.same_as is None], before)
     if run.accuracy is not None:
         for depth, measured_plan in run.plans.items():
             measured_plan.accuracy = _accuracy_record(
@@ -342,11 +362,44 @@ def _finish(
         info=run.info,
         original=run.model,
         plans=dict(run.plans),
+        final="" if final is None else str(final),
     )
     if selected is not None:
         result.use(selected)
+    release_unplanned(run.graphs.values(), run.plans.values())  # result.use picks among those
     result.tuning_s = now() - start
     return result
+
+
+def _final_check(
+    run: _Run, rows: list[DepthRow], selected: int | None, tie_tolerance: float
+) -> FinalCheck | None:
+    """The best whole-model backend of depth 0 beside the selected plan (:mod:`.rival`)."""
+    rival = whole_model_plan(run.graphs[0]) if run.accuracy is None and 0 in run.graphs else None
+    if rival is None or not rival.runners():
+        return None
+
+    def measure(models: dict[str, Any]) -> dict[str, Timing]:
+        run.progress("final", "the selected plan beside the best whole-model backend")
+        with run.clock.phase(END_TO_END, "final side by side"):
+            return run.measure(models)
+
+    final_run = FinalRun(
+        untuned=run.model,
+        wrap_plan=lambda plan: wrap(run.model, plan.runners(), in_place=False),
+        problems=lambda model, plan: _check_outputs(run, model, plan),
+        measure=measure,
+        restore=run.restore,
+        room=lambda: run.deadline is None or run.deadline.room_for_s(run.reserve_s),
+    )
+    final = final_check(final_run, run.plans, selected, rival, tie_tolerance)
+    if final is not None and final.kept_rival:
+        row = next(r for r in rows if r.depth == 0)
+        run.plans[0] = rival
+        row.status, row.error, row.noisy = DepthStatus.MEASURED, "", False
+        row.timing, row.untuned = final.timings[WHOLE_MODEL], final.timings[UNTUNED]
+        row.plans = f"whole-model {final.rival}, kept by the final side by side"
+    return final
 
 
 def _against_fastest_untuned(measured: list[DepthRow], before: Timing) -> None:
@@ -439,7 +492,7 @@ class _Run:
     def restore(self) -> None:
         """Unwrap the model and put back every tensor a backend moved."""
         unwrap(self.model)
-        restore_devices(self.devices)
+        restore_placement(self.devices)
 
 
 def _tune_depths(run: _Run, rows: list[DepthRow]) -> None:
@@ -483,7 +536,7 @@ def _tune_depth(run: _Run, row: DepthRow) -> None:
             accuracy=run.accuracy.budget if run.accuracy is not None else None,
             most_time_first=run.generation,
         )
-    restore_devices(run.devices)
+    restore_placement(run.devices)
     run.graphs[row.depth] = results
     skipped = sum(1 for g in results for r in g.rows if r.reason == TIME_BUDGET_ERROR)
     if skipped:

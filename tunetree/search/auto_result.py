@@ -145,6 +145,9 @@ class AutoTuneResult:
     decision: str = ""
     """How the depth was chosen when it was not by measuring every depth here: a decision
     recorded in the tuning cache by a host of the same kind ("" after a full search)."""
+    final: str = ""
+    """The final side by side of the selected plan and the best whole-model backend of depth 0
+    ("" when there was none to run: see :mod:`tunetree.search.rival`)."""
 
     def pareto(self, path: str | Path | None = None) -> Pareto:
         """Every plan checked under the accuracy budget: error, latency, the chosen one marked.
@@ -272,6 +275,8 @@ class AutoTuneResult:
                 f"auto_tune: untuned {untuned} (before {_t(self.untuned_before)}, after "
                 f"{_t(self.untuned_after)}); {chosen}; tuning took {self.tuning_s:.1f} s"
             )
+            if self.final:
+                head += f"\n{self.final}"
             if self.accuracy is not None:
                 head += (
                     f"\nUnder the accuracy budget {self.accuracy.describe()}: RESULTS CHANGE "

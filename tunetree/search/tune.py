@@ -268,6 +268,7 @@ def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) 
     if cache is not None and not _budget_cut(result):
         with session.clock.phase(CACHE):
             cache.store(session, own, result)
+    result.release_runners()  # losers: no session, thread pool or weights left alive
     return result
 
 
@@ -310,6 +311,17 @@ def plan_from(results: list[GraphResult], depth: int) -> Plan:
         if g.winner is not None and g.winner.runner is not None
     ]
     return Plan(entries, depth)
+
+
+def release_unplanned(graphs: Iterable[list[GraphResult]], plans: Iterable[Plan]) -> None:
+    """Drop every candidate's runner that none of ``plans`` serves.
+
+    A tuned model keeps no loser's threads or memory (:meth:`GraphResult.release_runners`).
+    """
+    serving = [entry.runner for plan in plans for entry in plan.entries]
+    for results in graphs:
+        for graph_result in results:
+            graph_result.release_runners(keep=serving)
 
 
 def check_untuned(model: Any) -> None:
@@ -409,5 +421,6 @@ def tune(
             most_time_first=is_generation(info, model),
         )
     plan = plan_from(graphs, depth)
+    release_unplanned([graphs], [plan])
     tuned = wrap(model, plan.runners(), plan, in_place=depth > 0)
     return TuneResult(tuned, depth, plan, graphs, info, original=model, breakdown=clock.breakdown())

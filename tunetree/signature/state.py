@@ -7,7 +7,8 @@ eager call can move state (a BatchNorm in training mode updates ``running_mean``
 :func:`training_modules` and :func:`check_eval_mode` refuse training-mode models up front;
 :func:`eval_mode` runs a block with every module in eval mode (``allow_training=True``);
 :func:`process_state_kept` puts back process-wide settings (the root logger, torch's flags,
-the environment) that a backend changed.
+the environment) that a backend changed; :func:`restore_placement` the device and dtype of
+weights a backend moved.
 """
 
 from __future__ import annotations
@@ -25,6 +26,29 @@ from ..errors import InvalidInputError
 from .modules import module_paths
 
 log = logging.getLogger(__name__)
+
+
+Placement = dict[tuple[int, str], tuple[torch.nn.Module, torch.device, torch.dtype]]
+
+
+def tensor_placement(model: Any) -> Placement:
+    """Device and dtype of every parameter and buffer, to put back what a backend moved."""
+    found: Placement = {}
+    for _, module in module_paths(model):
+        for name, tensor in list(module.named_parameters(recurse=False)) + list(
+            module.named_buffers(recurse=False)
+        ):
+            if tensor is not None:
+                found[(id(module), name)] = (module, tensor.device, tensor.dtype)
+    return found
+
+
+def restore_placement(saved: Placement) -> None:
+    """Put every tensor a backend moved back on the device and dtype ``saved`` recorded."""
+    for (_, name), (module, device, dtype) in saved.items():
+        tensor = getattr(module, name, None)
+        if isinstance(tensor, torch.Tensor) and (tensor.device, tensor.dtype) != (device, dtype):
+            tensor.data = tensor.data.to(device=device, dtype=dtype)
 
 
 def training_modules(model: Any) -> list[str]:
