@@ -66,7 +66,7 @@ REUSED = "reused"
 
 
 class TuningRun(Protocol):
-    """What the reuse needs of one auto_tune call (``search.auto._Run``)."""
+    """What the reuse needs of one auto_tune call (``search.depths.DepthRun``)."""
 
     model: Any
     info: ModelInfo
