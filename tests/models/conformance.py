@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import tunetree as tt
+from tunetree.candidates.budget import TIME_BUDGET_ERROR
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.compare import compare
 from tunetree.signature.modules import module_paths
@@ -49,6 +50,11 @@ class ZooRow:
     failures: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     """(backend, reason) of every candidate that failed or was rejected."""
     problems: list[str] = dataclasses.field(default_factory=list)
+
+    unbuilt: str = ""
+    """Default backends the time budget left unbuilt at the selected depth (else depth 0), as
+    ``openvino 1/4`` (built for 1 of 4 graphs); empty when every one was built for every graph
+    (a twin's narrowed race counts as built)."""
 
     checked_depth: int | None = None
     """The depth whose plan the unseen calls ran: the selected one, or where the selection
@@ -95,6 +101,19 @@ def _failures(result: tt.AutoTuneResult) -> list[tuple[str, str]]:
     return sorted(set(found))
 
 
+def _unbuilt(result: tt.AutoTuneResult) -> str:
+    """Backends the budget skipped at the selected depth (else depth 0): ``name built/graphs``."""
+    depth = result.depth if result.depth is not None else 0
+    graphs = result.graphs.get(depth, [])
+    skipped: Counter[str] = Counter()
+    for graph in graphs:
+        for r in graph.rows:
+            if r.reason == TIME_BUDGET_ERROR:
+                skipped[r.backend.name] += 1
+    notes = [f"{name} {len(graphs) - n}/{len(graphs)}" for name, n in sorted(skipped.items())]
+    return ", ".join(notes)
+
+
 def _winners(result: tt.AutoTuneResult) -> str:
     graphs = result.graphs.get(result.depth, []) if result.depth is not None else []
     counts = Counter(g.winner.backend.name for g in graphs if g.winner is not None)
@@ -139,6 +158,7 @@ def check(
     row.tuning_s = time.perf_counter() - start
     row.depth, row.speedup = result.depth, result.speedup
     row.winners, row.failures = _winners(result), _failures(result)
+    row.unbuilt = _unbuilt(result)
     if result.depth is None:
         row.untuned_reason = _untuned_reason(result)
     if row.tuning_s > time_budget * BUDGET_GRACE + BUDGET_SLACK_S:
