@@ -415,6 +415,7 @@ class DeviceGraph(Backend):
     """
 
     kind: ClassVar[str] = "device-graph"
+    typical_build_s: ClassVar[float | None] = 1.0  # warm-up and one capture of eager's kernels
     compile: bool = False
     compile_mode: str | None = "max-autotune-no-cudagraphs"
     clone_outputs: bool = True
@@ -431,6 +432,10 @@ class DeviceGraph(Backend):
                 f"compile_mode={self.compile_mode!r} captures CUDA graphs itself and cannot be "
                 "nested in a device graph; use 'max-autotune-no-cudagraphs' or None"
             )
+
+    def build_prior_s(self) -> float | None:
+        """A capture takes about a second; with ``compile``, Inductor's compile comes first."""
+        return 12.0 if self.compile else self.typical_build_s
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why device graphs (and compile, if asked) cannot run on ``device``, or None."""

@@ -405,7 +405,9 @@ class _Run:
 def _tune_depths(run: _Run, rows: list[DepthRow]) -> None:
     """Tune and measure each row's depth in turn; the model is left untuned, even on error."""
     try:
-        for row in rows:
+        for i, row in enumerate(rows):
+            if run.deadline is not None:
+                run.deadline.depths_after = len(rows) - i - 1
             _tune_depth(run, row)
     except BaseException:
         run.restore()

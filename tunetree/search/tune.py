@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,6 +153,8 @@ def tune_cut(
     base = strategy or default_strategy(info.device)
     clock = clock or Stopwatch()
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
+    digests = {p: structure_digest(find_module(model, p)) for p in {p for p, _, _ in todo}}
+    own = _own_graphs(todo, digests, memo)
     results = []
     twins: dict[tuple[str, Any], GraphResult] = {}
     started = time.perf_counter()
@@ -180,13 +183,42 @@ def tune_cut(
             call_s=_call_s(info, path),
             accuracy=accuracy,
         )
-        result = _tune_graph(session, base, cache, twins)
+        window = deadline.graph_window(own[done]) if deadline is not None else nullcontext()
+        with window:
+            result = _tune_graph(session, base, cache, twins, digests[path])
+        if deadline is not None:
+            _record_race(deadline, result)
         if memo is not None and not _budget_cut(result):
             memo[(path, key)] = result
         results.append(result)
         winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
         progress(f"depth {depth}", where, graph, f"winner: {winner}", _eta(started, done, todo))
     return results
+
+
+def _own_graphs(
+    todo: list[tuple[str, Any, Any]], digests: dict[str, str], memo: GraphMemo | None
+) -> list[int]:
+    """For each graph of ``todo``, how many from it on are tuned in full (its budget share).
+
+    A graph reused from another depth (``memo``) costs nothing, and neither does a twin of one
+    before it (same structure, same graph): it races only that one's winner.
+    """
+    seen: set[tuple[str, Any]] = set()
+    full = []
+    for path, key, _ in todo:
+        twin = (digests[path], key)
+        full.append(not (memo is not None and (path, key) in memo) and twin not in seen)
+        seen.add(twin)
+    return [sum(full[i:]) for i in range(len(full))]
+
+
+def _record_race(deadline: Deadline, result: GraphResult) -> None:
+    """Tell the deadline's build costs which candidates were correct and which one won."""
+    raced = [r.backend.name for r in result.rows if r.usable and r.backend.kind != "eager"]
+    winner = result.winner.backend if result.winner is not None else None
+    won = winner.name if winner is not None and winner.kind != "eager" else None
+    deadline.costs.record_race(raced, won)
 
 
 def _call_s(info: ModelInfo, path: str) -> float:
@@ -200,6 +232,7 @@ def _tune_graph(
     base: Strategy,
     cache: GraphCache | None,
     twins: dict[tuple[str, Any], GraphResult],
+    digest: str,
 ) -> GraphResult:
     """One graph: the cached result, else the strategy's (stored unless the budget cut it).
 
@@ -208,7 +241,7 @@ def _tune_graph(
     :meth:`Strategy.for_twin` leaves: usually the twin's winner against eager, measured with
     :meth:`MeasureConfig.confirming`.
     """
-    twin_key = (structure_digest(session.module), session.graph.key)
+    twin_key = (digest, session.graph.key)
     twin = twins.get(twin_key)
     narrowed = base.for_twin(_twin_winners(twin)) if twin and twin.winner else None
     if narrowed is not None:
