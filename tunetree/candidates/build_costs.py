@@ -42,8 +42,8 @@ class BuildCosts:
     seen: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     """(graph size, seconds) of every build, per kind."""
     completed: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    """The builds that produced a runner: only these say how fast this machine builds (a
-    failure can end in a fraction of a build)."""
+    """The builds that did not fail: only these say how fast this machine builds (a failure
+    can end in a fraction of a build; a build the budget stopped took at least its time)."""
     priors: dict[str, float] = field(default_factory=dict)
     races: Counter[str] = field(default_factory=Counter)
     """Graphs where the kind was built and correct (it took part in the race)."""
@@ -59,7 +59,7 @@ class BuildCosts:
     ) -> None:
         """One build of ``kind`` on a graph of ``size`` modules took ``seconds``.
 
-        ``completed``: it produced a runner (else it failed or was stopped).
+        ``completed``: it produced a runner or was stopped by the budget (not failed).
         """
         self.seen.setdefault(kind, []).append((size, seconds))
         if completed:

@@ -167,7 +167,7 @@ class GraphSession:
                     built = self._build_and_run(backend)
             except BuildStopped:
                 spent = time.perf_counter() - start
-                self._record_build(backend, budget.now() - clock_start, completed=False)
+                self._record_build(backend, budget.now() - clock_start, completed=True)
                 log.info(
                     "%s: %s's build stopped after %.1f s: %s",
                     where,
@@ -195,7 +195,10 @@ class GraphSession:
         return sum(1 for _ in self.module.modules())
 
     def _record_build(self, backend: Backend, seconds: float, completed: bool) -> None:
-        """Tell the deadline's :class:`BuildCosts` what ``backend``'s build took here."""
+        """Tell the deadline's :class:`BuildCosts` what ``backend``'s build took here.
+
+        ``completed``: it did not fail (a stopped build took at least ``seconds``).
+        """
         if self.deadline is not None and backend.kind != "eager":
             self.deadline.costs.record(
                 backend.name, self.size, seconds, backend.build_prior_s(), completed
