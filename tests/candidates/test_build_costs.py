@@ -215,7 +215,7 @@ def test_one_long_build_cannot_take_the_budget_of_the_depths_after_it() -> None:
     Before, a build ran until the budget's free time ended: the first candidate in the
     strategy's order took the whole budget and no other graph got a candidate.
     """
-    import torch._dynamo  # noqa: F401  (imported by inspection's first call: seconds under load)
+    import torch._dynamo  # inspection imports it on its first call: seconds under load
 
     torch.manual_seed(0)
     model = Busy(0.0, 1 * MS, [Busy(1 * MS, 1 * MS), Busy(2 * MS, 1 * MS, [nn.Identity()])])

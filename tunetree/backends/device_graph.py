@@ -66,13 +66,14 @@ def _dummy_value(sig: Any, device: torch.device) -> Any:
             return _dtype_from_name(str(value).replace("torch.", ""))
         if type_name == "device":
             return torch.device(value)
-        return value
-    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] in ("tuple", "list"):
+        if type_name != "enum":  # an enum member is named, and nothing named is imported
+            return value
+    elif isinstance(sig, tuple) and len(sig) == 2 and sig[0] in ("tuple", "list"):
         items = [_dummy_value(s, device) for s in sig[1]]
         return tuple(items) if sig[0] == "tuple" else items
-    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "dict":
+    elif isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "dict":
         return {k: _dummy_value(v, device) for k, v in sig[1]}
-    what = sig[1] if isinstance(sig, tuple) and sig and sig[0] == "object" else sig[0]
+    what = sig[1] if isinstance(sig, tuple) and sig and sig[0] in ("object", "const") else sig[0]
     raise BackendError(
         f"cannot rebuild an input of type {what} from its signature alone; "
         "tune this module again instead of loading the saved runner"

@@ -96,7 +96,6 @@ def qualified_name(obj: Any) -> str:
     return f"{KEY_MODULE_NAMES.get(module, module)}.{obj.__qualname__}"
 
 
-
 def stable(value: Any, depth: int = 0) -> Any:
     """A JSON-able description of ``value`` that is the same in every process.
 

@@ -64,6 +64,10 @@ class Dispatcher:
             self.__signature__ = inspect.signature(self.original)
         self.fallback_calls = 0
         """Calls this dispatcher served with the original forward (no runner for them)."""
+        self.served: set[GraphKey] = set()
+        """The tuned keys whose runner served a call (routing decisions are made once per
+        exact signature, so this costs nothing per call): a tuned graph missing here never
+        matched a call, whatever its tuning measured."""
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
         self._warned_training = False
@@ -77,7 +81,7 @@ class Dispatcher:
     def runners(self, runners: Mapping[GraphKey, Runner]) -> None:
         self._runners = dict(runners)
         self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
-        self._routes: dict[GraphKey, Runner | None] = dict(self._exact)
+        self._routes: dict[GraphKey, Runner | None] = {}
         self._fast: dict[tuple[Any, ...], tuple[Runner | None, ArgumentPlan]] = {}
         self._ranged: dict[GraphKey, list[tuple[GraphKey, Runner]]] = {}
         for key, runner in self._runners.items():
@@ -132,15 +136,18 @@ class Dispatcher:
         It is remembered for the next call with it.
         """
         runner = self._exact.get(key)
+        serving: GraphKey | None = key if runner is not None else None
         if runner is None:
-            runner = next(
-                (r for ranged, r in self._ranged.get(key.pattern(), []) if ranged.accepts(key)),
-                None,
+            serving, runner = next(
+                ((k, r) for k, r in self._ranged.get(key.pattern(), []) if k.accepts(key)),
+                (None, None),
             )
-        if runner is None:
+        if serving is None:
             self._warn(key)
-        if len(self._routes) >= len(self._exact) + MEMO_LIMIT:
-            self._routes = dict(self._exact)
+        else:
+            self.served.add(serving)
+        if len(self._routes) >= MEMO_LIMIT:
+            self._routes = {}
         self._routes[key] = runner
         return runner
 

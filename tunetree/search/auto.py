@@ -51,6 +51,7 @@ from ..signature.state import check_eval_mode, eval_mode, preserved_state
 from .accuracy_check import EndToEndCheck
 from .auto_result import AutoTuneResult, DepthRow, DepthStatus
 from .endtoend import UNTUNED, load_text, runtime_name, side_by_side, single_runtime_plan, too_noisy
+from .serving import mark_unserved
 from .tune import GraphCache, GraphMemo, GraphResult, check_device, check_untuned, plan_from
 from .tune import tune_cut as _tune_cut
 
@@ -499,6 +500,7 @@ def _measure_depth(run: _Run, row: DepthRow, plan: Plan) -> None:
         tuned = {name: wrap(run.model, p.runners(), in_place=False) for name, p in plans.items()}
         with run.clock.phase(END_TO_END_CHECK):
             problems = {name: _check_outputs(run, m, plans[name]) for name, m in tuned.items()}
+        mark_unserved(tuned["greedy"], run.graphs[row.depth])
         tuned = {name: m for name, m in tuned.items() if not problems[name]}
         if not tuned:
             row.status = DepthStatus.REJECTED

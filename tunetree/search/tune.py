@@ -21,6 +21,7 @@ from ..cache import open_cache
 from ..cache.keys import structure_digest
 from ..candidates.budget import (
     CACHE,
+    END_TO_END_CHECK,
     INSPECTION,
     TIME_BUDGET_ERROR,
     Deadline,
@@ -39,6 +40,7 @@ from ..signature.inspection import ModelInfo, inspect
 from ..signature.modules import CallFn, find_module, resolve_device
 from ..signature.shapes import DynamicShapes
 from ..signature.state import check_eval_mode, eval_mode, preserved_state
+from .serving import mark_unserved, serve_once
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +83,18 @@ class TuneResult:
                 mark = "*" if row is g.winner else ""
                 ratio = (
                     f"{eager / row.latency_s:.2f}x"
-                    if eager and row.latency_s and row.timing is not None
+                    if eager and row.latency_s and row.timing is not None and not g.never_served
                     else "-"
                 )
+                status = row.describe()
+                if g.never_served and row is g.winner:
+                    status += " (never served: no call was keyed like this graph)"
                 rows.append(
                     [
                         g.path or "<model>",
                         str(g.graph.key),
                         mark + row.backend.name,
-                        row.describe(),
+                        status,
                         row.latency_text(),
                         ratio,
                         format_seconds(row.build_s),
@@ -427,4 +432,8 @@ def tune(
         )
     plan = plan_from(graphs, depth)
     tuned = wrap(model, plan.runners(), plan, in_place=depth > 0)
+    if plan.runners():
+        with preserved_state(model), clock.phase(END_TO_END_CHECK):
+            serve_once(tuned, info, call)
+        mark_unserved(tuned, graphs)
     return TuneResult(tuned, depth, plan, graphs, info, original=model, breakdown=clock.breakdown())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -131,10 +132,15 @@ class RankSpec:
 def _leaf_signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return TensorSpec(dtype_name(value.dtype), tuple(value.shape))
+    if isinstance(value, enum.Enum):  # a member by its stable name (IntEnums too), not its id
+        cls = type(value)
+        return ("const", "enum", f"{cls.__module__}.{cls.__qualname__}.{value.name}")
     if value is None or isinstance(value, (bool, int, float, str)):
         return ("const", type(value).__name__, value)
     if isinstance(value, torch.dtype | torch.device):
         return ("const", type(value).__name__, str(value))
+    if isinstance(value, torch.Size):  # a shape passed on is a tuple of ints, as recorded
+        return ("tuple", tuple(("const", "int", int(v)) for v in value))
     if isinstance(value, tuple | list):
         return (type(value).__name__, tuple(_leaf_signature(v) for v in value))
     if isinstance(value, Mapping):
