@@ -8,17 +8,23 @@ afterwards.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import io
 import itertools
 import logging
+import os
 import re
+import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -155,12 +161,59 @@ def quiet() -> Iterator[None]:
             warnings.catch_warnings(),
             contextlib.redirect_stdout(sink),
             contextlib.redirect_stderr(sink),
+            _descriptors_captured(),
         ):
             warnings.simplefilter("ignore")
             yield
     finally:
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
+        if sink.getvalue():
+            log.debug("exporter output:\n%s", sink.getvalue()[:CAPTURED_LIMIT])
+
+
+CAPTURED_LIMIT = 1 << 20
+"""At most this many characters of what an exporter printed are kept for the debug log."""
+
+
+@contextlib.contextmanager
+def _descriptors_captured() -> Iterator[None]:
+    """Point file descriptors 1 and 2 at a temporary file while the block runs.
+
+    C++ code writes there directly, past Python's ``sys.stdout``: the TorchScript exporter
+    prints the whole IR of a graph it failed on (402 lines for Mixtral, with the machine's file
+    paths). What was written goes to the debug log. Where the descriptors cannot be
+    duplicated, the block runs as it is.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield
+        finally:
+            _flush_c_streams()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            text = sink.read(CAPTURED_LIMIT).decode(errors="replace")
+            if text:
+                log.debug("exporter output (native):\n%s", text)
+
+
+def _flush_c_streams() -> None:
+    """Flush the C library's buffered streams (``fflush(NULL)``), where it can be reached."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

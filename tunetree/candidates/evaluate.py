@@ -321,16 +321,21 @@ class GraphSession:
         try:
             runner = backend.build(self.module, self.graph, self.device)
         except Exception as exc:  # any backend error becomes a row
-            log.debug("build of %s failed:\n%s", backend.name, traceback.format_exc())
-            return CandidateRow(backend, Status.FAILED, f"build: {_short(exc)}")
+            return self._failed(backend, "build", exc)
         try:
             with torch.no_grad():
                 # Snapshots: a runner may hand back state its next call updates (a cache).
                 outputs = [detach_clone(s.run(runner)) for s in self.graph.samples]
         except Exception as exc:
-            log.debug("run of %s failed:\n%s", backend.name, traceback.format_exc())
-            return CandidateRow(backend, Status.FAILED, f"run: {_short(exc)}")
+            return self._failed(backend, "run", exc)
         return runner, outputs
+
+    def _failed(self, backend: Backend, stage: str, exc: Exception) -> CandidateRow:
+        """The row of a failed candidate; one log line says why, the debug log all of it."""
+        reason = f"{stage}: {_short(exc)}"
+        log.info("%s: %s failed: %s", self.path or "<model>", backend.name, reason)
+        log.debug("%s of %s failed:\n%s", stage, backend.name, traceback.format_exc())
+        return CandidateRow(backend, Status.FAILED, reason)
 
     def probe_failure(self, runner: Runner) -> str | None:
         """Why ``runner`` is wrong on a probe call of this graph (:mod:`.probes`), or None.
