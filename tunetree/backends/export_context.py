@@ -29,22 +29,56 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def exporting(module: nn.Module) -> Iterator[None]:
-    """Conditions for exporting ``module``: no autograd, and the fused attention fast path off.
+    """Conditions for exporting ``module``: no autograd, no attention fast path, exportable experts.
 
     The fused multi-head-attention fast path is off because ``nn.TransformerEncoder`` would
     otherwise trace to ``aten::_transformer_encoder_layer_fwd``, which exporters cannot
-    translate. Restores the fast-path switch and every submodule's training flag afterwards.
+    translate. Experts run as :func:`experts_as_data` says. Restores the fast-path switch,
+    the experts' implementation and every submodule's training flag afterwards.
     """
     fastpath = torch.backends.mha.get_fastpath_enabled()
     modes = [(m, m.training) for m in module.modules()]
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), experts_as_data(module):
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for m, training in modes:
             m.training = training
+
+
+EXPORTED_EXPERTS = "batched_mm"
+"""The Hugging Face experts implementation exports use: every (token, chosen expert) pair
+gathers its expert's weights by index and one batched matmul computes them all."""
+
+
+@contextlib.contextmanager
+def experts_as_data(module: nn.Module) -> Iterator[None]:
+    """Mixture-of-experts routing as data in the exported graph, not baked into it.
+
+    Hugging Face experts layers (Mixtral, Qwen2-MoE, ...; transformers 5's
+    ``use_experts_implementation``) read ``config._experts_implementation`` on every call. The
+    eager form loops over the experts a batch hit (``nonzero``: the trace would keep the routing
+    of the example), and on a CPU the default grouped form calls the custom operator
+    ``transformers::grouped_mm_fallback``, which no ONNX exporter translates. The batched form
+    (:data:`EXPORTED_EXPERTS`) indexes the experts' weights with the router's top-k tensor, so
+    the graph routes each call by its own values; the candidate is then checked on value probes
+    like any other. Each config is put back afterwards.
+    """
+    configs: dict[int, Any] = {}
+    for m in module.modules():
+        config = getattr(m, "config", None)
+        if isinstance(getattr(config, "_experts_implementation_internal", None), str):
+            configs[id(config)] = config
+    saved = [(c, c._experts_implementation_internal) for c in configs.values()]
+    try:
+        for config, _ in saved:
+            config._experts_implementation_internal = EXPORTED_EXPERTS
+        yield
+    finally:
+        for config, value in saved:
+            config._experts_implementation_internal = value
 
 
 def _hidden_rows_as_null_key(
