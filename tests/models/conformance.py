@@ -81,9 +81,24 @@ def _fallbacks(model: Any) -> int:
     )
 
 
-def _run(model: Any, call: Call) -> Any:
+def _run(model: Any, call: Call, family: Family) -> Any:
+    """One call as the family's users make it: ``model(**call)`` or ``model.generate``."""
     with torch.no_grad():
+        if family.generate is not None:
+            return model.generate(**call, **family.generate)
         return model(**call)
+
+
+def _tuning_call(family: Family) -> Any:
+    """``auto_tune``'s ``call=`` for a generate family (None: the model is called)."""
+    settings = family.generate
+    if settings is None:
+        return None
+
+    def generate(model: Any, **call: Any) -> Any:
+        return model.generate(**call, **settings)
+
+    return generate
 
 
 def _untuned_reason(result: tt.AutoTuneResult) -> str:
@@ -137,17 +152,20 @@ def check(
     model = family.build()
     inside, outside = unseen_inside(family), unseen_outside(family)
     other = _other_keyword(inside[0])
-    expected = [_run(model, c) for c in inside + outside]
-    try:
-        expected_other = _run(model, other)
-    except Exception:  # eager refuses the keyword: nothing to check
-        expected_other = None
+    expected = [_run(model, c, family) for c in inside + outside]
+    expected_other = None  # generate families: the tokens are the check
+    if family.generate is None:
+        try:
+            expected_other = _run(model, other, family)
+        except Exception:  # eager refuses the keyword: nothing to check
+            expected_other = None
     digest, process = state_digest(model), ProcessState.now()
 
     start = time.perf_counter()
     result = tt.auto_tune(
         model,
         tuning_calls(family),
+        call=_tuning_call(family),
         max_depth=1,
         strategy=strategy,
         measure_config=measure_config,
@@ -180,19 +198,23 @@ def check(
     warnings = _Warnings()
     logging.getLogger("tunetree.runtime.wrap").addHandler(warnings)
     try:
-        _check_calls(row, tuned, inside, expected[: len(inside)], "unseen call inside the ranges")
+        _check_calls(
+            row, tuned, inside, expected[: len(inside)], "unseen call inside the ranges", family
+        )
         row.fallbacks_inside = _fallbacks(tuned)
         if row.fallbacks_inside:
             row.problems.append(f"{row.fallbacks_inside} calls inside the ranges fell back")
         warnings.messages.clear()
-        _check_calls(row, tuned, outside, expected[len(inside) :], "call outside the ranges")
+        _check_calls(
+            row, tuned, outside, expected[len(inside) :], "call outside the ranges", family
+        )
         row.fallback_warnings = len(warnings.messages)
         if row.checked_depth is not None and _fallbacks(tuned) == row.fallbacks_inside:
             row.problems.append("the call outside the ranges did not run the original forward")
         if _fallbacks(tuned) > row.fallbacks_inside and not warnings.messages:
             row.problems.append("the call outside the ranges fell back without a warning")
         if expected_other is not None:
-            _check_calls(row, tuned, [other], [expected_other], "call with another keyword")
+            _check_calls(row, tuned, [other], [expected_other], "call with another keyword", family)
     finally:
         logging.getLogger("tunetree.runtime.wrap").removeHandler(warnings)
         result.undo()
@@ -200,11 +222,11 @@ def check(
 
 
 def _check_calls(
-    row: ZooRow, tuned: Any, calls: list[Call], expected: list[Any], what: str
+    row: ZooRow, tuned: Any, calls: list[Call], expected: list[Any], what: str, family: Family
 ) -> None:
     for call, want in zip(calls, expected, strict=True):
         try:
-            got = _run(tuned, call)
+            got = _run(tuned, call, family)
         except Exception as exc:
             row.problems.append(f"{what} raised {type(exc).__name__}: {exc}"[:300])
             continue
