@@ -93,6 +93,9 @@ def _whisper_features(batch: int, length: int, seed: int) -> Call:
     return {"input_features": torch.randn(batch, WHISPER_MELS, length, generator=_generator(seed))}
 
 
+MASKED_BATCHES = (2, 3, 2)
+"""Decoder-only generate families tune at batch 2 and 3 (see ``Family.batches``)."""
+
 STATE_SPACE = [
     _family("mamba", "decoder", "MambaModel", MAMBA, _text(0, mask=False, use_cache=False)),
     _family(
@@ -115,6 +118,7 @@ MIXTURES = [
         MIXTRAL,
         _text(0, left=True),
         generate=_greedy(pad_token_id=0),
+        batches=MASKED_BATCHES,
     ),
     _family(
         "qwen2-moe-generate",
@@ -123,6 +127,7 @@ MIXTURES = [
         QWEN2_MOE,
         _text(0, left=True),
         generate=_greedy(pad_token_id=0),
+        batches=MASKED_BATCHES,
     ),
 ]
 
@@ -134,6 +139,7 @@ GENERATE = [
         GEMMA2,
         _text(0, left=True),
         generate=_greedy(pad_token_id=0),
+        batches=MASKED_BATCHES,
     ),
     _family(
         "t5-generate",

@@ -185,6 +185,13 @@ class GraphKey:
         )
 
     @property
+    def holds_cache(self) -> bool:
+        """True when an argument is a cache object: a generation step, called from a loop."""
+        return any(_holds_cache(sig) for sig in self.args) or any(
+            _holds_cache(sig) for _, sig in self.kwargs
+        )
+
+    @property
     def is_dynamic(self) -> bool:
         """True when some tensor axis is a named :class:`Dim` range."""
         return any(spec.is_dynamic for spec in self.tensor_specs())
@@ -348,6 +355,15 @@ def _strip_sizes(sig: Any) -> Any:
     if isinstance(sig, tuple) and not (len(sig) == 3 and sig[0] in ("const", "object")):
         return tuple(_strip_sizes(part) for part in sig)
     return sig
+
+
+def _holds_cache(sig: Any) -> bool:
+    """True when a leaf signature is, or contains, a cache object's (``("data", ...)``)."""
+    if isinstance(sig, TensorSpec) or not isinstance(sig, tuple):
+        return False
+    if len(sig) == 3 and sig[0] in ("data", "const", "object"):
+        return sig[0] == "data"
+    return any(_holds_cache(part) for part in sig)
 
 
 def _is_opaque(sig: Any) -> bool:
