@@ -255,3 +255,12 @@ def test_a_stop_swallowed_where_python_ignores_it_is_raised_again() -> None:
         spin(5.0)
     assert swallowed == 1
     assert time.perf_counter() - start < 4.0
+
+
+def test_a_stopped_build_bounds_its_own_backend_not_the_machine() -> None:
+    costs = BuildCosts()
+    costs.record("hangs", REFERENCE_SIZE, 40.0, prior_s=0.5, completed=False, stopped=True)
+    assert costs.machine_factor() == 1.0
+    assert costs.expected_s("quick", REFERENCE_SIZE, prior_s=0.5) == pytest.approx(0.5)
+    # it would have needed longer than the 40 s it ran
+    assert costs.expected_s("hangs", REFERENCE_SIZE, prior_s=0.5) == pytest.approx(80.0)

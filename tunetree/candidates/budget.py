@@ -228,15 +228,17 @@ class Deadline:
             return False
         return first or expected_s <= self.window_left_s()
 
-    def build_cap_s(self, expected_s: float, first: bool) -> float:
+    def build_cap_s(self, expected_s: float, first: bool, then_s: float = 0.0) -> float:
         """How long a build started now may run before it is stopped (:func:`stopped_after`).
 
-        Until its graph's share ends; a graph's ``first`` candidate besides eager at least
-        twice its ``expected_s``; never past the free time.
+        Until its graph's share ends, less ``then_s`` (the short measurement of the graph's
+        candidates, which must still fit); a graph's ``first`` candidate besides eager at least
+        twice its ``expected_s``; never past the free time (less ``then_s``).
         """
-        cap = self.window_left_s()
+        free = max(0.0, self.free_s() - then_s)
+        cap = min(free, max(0.0, self.window_left_s() - then_s))
         if first:
-            cap = max(cap, min(self.free_s(), 2.0 * expected_s))
+            cap = max(cap, min(free, 2.0 * expected_s))
         return cap
 
 

@@ -19,6 +19,9 @@ FIXED_SHARE = 0.3
 set-up, a compiler's start). A build of a graph ``k`` times larger is expected to take
 ``FIXED_SHARE + (1 - FIXED_SHARE) * k`` times as long."""
 
+STOPPED_FACTOR = 2.0
+"""A build the budget stopped is expected to have needed at least this many times as long."""
+
 REFERENCE_SIZE = 30
 """The graph size (modules) a backend's ``typical_build_s`` is given for: a small two-layer
 transformer."""
@@ -42,8 +45,10 @@ class BuildCosts:
     seen: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     """(graph size, seconds) of every build, per kind."""
     completed: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
-    """The builds that did not fail: only these say how fast this machine builds (a failure
-    can end in a fraction of a build; a build the budget stopped took at least its time)."""
+    """The builds that produced a runner: only these say how fast this machine builds. A
+    failure can end in a fraction of a build, and a build the budget stopped says only that
+    its own backend takes at least that long here (one that hung would make every other
+    backend look as slow)."""
     priors: dict[str, float] = field(default_factory=dict)
     races: Counter[str] = field(default_factory=Counter)
     """Graphs where the kind was built and correct (it took part in the race)."""
@@ -56,11 +61,16 @@ class BuildCosts:
         seconds: float,
         prior_s: float | None = None,
         completed: bool = True,
+        stopped: bool = False,
     ) -> None:
         """One build of ``kind`` on a graph of ``size`` modules took ``seconds``.
 
-        ``completed``: it produced a runner or was stopped by the budget (not failed).
+        ``completed``: it produced a runner (it did not fail and was not stopped). ``stopped``:
+        the budget stopped it, so it would have taken longer: it counts as
+        :data:`STOPPED_FACTOR` times ``seconds``.
         """
+        if stopped:
+            seconds *= STOPPED_FACTOR
         self.seen.setdefault(kind, []).append((size, seconds))
         if completed:
             self.completed.setdefault(kind, []).append((size, seconds))

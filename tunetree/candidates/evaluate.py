@@ -167,7 +167,7 @@ class GraphSession:
                     built = self._build_and_run(backend)
             except BuildStopped:
                 spent = time.perf_counter() - start
-                self._record_build(backend, budget.now() - clock_start, completed=True)
+                self._record_build(backend, budget.now() - clock_start, stopped=True)
                 log.info(
                     "%s: %s's build stopped after %.1f s: %s",
                     where,
@@ -194,14 +194,16 @@ class GraphSession:
         """The graph's size as build times grow with it: the modules the built module holds."""
         return sum(1 for _ in self.module.modules())
 
-    def _record_build(self, backend: Backend, seconds: float, completed: bool) -> None:
+    def _record_build(
+        self, backend: Backend, seconds: float, completed: bool = False, stopped: bool = False
+    ) -> None:
         """Tell the deadline's :class:`BuildCosts` what ``backend``'s build took here.
 
-        ``completed``: it did not fail (a stopped build took at least ``seconds``).
+        ``completed``: it produced a runner; ``stopped``: the budget stopped it.
         """
         if self.deadline is not None and backend.kind != "eager":
             self.deadline.costs.record(
-                backend.name, self.size, seconds, backend.build_prior_s(), completed
+                backend.name, self.size, seconds, backend.build_prior_s(), completed, stopped
             )
 
     def expected_build_s(self, backend: Backend) -> float:
@@ -234,7 +236,9 @@ class GraphSession:
         """
         if self.deadline is None or backend.kind == "eager":
             return nullcontext()
-        cap = self.deadline.build_cap_s(self.expected_build_s(backend), not self.usable_others)
+        measuring = self._least(self.measure_config.screening(), self.usable_built + 2)
+        expected = self.expected_build_s(backend)
+        cap = self.deadline.build_cap_s(expected, not self.usable_others, measuring)
         return stopped_after(max(cap, MIN_BUILD_S))
 
     def _room_to_build(self, backend: Backend) -> bool:
