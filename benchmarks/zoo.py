@@ -6,10 +6,13 @@ the default strategy). Each family of ``tests/models/hf_zoo.py`` (random weights
 config, called as its users call it) is auto-tuned at depths 0-1 on three calls of varying
 batch and length, then called on two unseen shapes inside the tuned ranges, one outside and
 one with another keyword (``tests/models/conformance.py``). A row: tuned depth or why not, the
-winners, the end-to-end speed-up ``auto_tune`` measured, the largest difference to eager on
-the unseen calls, fallbacks inside the ranges and warnings outside them, tuning time, broken
-invariants, and every failed candidate's reason grouped by backend. Run it alone on the
-machine: speed-ups are side-by-side ratios, but tuning times grow with any other load.
+winners, the end-to-end speed-up ``auto_tune`` measured, whether every backend of the
+strategy was built for every graph of the selected depth (else depth 0; "no: openvino 1/4"
+names those the time budget skipped and for how many graphs they were built), the largest
+difference to eager on the unseen calls, fallbacks inside the ranges and warnings outside
+them, tuning time, broken invariants, and every failed candidate's reason grouped by
+backend. Run it alone on the machine: speed-ups are side-by-side ratios, but tuning times
+grow with any other load.
 """
 
 from __future__ import annotations
@@ -80,7 +83,11 @@ def main() -> None:
         row = check(FAMILIES[name], time_budget=args.budget, strategy=strategy)
         rows.append(row)
         status = f"depth {row.depth}" if row.tuned else "untuned"
-        print(f"{name}: {status}, {row.winners or '-'}, {row.speedup:.2f}x, {row.tuning_s:.0f} s")
+        built = f"not built: {row.unbuilt}" if row.unbuilt else "all built"
+        print(
+            f"{name}: {status}, {row.winners or '-'}, {row.speedup:.2f}x, {built}, "
+            f"{row.tuning_s:.0f} s"
+        )
         for problem in row.problems:
             print(f"  PROBLEM {problem}")
         sys.stdout.flush()
@@ -100,8 +107,8 @@ def render(header: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     again: ``python -m benchmarks.zoo --render DIR/zoo.json``.
     """
     table = format_table(
-        ["family", "kind", "tuned", "winner", "speed-up", "max diff unseen", "fallbacks in/out",
-         "tuning", "problems"],
+        ["family", "kind", "tuned", "winner", "speed-up", "all built", "max diff unseen",
+         "fallbacks in/out", "tuning", "problems"],
         [
             [
                 r["name"],
@@ -109,6 +116,7 @@ def render(header: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                 f"depth {r['depth']}" if r["depth"] is not None else "no",
                 r["winners"] or "-",
                 f"{r['speedup']:.2f}x",
+                "yes" if not r.get("unbuilt") else f"no: {r['unbuilt']}",
                 f"{r['max_diff']:.1e}" if r["max_diff"] is not None else "-",
                 f"{r['fallbacks_inside']}/{r['fallback_warnings']}",
                 f"{r['tuning_s']:.0f} s",

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import tunetree as tt
+from tunetree.candidates.budget import TIME_BUDGET_ERROR
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.compare import compare
 from tunetree.signature.modules import module_paths
@@ -50,6 +51,11 @@ class ZooRow:
     """(backend, reason) of every candidate that failed or was rejected."""
     problems: list[str] = dataclasses.field(default_factory=list)
 
+    unbuilt: str = ""
+    """Default backends the time budget left unbuilt at the selected depth (else depth 0), as
+    ``openvino 1/4`` (built for 1 of 4 graphs); empty when every one was built for every graph
+    (a twin's narrowed race counts as built)."""
+
     checked_depth: int | None = None
     """The depth whose plan the unseen calls ran: the selected one, or where the selection
     left the model untuned on speed alone, the fastest depth measured (``result.use``), so
@@ -75,9 +81,24 @@ def _fallbacks(model: Any) -> int:
     )
 
 
-def _run(model: Any, call: Call) -> Any:
+def _run(model: Any, call: Call, family: Family) -> Any:
+    """One call as the family's users make it: ``model(**call)`` or ``model.generate``."""
     with torch.no_grad():
+        if family.generate is not None:
+            return model.generate(**call, **family.generate)
         return model(**call)
+
+
+def _tuning_call(family: Family) -> Any:
+    """``auto_tune``'s ``call=`` for a generate family (None: the model is called)."""
+    settings = family.generate
+    if settings is None:
+        return None
+
+    def generate(model: Any, **call: Any) -> Any:
+        return model.generate(**call, **settings)
+
+    return generate
 
 
 def _untuned_reason(result: tt.AutoTuneResult) -> str:
@@ -93,6 +114,19 @@ def _failures(result: tt.AutoTuneResult) -> list[tuple[str, str]]:
                 if row.status in (tt.Status.FAILED, tt.Status.REJECTED):
                     found.append((row.backend.name, f"{graph.path or '<model>'}: {row.reason}"))
     return sorted(set(found))
+
+
+def _unbuilt(result: tt.AutoTuneResult) -> str:
+    """Backends the budget skipped at the selected depth (else depth 0): ``name built/graphs``."""
+    depth = result.depth if result.depth is not None else 0
+    graphs = result.graphs.get(depth, [])
+    skipped: Counter[str] = Counter()
+    for graph in graphs:
+        for r in graph.rows:
+            if r.reason == TIME_BUDGET_ERROR:
+                skipped[r.backend.name] += 1
+    notes = [f"{name} {len(graphs) - n}/{len(graphs)}" for name, n in sorted(skipped.items())]
+    return ", ".join(notes)
 
 
 def _winners(result: tt.AutoTuneResult) -> str:
@@ -118,17 +152,20 @@ def check(
     model = family.build()
     inside, outside = unseen_inside(family), unseen_outside(family)
     other = _other_keyword(inside[0])
-    expected = [_run(model, c) for c in inside + outside]
-    try:
-        expected_other = _run(model, other)
-    except Exception:  # eager refuses the keyword: nothing to check
-        expected_other = None
+    expected = [_run(model, c, family) for c in inside + outside]
+    expected_other = None  # generate families: the tokens are the check
+    if family.generate is None:
+        try:
+            expected_other = _run(model, other, family)
+        except Exception:  # eager refuses the keyword: nothing to check
+            expected_other = None
     digest, process = state_digest(model), ProcessState.now()
 
     start = time.perf_counter()
     result = tt.auto_tune(
         model,
         tuning_calls(family),
+        call=_tuning_call(family),
         max_depth=1,
         strategy=strategy,
         measure_config=measure_config,
@@ -139,6 +176,7 @@ def check(
     row.tuning_s = time.perf_counter() - start
     row.depth, row.speedup = result.depth, result.speedup
     row.winners, row.failures = _winners(result), _failures(result)
+    row.unbuilt = _unbuilt(result)
     if result.depth is None:
         row.untuned_reason = _untuned_reason(result)
     if row.tuning_s > time_budget * BUDGET_GRACE + BUDGET_SLACK_S:
@@ -159,7 +197,7 @@ def check(
     # have been selected on another machine or under another load (issue 33).
     try:
         for depth in sorted(result.plans):
-            calls = _Calls(inside, outside, other, expected, expected_other)
+            calls = _Calls(inside, outside, other, expected, expected_other, family)
             _check_plan(row, result.use(depth), depth, calls)
     finally:
         result.undo()
@@ -175,6 +213,7 @@ class _Calls:
     other: Call
     expected: list[Any]
     expected_other: Any
+    family: Family
 
 
 def _check_plan(row: ZooRow, tuned: Any, depth: int, calls: _Calls) -> None:
@@ -185,14 +224,28 @@ def _check_plan(row: ZooRow, tuned: Any, depth: int, calls: _Calls) -> None:
     warnings = _Warnings()
     logging.getLogger("tunetree.runtime.wrap").addHandler(warnings)
     try:
-        _check_calls(row, tuned, inside, expected[: len(inside)], "unseen call inside the ranges")
+        _check_calls(
+            row,
+            tuned,
+            inside,
+            expected[: len(inside)],
+            "unseen call inside the ranges",
+            calls.family,
+        )
         fell_back = _fallbacks(tuned) - before
         row.fallbacks_inside += fell_back
         if fell_back:
             row.problems.append(f"{fell_back} calls inside the ranges fell back")
         warnings.messages.clear()
         inside_total = _fallbacks(tuned)
-        _check_calls(row, tuned, calls.outside, expected[len(inside) :], "call outside the ranges")
+        _check_calls(
+            row,
+            tuned,
+            calls.outside,
+            expected[len(inside) :],
+            "call outside the ranges",
+            calls.family,
+        )
         row.fallback_warnings += len(warnings.messages)
         if _fallbacks(tuned) == inside_total:
             row.problems.append("the call outside the ranges did not run the original forward")
@@ -200,7 +253,12 @@ def _check_plan(row: ZooRow, tuned: Any, depth: int, calls: _Calls) -> None:
             row.problems.append("the call outside the ranges fell back without a warning")
         if calls.expected_other is not None:
             _check_calls(
-                row, tuned, [calls.other], [calls.expected_other], "call with another keyword"
+                row,
+                tuned,
+                [calls.other],
+                [calls.expected_other],
+                "call with another keyword",
+                calls.family,
             )
     finally:
         logging.getLogger("tunetree.runtime.wrap").removeHandler(warnings)
@@ -208,11 +266,11 @@ def _check_plan(row: ZooRow, tuned: Any, depth: int, calls: _Calls) -> None:
 
 
 def _check_calls(
-    row: ZooRow, tuned: Any, calls: list[Call], expected: list[Any], what: str
+    row: ZooRow, tuned: Any, calls: list[Call], expected: list[Any], what: str, family: Family
 ) -> None:
     for call, want in zip(calls, expected, strict=True):
         try:
-            got = _run(tuned, call)
+            got = _run(tuned, call, family)
         except Exception as exc:
             row.problems.append(f"{what} raised {type(exc).__name__}: {exc}"[:300])
             continue

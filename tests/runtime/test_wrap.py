@@ -149,14 +149,15 @@ def test_repeated_calls_skip_binding_and_keying(monkeypatch: pytest.MonkeyPatch)
         for _ in range(5):
             x, y = torch.randn(4, 16), torch.randn(4, 16)
             assert torch.equal(tuned(x=x, y=y), model(x=x, y=y))
-        assert counts == {"bind": 1, "key": 1}
+        # tune's serving check ran the tuning data through the dispatcher: already routed
+        assert counts == {"bind": 0, "key": 0}
         # another constant is another signature, bound and keyed once (then the original)
         x = torch.randn(4, 16)
         assert torch.equal(tuned(x, y=y, scale=2.0), model(x, y=y, scale=2.0))
         assert torch.equal(tuned(x, y=y, scale=2.0), model(x, y=y, scale=2.0))
-        assert counts == {"bind": 2, "key": 2}
+        assert counts == {"bind": 1, "key": 1}
         # one tensor in two places is bound every time (the next call may pass two)
         assert torch.equal(tuned(x, y=x), model(x, y=x))
         assert torch.equal(tuned(x, y=x), model(x, y=x))
-    assert counts["bind"] == 4
+    assert counts["bind"] == 3
     assert dispatcher.fallback_calls == 2

@@ -96,6 +96,7 @@ class Autocast(ChangesResults):
     """
 
     kind: ClassVar[str] = "autocast"
+    typical_build_s: ClassVar[float | None] = 0.1  # wraps the forward; nothing is compiled
     dtype: str = "bf16"
     compile: bool = False
     compile_mode: str | None = None

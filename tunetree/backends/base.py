@@ -86,6 +86,10 @@ class Backend(ABC):
     quick_build: ClassVar[bool] = True
     """False for backends whose builds take seconds per graph (compilers): left out of
     :func:`tunetree.quick_strategy` (``auto_tune(quick=True)``)."""
+    typical_build_s: ClassVar[float | None] = None
+    """Seconds a build of a small graph (about 30 modules, a two-layer transformer) typically
+    takes on a 2-core CPU, with its first run; None: unknown. A time budget orders and skips
+    builds by it until this backend has been built in the tune (see :meth:`build_prior_s`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Register a subclass that declares its own ``kind``.
@@ -133,6 +137,10 @@ class Backend(ABC):
         with allow-lists (see :mod:`tunetree.backends.safe_config`).
         """
         check_plain(cls.kind, cls, config)
+
+    def build_prior_s(self) -> float | None:
+        """This configuration's typical build time (:attr:`typical_build_s`, None: unknown)."""
+        return self.typical_build_s
 
     def tolerances(self) -> Tolerances | None:
         """Tolerances this backend is checked with, or None for the tune's tolerances."""

@@ -73,13 +73,14 @@ def _dummy_value(sig: Any, device: torch.device) -> Any:
             return _dtype_from_name(str(value).replace("torch.", ""))
         if type_name == "device":
             return torch.device(value)
-        return value
-    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] in ("tuple", "list"):
+        if type_name != "enum":  # an enum member is named, and nothing named is imported
+            return value
+    elif isinstance(sig, tuple) and len(sig) == 2 and sig[0] in ("tuple", "list"):
         items = [_dummy_value(s, device) for s in sig[1]]
         return tuple(items) if sig[0] == "tuple" else items
-    if isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "dict":
+    elif isinstance(sig, tuple) and len(sig) == 2 and sig[0] == "dict":
         return {k: _dummy_value(v, device) for k, v in sig[1]}
-    what = sig[1] if isinstance(sig, tuple) and sig and sig[0] == "object" else sig[0]
+    what = sig[1] if isinstance(sig, tuple) and sig and sig[0] in ("object", "const") else sig[0]
     raise BackendError(
         f"cannot rebuild an input of type {what} from its signature alone; "
         "tune this module again instead of loading the saved runner"
@@ -551,6 +552,7 @@ class DeviceGraph(Backend):
     """
 
     kind: ClassVar[str] = "device-graph"
+    typical_build_s: ClassVar[float | None] = 1.0  # warm-up and one capture of eager's kernels
     compile: bool = False
     compile_mode: str | None = "max-autotune-no-cudagraphs"
     clone_outputs: bool = True
@@ -567,6 +569,10 @@ class DeviceGraph(Backend):
                 f"compile_mode={self.compile_mode!r} captures CUDA graphs itself and cannot be "
                 "nested in a device graph; use 'max-autotune-no-cudagraphs' or None"
             )
+
+    def build_prior_s(self) -> float | None:
+        """A capture takes about a second; with ``compile``, Inductor's compile comes first."""
+        return 12.0 if self.compile else self.typical_build_s
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why device graphs (and compile, if asked) cannot run on ``device``, or None."""

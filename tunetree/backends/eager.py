@@ -31,6 +31,7 @@ class Eager(Backend):
     """Run the module unchanged. When eager wins, tunetree leaves the module unwrapped."""
 
     kind: ClassVar[str] = "eager"
+    typical_build_s: ClassVar[float | None] = 0.0  # no build: the module's own forward
 
     def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
         """Return a runner that calls the module's original forward."""

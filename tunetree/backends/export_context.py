@@ -8,11 +8,15 @@ afterwards.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import io
 import itertools
 import logging
+import os
 import re
+import sys
+import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -20,25 +24,61 @@ from typing import Any
 import torch
 from torch import nn
 
+log = logging.getLogger(__name__)
+
 
 @contextlib.contextmanager
 def exporting(module: nn.Module) -> Iterator[None]:
-    """Conditions for exporting ``module``: no autograd, and the fused attention fast path off.
+    """Conditions for exporting ``module``: no autograd, no attention fast path, exportable experts.
 
     The fused multi-head-attention fast path is off because ``nn.TransformerEncoder`` would
     otherwise trace to ``aten::_transformer_encoder_layer_fwd``, which exporters cannot
-    translate. Restores the fast-path switch and every submodule's training flag afterwards.
+    translate. Experts run as :func:`experts_as_data` says. Restores the fast-path switch,
+    the experts' implementation and every submodule's training flag afterwards.
     """
     fastpath = torch.backends.mha.get_fastpath_enabled()
     modes = [(m, m.training) for m in module.modules()]
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), experts_as_data(module):
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for m, training in modes:
             m.training = training
+
+
+EXPORTED_EXPERTS = "batched_mm"
+"""The Hugging Face experts implementation exports use: every (token, chosen expert) pair
+gathers its expert's weights by index and one batched matmul computes them all."""
+
+
+@contextlib.contextmanager
+def experts_as_data(module: nn.Module) -> Iterator[None]:
+    """Mixture-of-experts routing as data in the exported graph, not baked into it.
+
+    Hugging Face experts layers (Mixtral, Qwen2-MoE, ...; transformers 5's
+    ``use_experts_implementation``) read ``config._experts_implementation`` on every call. The
+    eager form loops over the experts a batch hit (``nonzero``: the trace would keep the routing
+    of the example), and on a CPU the default grouped form calls the custom operator
+    ``transformers::grouped_mm_fallback``, which no ONNX exporter translates. The batched form
+    (:data:`EXPORTED_EXPERTS`) indexes the experts' weights with the router's top-k tensor, so
+    the graph routes each call by its own values; the candidate is then checked on value probes
+    like any other. Each config is put back afterwards.
+    """
+    configs: dict[int, Any] = {}
+    for m in module.modules():
+        config = getattr(m, "config", None)
+        if isinstance(getattr(config, "_experts_implementation_internal", None), str):
+            configs[id(config)] = config
+    saved = [(c, c._experts_implementation_internal) for c in configs.values()]
+    try:
+        for config, _ in saved:
+            config._experts_implementation_internal = EXPORTED_EXPERTS
+        yield
+    finally:
+        for config, value in saved:
+            config._experts_implementation_internal = value
 
 
 def _hidden_rows_as_null_key(
@@ -155,12 +195,59 @@ def quiet() -> Iterator[None]:
             warnings.catch_warnings(),
             contextlib.redirect_stdout(sink),
             contextlib.redirect_stderr(sink),
+            _descriptors_captured(),
         ):
             warnings.simplefilter("ignore")
             yield
     finally:
         for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
+        if sink.getvalue():
+            log.debug("exporter output:\n%s", sink.getvalue()[:CAPTURED_LIMIT])
+
+
+CAPTURED_LIMIT = 1 << 20
+"""At most this many characters of what an exporter printed are kept for the debug log."""
+
+
+@contextlib.contextmanager
+def _descriptors_captured() -> Iterator[None]:
+    """Point file descriptors 1 and 2 at a temporary file while the block runs.
+
+    C++ code writes there directly, past Python's ``sys.stdout``: the TorchScript exporter
+    prints the whole IR of a graph it failed on (402 lines for Mixtral, with the machine's file
+    paths). What was written goes to the debug log. Where the descriptors cannot be
+    duplicated, the block runs as it is.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as sink:
+        try:
+            os.dup2(sink.fileno(), 1)
+            os.dup2(sink.fileno(), 2)
+            yield
+        finally:
+            _flush_c_streams()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            sink.seek(0)
+            text = sink.read(CAPTURED_LIMIT).decode(errors="replace")
+            if text:
+                log.debug("exporter output (native):\n%s", text)
+
+
+def _flush_c_streams() -> None:
+    """Flush the C library's buffered streams (``fflush(NULL)``), where it can be reached."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

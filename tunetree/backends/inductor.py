@@ -418,6 +418,7 @@ class Inductor(Backend):
     """
 
     kind: ClassVar[str] = "inductor"
+    typical_build_s: ClassVar[float | None] = 12.0  # 3-12 s per graph on the 2-core EPYC
     libraries: ClassVar[tuple[str, ...]] = ("triton",)
     quick_build: ClassVar[bool] = False
     mode: str | None = None

@@ -85,6 +85,7 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
     """
 
     kind: ClassVar[str] = "onnxruntime-int8"
+    typical_build_s: ClassVar[float | None] = 4.0  # an ONNX export, then quantization
     preserves_results: ClassVar[bool] = False
     weight_type: str = "qint8"
     per_channel: bool = False

@@ -109,6 +109,7 @@ class TorchAO(ChangesResults):
     """
 
     kind: ClassVar[str] = "torchao"
+    typical_build_s: ClassVar[float | None] = 1.0  # quantizes the weights (compile: 12 s)
     extra: ClassVar[str | None] = "ao"
     libraries: ClassVar[tuple[str, ...]] = ("torchao",)
     scheme: str = "int8-weight-only"
@@ -119,6 +120,10 @@ class TorchAO(ChangesResults):
             raise InvalidInputError(
                 f"TorchAO scheme must be one of {', '.join(SCHEMES)}, not {self.scheme!r}"
             )
+
+    def build_prior_s(self) -> float | None:
+        """Quantizing the weights takes about a second; with ``compile``, Inductor's compile."""
+        return 12.0 if self.compile else self.typical_build_s
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """Why torchao cannot run this scheme on ``device``, or None."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._util.table import format_table
+from .build_costs import BuildCosts
 
 TIME_BUDGET_ERROR = "time budget used up"
 
@@ -49,13 +50,21 @@ class BuildStopped(BaseException):
     """
 
 
+REFIRE_S = 0.5
+"""How often a stop is raised again while the stopped block still runs (see
+:func:`stopped_after`)."""
+
+
 @contextlib.contextmanager
 def stopped_after(seconds: float) -> Iterator[None]:
     """Raise :class:`BuildStopped` in this thread if the block runs longer than ``seconds``.
 
     A watcher thread sets the exception asynchronously (``PyThreadState_SetAsyncExc``): it is
     raised at this thread's next Python instruction, so a block inside a long C call (a
-    compiler subprocess) stops when that call returns. An exception set as the block ended is
+    compiler subprocess) stops when that call returns. Raised inside a finalizer or a weakref
+    callback, the exception is printed and ignored by Python ("Exception ignored in"), and the
+    block went on (a ResNet's Inductor build ran 339 s against a 150 s budget): so it is set
+    again every :data:`REFIRE_S` until the block ends. An exception set as the block ended is
     withdrawn before it can be raised outside it.
     """
     target = threading.get_ident()
@@ -64,12 +73,14 @@ def stopped_after(seconds: float) -> Iterator[None]:
     wake = threading.Event()
 
     def watch() -> None:
-        if wake.wait(max(seconds, 0.0)):
-            return
-        with lock:
-            if not state["finished"]:
+        timeout = max(seconds, 0.0)
+        while not wake.wait(timeout):
+            with lock:
+                if state["finished"]:
+                    return
                 state["fired"] = True
                 _set_async_exc(target, BuildStopped)
+            timeout = REFIRE_S
 
     watcher = threading.Thread(target=watch, name="tunetree-budget-watch", daemon=True)
     watcher.start()
@@ -101,12 +112,25 @@ class Deadline:
     ``reserve_s`` is time kept free for work that must follow what is being decided (the
     end-to-end measurement of the depth in progress): a build or a measurement is started only
     when it is expected to end ``reserve_s`` before the deadline.
+
+    The free time is shared out: each graph tuned inside :meth:`graph_window` gets an equal
+    share of what is free when it starts (with the graphs left in its cut and one share per
+    depth still to come, :attr:`depths_after`), and a build that would run past its graph's
+    share is not started, or stopped (:meth:`build_cap_s`), unless it is the graph's first
+    candidate besides eager.
     """
 
     at: float
     builds: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
-    """The longest build (with its checks) seen so far per backend kind (see :meth:`room_for`)."""
+    """The longest build (with its checks) seen so far per backend kind."""
     reserve_s: float = field(default=0.0, compare=False)
+    costs: BuildCosts = field(default_factory=BuildCosts, compare=False, repr=False)
+    """Every build's time by backend and graph size, and the races won: what a build is
+    expected to cost and which candidates are built first (:mod:`.build_costs`)."""
+    depths_after: int = field(default=0, compare=False)
+    """Depths still to be tuned after the one in progress: each is kept one graph's share."""
+    window_at: float | None = field(default=None, compare=False)
+    """When the share of the graph in progress ends (None: no graph in progress)."""
 
     @classmethod
     def after(cls, seconds: float, start: float | None = None) -> Deadline:
@@ -130,12 +154,18 @@ class Deadline:
         finally:
             self.builds[kind] = max(now() - start, self.builds.get(kind, 0.0))
 
-    def expected_build_s(self, kind: str) -> float:
+    def expected_build_s(
+        self, kind: str, size: int | None = None, prior_s: float | None = None
+    ) -> float:
         """How long a build of ``kind`` is expected to take.
 
-        The longest build of that kind so far; for a kind not built yet, the longest build of
-        any kind (builds of one graph by different backends are of one order of magnitude).
+        With ``size`` (the graph's modules; ``kind`` is then the backend's name, kind and
+        config), from what this tune knows of that backend on graphs of that size
+        (:meth:`BuildCosts.expected_s`, ``prior_s`` until it was built once). Without, the
+        longest build of that kind so far, else the longest of any kind.
         """
+        if size is not None:
+            return self.costs.expected_s(kind, size, prior_s)
         if kind in self.builds:
             return self.builds[kind]
         return max(self.builds.values(), default=0.0)
@@ -165,6 +195,51 @@ class Deadline:
             yield
         finally:
             self.reserve_s = before
+
+    @contextlib.contextmanager
+    def graph_window(self, graphs_left: int) -> Iterator[None]:
+        """While the block tunes one graph, its builds may run until the graph's share ends.
+
+        The share is the free time over ``graphs_left`` (this graph and those of its cut still
+        to tune, cache hits and twins left out) plus :attr:`depths_after`; time a graph leaves
+        unused goes to the next ones.
+        """
+        before = self.window_at
+        self.window_at = now() + self.free_s() / max(1, graphs_left + self.depths_after)
+        try:
+            yield
+        finally:
+            self.window_at = before
+
+    def window_left_s(self) -> float:
+        """Seconds left of the share of the graph in progress (the free time outside one)."""
+        if self.window_at is None:
+            return self.free_s()
+        return min(self.free_s(), max(0.0, self.window_at - now()))
+
+    def room_to_build(self, expected_s: float, then_s: float, first: bool) -> bool:
+        """Whether a build expected to take ``expected_s``, then ``then_s`` of work, fits.
+
+        It must end, with ``then_s`` (the short measurement of its candidate), before the
+        deadline's reserve, and within its graph's share unless it is ``first``: the graph's
+        first candidate besides eager is built whenever one fits in the free time.
+        """
+        if not self.room_for_s(expected_s + then_s):
+            return False
+        return first or expected_s <= self.window_left_s()
+
+    def build_cap_s(self, expected_s: float, first: bool, then_s: float = 0.0) -> float:
+        """How long a build started now may run before it is stopped (:func:`stopped_after`).
+
+        Until its graph's share ends, less ``then_s`` (the short measurement of the graph's
+        candidates, which must still fit); a graph's ``first`` candidate besides eager at least
+        twice its ``expected_s``; never past the free time (less ``then_s``).
+        """
+        free = max(0.0, self.free_s() - then_s)
+        cap = min(free, max(0.0, self.window_left_s() - then_s))
+        if first:
+            cap = max(cap, min(free, 2.0 * expected_s))
+        return cap
 
 
 @dataclass(frozen=True)

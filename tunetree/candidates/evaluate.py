@@ -7,6 +7,7 @@ with a status and, when it is not usable, the reason.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import time
 import traceback
@@ -27,6 +28,7 @@ from ..signature.graph import Graph, Sample, batch_size, detach_clone
 from ..signature.probes import checks
 from ..signature.shapes import sizes_of
 from ..signature.state import process_state_kept
+from . import budget
 from .budget import (
     BUILD,
     CHECK,
@@ -132,6 +134,9 @@ class GraphSession:
     """Where builds, checks and measurements charge their time (the result's breakdown)."""
     usable_built: int = field(default=0, repr=False)
     """Candidates built and checked correct so far (what a measurement would time)."""
+    usable_others: int = field(default=0, repr=False)
+    """Of those, the ones other than eager: until one is, a build may use more than its
+    graph's share of the budget (see :meth:`Deadline.room_to_build`)."""
     call_s: float = 0.0
     """About one eager call of this graph (from the inspection): how long measurements take."""
     accuracy: AccuracyBudget | None = None
@@ -152,7 +157,7 @@ class GraphSession:
             self.on_build(backend)
         timed = self.deadline.build(backend.kind) if self.deadline is not None else nullcontext()
         with timed:
-            start = time.perf_counter()
+            start, clock_start = time.perf_counter(), budget.now()
             try:
                 with (
                     self._stopped_at_deadline(backend),
@@ -162,6 +167,7 @@ class GraphSession:
                     built = self._build_and_run(backend)
             except BuildStopped:
                 spent = time.perf_counter() - start
+                self._record_build(backend, budget.now() - clock_start, stopped=True)
                 log.info(
                     "%s: %s's build stopped after %.1f s: %s",
                     where,
@@ -172,22 +178,74 @@ class GraphSession:
                 self.progress(where, self.graph, backend.name, f"stopped: {TIME_BUDGET_ERROR}")
                 return CandidateRow(backend, Status.SKIPPED, TIME_BUDGET_ERROR)  # not built
             build_s = time.perf_counter() - start
+            self._record_build(
+                backend, budget.now() - clock_start, completed=not isinstance(built, CandidateRow)
+            )
             if isinstance(built, CandidateRow):
                 return built
             with self.clock.phase(CHECK, backend.kind):
-                return self._checked(backend, *built, build_s)
+                row = self._checked(backend, *built, build_s)
+            if row.usable and backend.kind != "eager":
+                self.usable_others += 1
+            return row
+
+    @functools.cached_property
+    def size(self) -> int:
+        """The graph's size as build times grow with it: the modules the built module holds."""
+        return sum(1 for _ in self.module.modules())
+
+    def _record_build(
+        self, backend: Backend, seconds: float, completed: bool = False, stopped: bool = False
+    ) -> None:
+        """Tell the deadline's :class:`BuildCosts` what ``backend``'s build took here.
+
+        ``completed``: it produced a runner; ``stopped``: the budget stopped it.
+        """
+        if self.deadline is not None and backend.kind != "eager":
+            self.deadline.costs.record(
+                backend.name, self.size, seconds, backend.build_prior_s(), completed, stopped
+            )
+
+    def expected_build_s(self, backend: Backend) -> float:
+        """How long ``backend``'s build of this graph is expected to take (0 without a budget)."""
+        if self.deadline is None or backend.kind == "eager":
+            return 0.0
+        return self.deadline.expected_build_s(backend.name, self.size, backend.build_prior_s())
+
+    def build_order(self, backends: list[Backend]) -> list[Backend]:
+        """``backends`` in the order to build them: under a time budget, cheapest per win first.
+
+        Expected build seconds over the chance to win (:meth:`BuildCosts.cost_per_win`), ties
+        in the given order; eager, which costs nothing to build, last. Without a budget, as
+        given.
+        """
+        if self.deadline is None:
+            return list(backends)
+        costs, size = self.deadline.costs, self.size
+        others = [b for b in backends if b.kind != "eager"]
+        eager = [b for b in backends if b.kind == "eager"]
+        others.sort(key=lambda b: costs.cost_per_win(b.name, size, b.build_prior_s()))
+        return others + eager
 
     def _stopped_at_deadline(self, backend: Backend) -> AbstractContextManager[None]:
-        """Stop a build (other than eager's) still running when the budget's free time ends.
+        """Stop a build (other than eager's) still running when its share of the budget ends.
 
-        Its candidate could not be measured any more.
+        Its graph's share (:meth:`Deadline.build_cap_s`): the graph's first candidate besides
+        eager may take longer, never past the budget's free time, after which its candidate
+        could not be measured any more.
         """
         if self.deadline is None or backend.kind == "eager":
             return nullcontext()
-        return stopped_after(max(self.deadline.free_s(), MIN_BUILD_S))
+        measuring = self._least(self.measure_config.screening(), self.usable_built + 2)
+        expected = self.expected_build_s(backend)
+        cap = self.deadline.build_cap_s(expected, not self.usable_others, measuring)
+        return stopped_after(max(cap, MIN_BUILD_S))
 
     def _room_to_build(self, backend: Backend) -> bool:
         """Whether the deadline has room for ``backend``'s build and then a short measurement.
+
+        Within the graph's share of the budget, unless no candidate besides eager is usable
+        yet (:meth:`Deadline.room_to_build`).
 
         The short measurement is that of the candidates usable so far, this one and one more (eager
         comes last): a build whose candidate cannot be measured any more is wasted.
@@ -195,7 +253,8 @@ class GraphSession:
         if self.deadline is None:
             return True
         measuring = self._least(self.measure_config.screening(), self.usable_built + 2)
-        return self.deadline.room_for_s(self.deadline.expected_build_s(backend.kind) + measuring)
+        expected = self.expected_build_s(backend)
+        return self.deadline.room_to_build(expected, measuring, first=not self.usable_others)
 
     def _least(self, config: MeasureConfig, candidates: int) -> float:
         """About the shortest measurement of ``candidates`` of this graph with ``config``."""
@@ -266,16 +325,21 @@ class GraphSession:
         try:
             runner = backend.build(self.module, self.graph, self.device)
         except Exception as exc:  # any backend error becomes a row
-            log.debug("build of %s failed:\n%s", backend.name, traceback.format_exc())
-            return CandidateRow(backend, Status.FAILED, f"build: {_short(exc)}")
+            return self._failed(backend, "build", exc)
         try:
             with torch.no_grad():
                 # Snapshots: a runner may hand back state its next call updates (a cache).
                 outputs = [detach_clone(s.run(runner)) for s in self.graph.samples]
         except Exception as exc:
-            log.debug("run of %s failed:\n%s", backend.name, traceback.format_exc())
-            return CandidateRow(backend, Status.FAILED, f"run: {_short(exc)}")
+            return self._failed(backend, "run", exc)
         return runner, outputs
+
+    def _failed(self, backend: Backend, stage: str, exc: Exception) -> CandidateRow:
+        """The row of a failed candidate; one log line says why, the debug log all of it."""
+        reason = f"{stage}: {_short(exc)}"
+        log.info("%s: %s failed: %s", self.path or "<model>", backend.name, reason)
+        log.debug("%s of %s failed:\n%s", stage, backend.name, traceback.format_exc())
+        return CandidateRow(backend, Status.FAILED, reason)
 
     def probe_failure(self, runner: Runner) -> str | None:
         """Why ``runner`` is wrong on a probe call of this graph (:mod:`.probes`), or None.

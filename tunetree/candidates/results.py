@@ -29,6 +29,9 @@ class GraphResult:
     rows: list[CandidateRow]
     winner: CandidateRow | None
     strategy: str = ""
+    never_served: bool = False
+    """The winner's dispatcher never served a call of the tuning data with it (the calls were
+    keyed otherwise): its measured speed-up is not the model's, and tables do not show it."""
 
     @property
     def cached(self) -> bool:

@@ -56,11 +56,24 @@ class Strategy:
         return copy.deepcopy(self)
 
     def run(self, session: GraphSession) -> StrategyOutcome:
-        """Evaluate candidates for the session's graph and choose a winner."""
-        rows = [session.evaluate(b) for b in self.backends]
+        """Evaluate candidates for the session's graph and choose a winner.
+
+        Under a time budget the candidates are built cheapest per expected win first
+        (:meth:`GraphSession.build_order`); the rows stay in the strategy's order.
+        """
+        rows = self.evaluate_all(session)
         session.measure(rows, screen=self.fastest_wins)
         measured = [r for r in rows if r.usable and r.timing is not None and not r.screened_out]
         return StrategyOutcome(rows, self.select(measured) if measured else None)
+
+    def evaluate_all(self, session: GraphSession) -> list[CandidateRow]:
+        """Every backend's row, built in :meth:`GraphSession.build_order`, in backend order."""
+        order = session.build_order(self.backends)
+        rows: dict[int, CandidateRow] = {}
+        for backend in order:
+            index = next(i for i, b in enumerate(self.backends) if b is backend and i not in rows)
+            rows[index] = session.evaluate(backend)
+        return [rows[i] for i in range(len(self.backends))]
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
         """Pick the winner among measured, correct rows (in backend order)."""

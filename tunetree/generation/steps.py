@@ -93,7 +93,7 @@ def generation_steps(
         step = step_of(result, parameters)
         if step is None:
             continue
-        winner = result.winner
+        winner = result.winner if not result.never_served else None
         tokens = _tokens(result.graph.samples[0], parameters)
         fixed = f"fixed, tokens {list(tokens.shape)}" if tokens is not None else "fixed"
         steps.append(
@@ -101,12 +101,17 @@ def generation_steps(
                 path=result.path,
                 step=step,
                 ranges=describe_ranges(result.graph.key) or fixed,
-                winner=winner.backend.name if winner is not None else "eager (kept)",
+                winner=winner.backend.name if winner is not None else _kept(result),
                 latency_s=winner.latency_s if winner is not None else result.eager_latency_s,
                 eager_latency_s=result.eager_latency_s,
             )
         )
     return sorted(steps, key=lambda s: (s.path, s.step != "prefill"))
+
+
+def _kept(result: GraphResult) -> str:
+    """The winner cell of a step that eager serves."""
+    return "eager (never served)" if result.never_served else "eager (kept)"
 
 
 def steps_table(steps: list[GenerationStep], title: str) -> str:

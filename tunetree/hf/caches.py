@@ -24,7 +24,19 @@ import torch.utils._pytree as pytree
 
 from .positions import mirrored_names, mirrored_sizes
 
-_CACHE_BASES = frozenset({"Cache", "CacheLayerMixin", "EncoderDecoderCache"})
+_CACHE_BASES = frozenset(
+    {
+        "Cache",
+        "CacheLayerMixin",
+        "EncoderDecoderCache",
+        # transformers 5: the recurrent (SSM, conv) state of Mamba, Mamba2, FalconMamba and
+        # the linear-attention layers of hybrids (Jamba, Zamba2, Bamba, Qwen3-Next, LFM2),
+        # alone or with a key/value layer (LinearAttentionAndFullAttentionLayer, ...)
+        "LinearAttentionCacheLayerMixin",
+        # a layer that holds nothing (MoE or MLP-only layers of a hybrid, shared-KV layers)
+        "DummyLayer",
+    }
+)
 """Names of transformers' cache base classes; an object whose class derives from one is data."""
 
 

@@ -48,6 +48,7 @@ from .endtoend import (
     single_runtime_plan,
     too_noisy,
 )
+from .serving import mark_unserved
 from .tune import (
     GraphCache,
     GraphMemo,
@@ -138,7 +139,9 @@ class DepthRun:
 def tune_depths(run: DepthRun, rows: list[DepthRow]) -> None:
     """Tune and measure each row's depth in turn; the model is left untuned, even on error."""
     try:
-        for row in rows:
+        for i, row in enumerate(rows):
+            if run.deadline is not None:
+                run.deadline.depths_after = len(rows) - i - 1
             _tune_depth(run, row)
     except BaseException:
         run.restore()
@@ -231,6 +234,7 @@ def _measure_depth(run: DepthRun, row: DepthRow, plan: Plan) -> None:
         tuned = {name: wrap(run.model, p.runners(), in_place=False) for name, p in plans.items()}
         with run.clock.phase(END_TO_END_CHECK):
             problems = {name: check_outputs(run, m, plans[name]) for name, m in tuned.items()}
+        mark_unserved(tuned["greedy"], run.graphs[row.depth])
         tuned = {name: m for name, m in tuned.items() if not problems[name]}
         if not tuned:
             row.status = DepthStatus.REJECTED

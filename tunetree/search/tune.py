@@ -7,6 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from ..cache import open_cache
 from ..cache.keys import structure_digest
 from ..candidates.budget import (
     CACHE,
+    END_TO_END_CHECK,
     INSPECTION,
     TIME_BUDGET_ERROR,
     Deadline,
@@ -39,6 +41,7 @@ from ..signature.inspection import ModelInfo, inspect
 from ..signature.modules import CallFn, find_module, resolve_device
 from ..signature.shapes import DynamicShapes
 from ..signature.state import check_eval_mode, eval_mode, preserved_state
+from .serving import mark_unserved, serve_once
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +84,18 @@ class TuneResult:
                 mark = "*" if row is g.winner else ""
                 ratio = (
                     f"{eager / row.latency_s:.2f}x"
-                    if eager and row.latency_s and row.timing is not None
+                    if eager and row.latency_s and row.timing is not None and not g.never_served
                     else "-"
                 )
+                status = row.describe()
+                if g.never_served and row is g.winner:
+                    status += " (never served: no call was keyed like this graph)"
                 rows.append(
                     [
                         (g.path or "<model>") + (" (cached)" if g.cached else ""),
                         str(g.graph.key),
                         mark + row.backend.name,
-                        row.describe(),
+                        status,
                         row.latency_text(),
                         ratio,
                         format_seconds(row.build_s),
@@ -157,6 +163,8 @@ def tune_cut(
     clock = clock or Stopwatch()
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
     order = by_time_share(todo) if most_time_first else list(range(len(todo)))
+    digests = {p: structure_digest(find_module(model, p)) for p in {p for p, _, _ in todo}}
+    own = _own_graphs([todo[i] for i in order], digests, memo)
     found: dict[int, GraphResult] = {}
     twins: dict[tuple[str, Any], GraphResult] = {}
     started = time.perf_counter()
@@ -186,13 +194,42 @@ def tune_cut(
             call_s=graph.total_s / graph.calls if graph.calls else _call_s(info, path),
             accuracy=accuracy,
         )
-        result = _tune_graph(session, base, cache, twins)
+        window = deadline.graph_window(own[done]) if deadline is not None else nullcontext()
+        with window:
+            result = _tune_graph(session, base, cache, twins, digests[path])
+        if deadline is not None:
+            _record_race(deadline, result)
         if memo is not None and not _budget_cut(result):
             memo[(path, key)] = result
         found[index] = result
         winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
         progress(f"depth {depth}", where, graph, f"winner: {winner}", _eta(started, done, todo))
     return [found[i] for i in sorted(found)]
+
+
+def _own_graphs(
+    todo: list[tuple[str, Any, Any]], digests: dict[str, str], memo: GraphMemo | None
+) -> list[int]:
+    """For each graph of ``todo``, how many from it on are tuned in full (its budget share).
+
+    A graph reused from another depth (``memo``) costs nothing, and neither does a twin of one
+    before it (same structure, same graph): it races only that one's winner.
+    """
+    seen: set[tuple[str, Any]] = set()
+    full = []
+    for path, key, _ in todo:
+        twin = (digests[path], key)
+        full.append(not (memo is not None and (path, key) in memo) and twin not in seen)
+        seen.add(twin)
+    return [sum(full[i:]) for i in range(len(full))]
+
+
+def _record_race(deadline: Deadline, result: GraphResult) -> None:
+    """Tell the deadline's build costs which candidates were correct and which one won."""
+    raced = [r.backend.name for r in result.rows if r.usable and r.backend.kind != "eager"]
+    winner = result.winner.backend if result.winner is not None else None
+    won = winner.name if winner is not None and winner.kind != "eager" else None
+    deadline.costs.record_race(raced, won)
 
 
 def _call_s(info: ModelInfo, path: str) -> float:
@@ -206,6 +243,7 @@ def _tune_graph(
     base: Strategy,
     cache: GraphCache | None,
     twins: dict[tuple[str, Any], GraphResult],
+    digest: str,
 ) -> GraphResult:
     """One graph: the cached result, else the strategy's (stored unless the budget cut it).
 
@@ -214,7 +252,7 @@ def _tune_graph(
     :meth:`Strategy.for_twin` leaves: usually the twin's winner against eager, measured with
     :meth:`MeasureConfig.confirming`.
     """
-    twin_key = (structure_digest(session.module), session.graph.key)
+    twin_key = (digest, session.graph.key)
     twin = twins.get(twin_key)
     narrowed = base.for_twin(_twin_winners(twin)) if twin and twin.winner else None
     if narrowed is not None:
@@ -423,4 +461,8 @@ def tune(
     plan = plan_from(graphs, depth)
     release_unplanned([graphs], [plan])
     tuned = wrap(model, plan.runners(), plan, in_place=depth > 0)
+    if plan.runners():
+        with preserved_state(model), clock.phase(END_TO_END_CHECK):
+            serve_once(tuned, info, call)
+        mark_unserved(tuned, graphs)
     return TuneResult(tuned, depth, plan, graphs, info, original=model, breakdown=clock.breakdown())

@@ -16,6 +16,7 @@ call back into the keyword form such a forward expects (:func:`forward_caller`).
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 from typing import Any
 
@@ -250,9 +251,13 @@ def _part(value: Any, owned: frozenset[int] = frozenset()) -> Any:
         return ("owned", id(value))
     if isinstance(value, type):  # a class attribute of a cache (the layer class it makes)
         return (type, value)
-    if kind is list or kind is tuple:
+    if kind is list or kind is tuple or kind is torch.Size:
+        # A torch.Size keys as the tuple of ints it is (GraphKey does the same).
         items = [_part(v) for v in value]
-        return None if any(i is None for i in items) else (kind, tuple(items))
+        container = list if kind is list else tuple
+        return None if any(i is None for i in items) else (container, tuple(items))
+    if isinstance(value, enum.Enum):  # members are singletons: hashable, keyed by value
+        return (kind, value)
     if is_cache_class(kind):
         fields = vars(value)
         names = sorted(fields)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import hashlib
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -133,10 +134,15 @@ def _leaf_signature(value: Any) -> Any:
         return TensorSpec(dtype_name(value.dtype), tuple(value.shape))
     if isinstance(value, Derived):  # a cache's int keyed by what it is (tunetree.hf.positions)
         return ("const", "derived", str(value))
+    if isinstance(value, enum.Enum):  # a member by its stable name (IntEnums too), not its id
+        cls = type(value)
+        return ("const", "enum", f"{cls.__module__}.{cls.__qualname__}.{value.name}")
     if value is None or isinstance(value, (bool, int, float, str)):
         return ("const", type(value).__name__, value)
     if isinstance(value, torch.dtype | torch.device):
         return ("const", type(value).__name__, str(value))
+    if isinstance(value, torch.Size):  # a shape passed on is a tuple of ints, as recorded
+        return ("tuple", tuple(("const", "int", int(v)) for v in value))
     if isinstance(value, tuple | list):
         return (type(value).__name__, tuple(_leaf_signature(v) for v in value))
     if isinstance(value, Mapping):
@@ -181,6 +187,13 @@ class GraphKey:
         """True when an argument is an opaque object, keyed by identity (see ``GraphKey.of``)."""
         return any(_is_opaque(sig) for sig in self.args) or any(
             _is_opaque(sig) for _, sig in self.kwargs
+        )
+
+    @property
+    def holds_cache(self) -> bool:
+        """True when an argument is a cache object: a generation step, called from a loop."""
+        return any(_holds_cache(sig) for sig in self.args) or any(
+            _holds_cache(sig) for _, sig in self.kwargs
         )
 
     @property
@@ -347,6 +360,15 @@ def _strip_sizes(sig: Any) -> Any:
     if isinstance(sig, tuple) and not (len(sig) == 3 and sig[0] in ("const", "object")):
         return tuple(_strip_sizes(part) for part in sig)
     return sig
+
+
+def _holds_cache(sig: Any) -> bool:
+    """True when a leaf signature is, or contains, a cache object's (``("data", ...)``)."""
+    if isinstance(sig, TensorSpec) or not isinstance(sig, tuple):
+        return False
+    if len(sig) == 3 and sig[0] in ("data", "const", "object"):
+        return sig[0] == "data"
+    return any(_holds_cache(part) for part in sig)
 
 
 def _is_opaque(sig: Any) -> bool:

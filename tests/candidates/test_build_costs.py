@@ -1,0 +1,266 @@
+"""Issue 31, item 1: the budget goes to the candidates most likely to win.
+
+Builds take injected times on a fake clock (``budget.now``); what is asserted is which
+candidates are built, in which order, and which are skipped or stopped: decisions, not speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+import tunetree as tt
+from tests.fakes import Busy, Delayed, spin
+from tunetree.candidates import budget, evaluate
+from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline
+from tunetree.candidates.build_costs import REFERENCE_SIZE, BuildCosts, scaled
+from tunetree.candidates.evaluate import GraphSession, Status
+from tunetree.candidates.measure import Timing
+from tunetree.search.tune import _own_graphs
+from tunetree.signature.graph import Graph, Sample
+
+MS = 1e-3
+
+
+class Clock:
+    """A fake ``budget.now``: builds advance it by their injected time."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+CLOCK = Clock()
+
+
+@dataclasses.dataclass(frozen=True)
+class Clocked(Delayed):
+    """A build that takes ``build_s`` on the fake clock and whose prior says ``prior_s``."""
+
+    kind: ClassVar[str] = "fake-clocked"
+    build_s: float = 1.0
+    prior_s: float | None = 1.0
+    fails: bool = False
+
+    def build_prior_s(self) -> float | None:
+        return self.prior_s
+
+    def build(self, module: nn.Module, graph: Any, device: torch.device) -> Any:
+        CLOCK.t += self.build_s
+        if self.fails:
+            raise RuntimeError("cannot convert")
+        return super().build(module, graph, device)
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    CLOCK.t = 0.0
+    monkeypatch.setattr(budget, "now", CLOCK)
+
+    def fake_measure(calls: Any, device: Any, config: Any, deadline: Any = None) -> Any:
+        return {n: Timing(1 * MS, 0.9 * MS, 1.1 * MS, 0.0, 3, 1) for n in calls}
+
+    monkeypatch.setattr(evaluate, "measure", fake_measure)
+    return CLOCK
+
+
+def _session(deadline: Deadline) -> GraphSession:
+    module = nn.Linear(4, 4).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        graph = Graph(Sample((x,)).key, [Sample((x,))], [module(x)])
+    return GraphSession(
+        module, "", graph, torch.device("cpu"), measure_config=tt.MeasureConfig.quick(),
+        deadline=deadline,
+    )  # fmt: skip
+
+
+def test_expected_build_time_is_per_backend_and_graph_size() -> None:
+    costs = BuildCosts()
+    # Nothing built yet: the backend's prior at the reference size, scaled to the graph's.
+    assert costs.expected_s("a", REFERENCE_SIZE, prior_s=2.0) == pytest.approx(2.0)
+    assert costs.expected_s("a", 3 * REFERENCE_SIZE, prior_s=2.0) == pytest.approx(2 * (0.3 + 2.1))
+    # Backend "b" built a 30-module graph 4x slower than its prior said: this machine is slow,
+    # so "a", never built, is expected 4x slower than its prior too.
+    costs.record("b", REFERENCE_SIZE, 8.0, prior_s=2.0)
+    assert costs.machine_factor() == pytest.approx(4.0)
+    assert costs.expected_s("a", REFERENCE_SIZE, prior_s=2.0) == pytest.approx(8.0)
+    # What "a" took itself decides once known: the build nearest in size, scaled.
+    costs.record("a", 10, 1.0, prior_s=2.0)
+    costs.record("a", 100, 50.0, prior_s=2.0)
+    assert costs.expected_s("a", 12, prior_s=2.0) == pytest.approx(scaled(1.0, 10, 12))
+    assert costs.expected_s("a", 90, prior_s=2.0) == pytest.approx(scaled(50.0, 100, 90))
+    # Not the longest build of any backend: a small graph of "b" after a long build of "a".
+    assert costs.expected_s("b", REFERENCE_SIZE) == pytest.approx(8.0)
+    # A failure that ended early says nothing about how fast this machine builds.
+    costs.record("c", REFERENCE_SIZE, 0.01, prior_s=2.0, completed=False)
+    assert costs.machine_factor() == pytest.approx(costs.machine_factor())
+    assert "c" not in costs.completed
+
+
+def test_cheap_likely_winners_are_built_first_and_rows_keep_the_strategy_order(
+    clock: Clock,
+) -> None:
+    built: list[str] = []
+    slow = Clocked(label="compiler", build_s=20.0, prior_s=12.0)
+    cheap = Clocked(label="export", build_s=1.0, prior_s=2.0)
+    strategy = tt.HighestThroughputStrategy([slow, cheap, tt.backends.Eager()])
+    deadline = Deadline(at=1000.0)
+    session = _session(deadline)
+    session.on_build = lambda b: built.append(b.name)
+    outcome = strategy.copy().run(session)
+    assert built == [cheap.name, slow.name, "eager"]
+    assert [r.backend.name for r in outcome.rows] == [slow.name, cheap.name, "eager"]
+    # Without a budget the order is the strategy's, as before.
+    built.clear()
+    plain = _session(None)  # type: ignore[arg-type]
+    plain.on_build = lambda b: built.append(b.name)
+    strategy.copy().run(plain)
+    assert built == [slow.name, cheap.name, "eager"]
+
+
+def test_a_backend_that_keeps_winning_is_built_before_an_equally_cheap_one() -> None:
+    deadline = Deadline(at=1000.0)
+    a, b = Clocked(label="a", prior_s=2.0), Clocked(label="b", prior_s=2.0)
+    session = _session(deadline)
+    assert session.build_order([a, b]) == [a, b]  # a tie keeps the given order
+    for _ in range(3):
+        deadline.costs.record_race([a.name, b.name], b.name)
+    assert session.build_order([a, b, tt.backends.Eager()]) == [b, a, tt.backends.Eager()]
+
+
+def test_a_build_over_its_graphs_share_is_skipped_once_another_candidate_is_usable(
+    clock: Clock,
+) -> None:
+    # 100 s free, one more depth to come: this graph's share is 50 s.
+    deadline = Deadline(at=100.0, depths_after=1)
+    slow = Clocked(label="compiler", build_s=80.0, prior_s=200.0)
+    cheap = Clocked(label="export", build_s=1.0, prior_s=2.0)
+    strategy = tt.HighestThroughputStrategy([slow, cheap, tt.backends.Eager()])
+    with deadline.graph_window(graphs_left=1):
+        outcome = strategy.copy().run(_session(deadline))
+    rows = {r.backend.name: r for r in outcome.rows}
+    assert rows[cheap.name].status is Status.OK
+    assert rows[slow.name].status is Status.SKIPPED
+    assert rows[slow.name].reason == TIME_BUDGET_ERROR
+    assert clock.t == 1.0  # only the cheap build ran; the rest of the budget is left
+
+
+def test_a_graph_gets_its_first_candidate_besides_eager_even_past_its_share(
+    clock: Clock,
+) -> None:
+    deadline = Deadline(at=100.0, depths_after=3)  # a share of 25 s
+    failing = Clocked(label="export", build_s=1.0, prior_s=2.0, fails=True)
+    slow = Clocked(label="compiler", build_s=30.0, prior_s=40.0)
+    strategy = tt.HighestThroughputStrategy([slow, failing, tt.backends.Eager()])
+    with deadline.graph_window(graphs_left=1):
+        outcome = strategy.copy().run(_session(deadline))
+    rows = {r.backend.name: r for r in outcome.rows}
+    assert rows[failing.name].status is Status.FAILED
+    assert rows[slow.name].status is Status.OK  # over its share, but the graph had nothing else
+    assert outcome.winner is not None
+
+
+def test_build_cap_is_the_graphs_share_and_the_first_candidate_gets_twice_its_estimate(
+    clock: Clock,
+) -> None:
+    deadline = Deadline(at=100.0, reserve_s=20.0, depths_after=1)
+    assert deadline.build_cap_s(5.0, first=False) == pytest.approx(80.0)  # no graph in progress
+    with deadline.graph_window(graphs_left=3):  # 80 s free over 3 graphs and 1 depth: 20 s
+        assert deadline.build_cap_s(5.0, first=False) == pytest.approx(20.0)
+        assert deadline.build_cap_s(30.0, first=True) == pytest.approx(60.0)
+        assert deadline.build_cap_s(100.0, first=True) == pytest.approx(80.0)  # never past
+        clock.t = 15.0
+        assert deadline.build_cap_s(5.0, first=False) == pytest.approx(5.0)
+        assert not deadline.room_to_build(6.0, 0.0, first=False)
+        assert deadline.room_to_build(6.0, 0.0, first=True)
+
+
+def test_cache_hits_and_twins_take_no_share_of_the_budget() -> None:
+    todo = [("a", 1, None), ("b", 1, None), ("c", 1, None), ("d", 2, None), ("e", 1, None)]
+    digests = {"a": "x", "b": "x", "c": "y", "d": "y", "e": "z"}
+    memo = {("e", 1): object()}
+    # b is a's twin, e a hit from another depth: a, c and d are tuned in full.
+    assert _own_graphs(todo, digests, memo) == [3, 2, 2, 1, 0]  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class Hanging(Delayed):
+    """A build that computes for a minute unless stopped; its prior promises a quick one."""
+
+    kind: ClassVar[str] = "fake-hanging"
+    typical_build_s: ClassVar[float | None] = 0.5
+
+    def build(self, module: nn.Module, graph: Any, device: torch.device) -> Any:
+        spin(60.0)
+        return super().build(module, graph, device)
+
+
+@dataclasses.dataclass(frozen=True)
+class Quick(Delayed):
+    kind: ClassVar[str] = "fake-quick"
+    typical_build_s: ClassVar[float | None] = 0.5
+
+
+def test_one_long_build_cannot_take_the_budget_of_the_depths_after_it() -> None:
+    """A build far longer than expected is stopped at its graph's share.
+
+    Before, a build ran until the budget's free time ended: the first candidate in the
+    strategy's order took the whole budget and no other graph got a candidate.
+    """
+    import torch._dynamo  # inspection imports it on its first call: seconds under load
+
+    torch.manual_seed(0)
+    model = Busy(0.0, 1 * MS, [Busy(1 * MS, 1 * MS), Busy(2 * MS, 1 * MS, [nn.Identity()])])
+    strategy = tt.HighestThroughputStrategy([Hanging(), Quick(), tt.backends.Eager()])
+    start = time.perf_counter()
+    result = tt.auto_tune(
+        model.eval(),
+        [torch.randn(2, 4)],
+        strategy=strategy,
+        max_depth=1,
+        time_budget=12.0,
+        measure_config=tt.MeasureConfig.quick(),
+        verbose=False,
+        cache=False,
+    )
+    assert time.perf_counter() - start <= 1.1 * 12.0 + 1.0, result.timing()
+    for depth in (0, 1):
+        graphs = result.graphs[depth]
+        assert graphs, f"depth {depth} tuned no graph"
+        for graph in graphs:
+            quick = next(r for r in graph.rows if r.backend.kind == "fake-quick")
+            assert quick.status is Status.OK, (depth, graph.path, quick.reason)
+    hanging = result.graphs[0][0].rows[0]
+    assert hanging.status is Status.SKIPPED and hanging.reason == TIME_BUDGET_ERROR
+
+
+def test_a_stop_swallowed_where_python_ignores_it_is_raised_again() -> None:
+    """Raised inside a weakref callback, BuildStopped was printed and ignored ("Exception
+    ignored in"), and a ResNet's Inductor build ran 339 s against a 150 s budget."""
+    swallowed = 0
+    start = time.perf_counter()
+    with pytest.raises(budget.BuildStopped), budget.stopped_after(0.1):
+        try:
+            spin(5.0)
+        except budget.BuildStopped:  # as a finalizer would: printed, ignored
+            swallowed += 1
+        spin(5.0)
+    assert swallowed == 1
+    assert time.perf_counter() - start < 4.0
+
+
+def test_a_stopped_build_bounds_its_own_backend_not_the_machine() -> None:
+    costs = BuildCosts()
+    costs.record("hangs", REFERENCE_SIZE, 40.0, prior_s=0.5, completed=False, stopped=True)
+    assert costs.machine_factor() == 1.0
+    assert costs.expected_s("quick", REFERENCE_SIZE, prior_s=0.5) == pytest.approx(0.5)
+    # it would have needed longer than the 40 s it ran
+    assert costs.expected_s("hangs", REFERENCE_SIZE, prior_s=0.5) == pytest.approx(80.0)
