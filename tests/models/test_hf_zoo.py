@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import tunetree as tt
-from tunetree.search.auto import TIME_BUDGET_ERROR
+from tunetree.candidates.budget import TIME_BUDGET_ERROR
 
 from .conformance import ZooRow, check
 from .hf_zoo import FAMILIES, KINDS

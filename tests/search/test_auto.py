@@ -6,8 +6,8 @@ import torch
 import tunetree as tt
 from tests.clock import VirtualClock
 from tests.fakes import Busy, Delayed, Shortcut, spin
+from tunetree.candidates.budget import TIME_BUDGET_ERROR
 from tunetree.runtime.wrap import dispatcher_of, wrapped_paths
-from tunetree.search.auto import TIME_BUDGET_ERROR
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
 """Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
