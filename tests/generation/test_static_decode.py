@@ -139,11 +139,11 @@ def test_a_device_graph_serves_every_decode_step_of_unseen_prompts() -> None:
     assert len(decode) == 1 and decode[0].winner is not None, result.table()
     dispatcher = dispatcher_of(result.model)
     assert dispatcher is not None
-    replays = OpGraph.replays
+    replays, fallbacks = OpGraph.replays, dispatcher.fallback_calls  # tune served its calls once
     for p, want in zip(unseen, expected, strict=True):
         assert torch.equal(call(result.model, **p), want)
     # Only the prefills (one per generate, a cache initialised on first use) ran eager.
-    assert dispatcher.fallback_calls == len(unseen)
+    assert dispatcher.fallback_calls - fallbacks == len(unseen)
     assert OpGraph.replays - replays == len(unseen) * 5
 
 
