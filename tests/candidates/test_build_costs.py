@@ -21,7 +21,7 @@ from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline
 from tunetree.candidates.build_costs import REFERENCE_SIZE, BuildCosts, scaled
 from tunetree.candidates.evaluate import GraphSession, Status
 from tunetree.candidates.measure import Timing
-from tunetree.search.tune import _own_graphs
+from tunetree.search.tune import _own_graphs, _time_parts
 from tunetree.signature.graph import Graph, Sample
 
 MS = 1e-3
@@ -189,6 +189,34 @@ def test_cache_hits_and_twins_take_no_share_of_the_budget() -> None:
     memo = {("e", 1): object()}
     # b is a's twin, e a hit from another depth: a, c and d are tuned in full.
     assert _own_graphs(todo, digests, memo) == [3, 2, 2, 1, 0]  # type: ignore[arg-type]
+
+
+def test_a_generate_calls_decode_graph_gets_the_share_of_its_eager_time(clock: Clock) -> None:
+    """Issue 28 on the H200: with equal shares a 0.6B model's decode graph, 95 % of eager time,
+    got a quarter of the free time, and its compiled candidate was skipped."""
+    deadline = Deadline(at=100.0, depths_after=0)
+    with deadline.graph_window(graphs_left=4, part=0.9):
+        assert deadline.build_cap_s(5.0, first=False) == pytest.approx(90.0)
+    with deadline.graph_window(graphs_left=4):  # equal shares, as before
+        assert deadline.build_cap_s(5.0, first=False) == pytest.approx(25.0)
+    deadline.depths_after = 1  # a depth to come keeps one graph's share of the cut's
+    with deadline.graph_window(graphs_left=4, part=0.9):
+        assert deadline.build_cap_s(5.0, first=False) == pytest.approx(72.0)
+
+
+@dataclasses.dataclass
+class _Timed:
+    total_s: float
+
+
+def test_time_parts_follow_eager_time_of_the_graphs_tuned_in_full() -> None:
+    todo = [("a", 1, _Timed(9.0)), ("b", 1, _Timed(0.5)), ("c", 1, _Timed(0.5))]
+    digests = {"a": "x", "b": "y", "c": "y"}  # c is b's twin: it takes no share
+    own = _own_graphs(todo, digests, None)  # type: ignore[arg-type]
+    assert own == [2, 1, 0]
+    assert _time_parts(todo, own) == [pytest.approx(9.0 / 9.5), pytest.approx(1.0), None]
+    untimed = [("a", 1, _Timed(0.0)), ("b", 1, _Timed(0.0))]
+    assert _time_parts(untimed, [2, 1]) == [None, None]  # nothing timed: equal shares
 
 
 @dataclasses.dataclass(frozen=True)

@@ -197,15 +197,21 @@ class Deadline:
             self.reserve_s = before
 
     @contextlib.contextmanager
-    def graph_window(self, graphs_left: int) -> Iterator[None]:
+    def graph_window(self, graphs_left: int, part: float | None = None) -> Iterator[None]:
         """While the block tunes one graph, its builds may run until the graph's share ends.
 
-        The share is the free time over ``graphs_left`` (this graph and those of its cut still
-        to tune, cache hits and twins left out) plus :attr:`depths_after`; time a graph leaves
-        unused goes to the next ones.
+        The cut's part of the free time is ``graphs_left`` over ``graphs_left`` plus
+        :attr:`depths_after` (this graph and those of its cut still to tune, cache hits and
+        twins left out; each depth to come is kept one graph's share). This graph gets
+        ``part`` of the cut's part: by default an equal share, ``1 / graphs_left``; a
+        ``generate`` call's graphs get their part of eager time, so the decode step, where
+        the time goes, may build its slow candidates. Time a graph leaves unused goes to the
+        next ones.
         """
         before = self.window_at
-        self.window_at = now() + self.free_s() / max(1, graphs_left + self.depths_after)
+        graphs = max(1, graphs_left)
+        share = (1.0 / graphs if part is None else part) * graphs / (graphs + self.depths_after)
+        self.window_at = now() + self.free_s() * share
         try:
             yield
         finally:

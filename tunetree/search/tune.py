@@ -164,7 +164,9 @@ def tune_cut(
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
     order = by_time_share(todo) if most_time_first else list(range(len(todo)))
     digests = {p: structure_digest(find_module(model, p)) for p in {p for p, _, _ in todo}}
-    own = _own_graphs([todo[i] for i in order], digests, memo)
+    ordered = [todo[i] for i in order]
+    own = _own_graphs(ordered, digests, memo)
+    parts = _time_parts(ordered, own) if most_time_first else [None] * len(ordered)
     found: dict[int, GraphResult] = {}
     twins: dict[tuple[str, Any], GraphResult] = {}
     started = time.perf_counter()
@@ -194,7 +196,9 @@ def tune_cut(
             call_s=graph.total_s / graph.calls if graph.calls else _call_s(info, path),
             accuracy=accuracy,
         )
-        window = deadline.graph_window(own[done]) if deadline is not None else nullcontext()
+        window = (
+            deadline.graph_window(own[done], parts[done]) if deadline is not None else nullcontext()
+        )
         with window:
             result = _tune_graph(session, base, cache, twins, digests[path])
         if deadline is not None:
@@ -222,6 +226,20 @@ def _own_graphs(
         full.append(not (memo is not None and (path, key) in memo) and twin not in seen)
         seen.add(twin)
     return [sum(full[i:]) for i in range(len(full))]
+
+
+def _time_parts(todo: list[tuple[str, Any, Any]], own: list[int]) -> list[float | None]:
+    """Each graph's part of the eager time of the graphs tuned in full from it on.
+
+    ``own`` counts those graphs, as :func:`_own_graphs` gives it. None (an equal share) where
+    the graph is not tuned in full or nothing was timed.
+    """
+    full = [own[i] > (own[i + 1] if i + 1 < len(own) else 0) for i in range(len(own))]
+    parts: list[float | None] = []
+    for i, (_, _, graph) in enumerate(todo):
+        left = sum(g.total_s for (_, _, g), f in zip(todo[i:], full[i:], strict=True) if f)
+        parts.append(graph.total_s / left if full[i] and left > 0 else None)
+    return parts
 
 
 def _record_race(deadline: Deadline, result: GraphResult) -> None:
