@@ -35,6 +35,13 @@ class Runner(ABC):
     narrower graph it does serve, under which the runner is then wrapped (calls outside it
     take the original forward)."""
 
+    releasable: bool = True
+    """Whether tuning may drop this runner once it lost (``GraphResult.release_runners``): a
+    loser's session and thread pool must not slow what is measured after it. False for
+    device graphs: on the H200, dropping the losing captures of a decode graph made the
+    winner's first served ``generate`` fault (an illegal memory access, twice, on two models),
+    and they hold device memory, not threads."""
+
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
 

@@ -190,6 +190,8 @@ class DeviceGraphRunner(Runner):
     replay, so in-place updates of the weights are seen; replacing a parameter object is not.
     """
 
+    releasable = False  # see Runner.releasable
+
     def __init__(
         self,
         backend: DeviceGraph,
@@ -430,6 +432,8 @@ class ShapeSetRunner(Runner):
     shapes run the original forward (counted in :attr:`eager_calls`). ``str(runner)`` says
     which shapes are served by replays.
     """
+
+    releasable = False  # see Runner.releasable
 
     def __init__(
         self,

@@ -85,8 +85,8 @@ class GraphResult:
         A losing candidate's runner holds its backend's session, thread pool and weights
         while later candidates and depths are measured: nothing of it may slow them. With
         ``keep`` None the rows of :meth:`best_per_kind` keep theirs; otherwise only the
-        runners in ``keep`` stay. The rows keep their status and timings; returns how many
-        runners were dropped.
+        runners in ``keep`` stay; a runner that is not ``releasable`` (a device graph) always
+        stays. The rows keep their status and timings; returns how many runners were dropped.
         """
         if keep is None:
             kept = {id(r.runner) for r in self.best_per_kind().values()}
@@ -94,7 +94,7 @@ class GraphResult:
             kept = {id(runner) for runner in keep}
         dropped = 0
         for row in self.rows:
-            if row.runner is not None and id(row.runner) not in kept:
+            if row.runner is not None and row.runner.releasable and id(row.runner) not in kept:
                 row.runner = None
                 dropped += 1
         return dropped
