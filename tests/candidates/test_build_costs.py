@@ -6,6 +6,7 @@ candidates are built, in which order, and which are skipped or stopped: decision
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, ClassVar
@@ -217,6 +218,27 @@ def test_time_parts_follow_eager_time_of_the_graphs_tuned_in_full() -> None:
     assert _time_parts(todo, own) == [pytest.approx(9.0 / 9.5), pytest.approx(1.0), None]
     untimed = [("a", 1, _Timed(0.0)), ("b", 1, _Timed(0.0))]
     assert _time_parts(untimed, [2, 1]) == [None, None]  # nothing timed: equal shares
+
+
+@dataclasses.dataclass(frozen=True)
+class Capturing(Clocked):
+    """A build that must not be interrupted, as a device graph's capture."""
+
+    kind: ClassVar[str] = "fake-capturing"
+    stoppable_build: ClassVar[bool] = False
+
+
+def test_a_build_that_must_not_be_interrupted_is_only_kept_from_starting(clock: Clock) -> None:
+    deadline = Deadline(at=100.0)
+    session = _session(deadline)
+    with deadline.graph_window(graphs_left=4):
+        assert isinstance(session._stopped_at_deadline(Capturing()), contextlib.nullcontext)
+        assert not isinstance(session._stopped_at_deadline(Clocked()), contextlib.nullcontext)
+    # it is still skipped when it cannot fit: 120 s expected, 100 s free
+    slow = Capturing(label="capture", build_s=120.0, prior_s=120.0)
+    strategy = tt.HighestThroughputStrategy([Clocked(label="quick"), slow, tt.backends.Eager()])
+    rows = {r.backend.name: r for r in strategy.copy().run(_session(deadline)).rows}
+    assert rows[slow.name].status is Status.SKIPPED
 
 
 @dataclasses.dataclass(frozen=True)

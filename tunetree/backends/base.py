@@ -93,6 +93,12 @@ class Backend(ABC):
     quick_build: ClassVar[bool] = True
     """False for backends whose builds take seconds per graph (compilers): left out of
     :func:`tunetree.quick_strategy` (``auto_tune(quick=True)``)."""
+    stoppable_build: ClassVar[bool] = True
+    """Whether a time budget may stop a build still running past its share by raising in the
+    building thread (:func:`tunetree.candidates.budget.stopped_after`). False where an
+    exception raised between two Python instructions of the build could leave process-wide
+    state half changed (a device graph's capture: the stream's capture mode, the allocator's
+    private pool): the budget then only decides whether to start the build."""
     typical_build_s: ClassVar[float | None] = None
     """Seconds a build of a small graph (about 30 modules, a two-layer transformer) typically
     takes on a 2-core CPU, with its first run; None: unknown. A time budget orders and skips

@@ -556,6 +556,7 @@ class DeviceGraph(Backend):
     """
 
     kind: ClassVar[str] = "device-graph"
+    stoppable_build: ClassVar[bool] = False  # never interrupted mid-capture (see Backend)
     typical_build_s: ClassVar[float | None] = 1.0  # warm-up and one capture of eager's kernels
     compile: bool = False
     compile_mode: str | None = "max-autotune-no-cudagraphs"

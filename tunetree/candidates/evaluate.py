@@ -232,9 +232,10 @@ class GraphSession:
 
         Its graph's share (:meth:`Deadline.build_cap_s`): the graph's first candidate besides
         eager may take longer, never past the budget's free time, after which its candidate
-        could not be measured any more.
+        could not be measured any more. A backend whose builds must not be interrupted
+        (``stoppable_build`` False) is only kept from starting (:meth:`_room_to_build`).
         """
-        if self.deadline is None or backend.kind == "eager":
+        if self.deadline is None or backend.kind == "eager" or not backend.stoppable_build:
             return nullcontext()
         measuring = self._least(self.measure_config.screening(), self.usable_built + 2)
         expected = self.expected_build_s(backend)
