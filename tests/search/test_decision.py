@@ -40,6 +40,7 @@ SLOWER = {"by_s": 0.0}
 """Extra seconds every :class:`Quick` runner call spins (a host where the plan is slower)."""
 
 auto_module = importlib.import_module("tunetree.search.auto")
+depths_module = importlib.import_module("tunetree.search.depths")
 
 
 class QuickRunner(Runner):
@@ -114,7 +115,8 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         calls.append(sorted(models))
         return real(models, *args, **kwargs)
 
-    monkeypatch.setattr(auto_module, "side_by_side", counting)
+    monkeypatch.setattr(auto_module, "side_by_side", counting)  # the untuned model
+    monkeypatch.setattr(depths_module, "side_by_side", counting)  # each depth, and a reuse
     return calls
 
 
@@ -157,7 +159,8 @@ def test_a_second_run_reuses_the_decision_and_measures_only_the_chosen_depth(
     first = tune(tt.TuningCache(tmp_path))
     assert first.depth == 1 and full_search(first) and BUILDS
     assert len(decision_files(tmp_path)) == 1
-    assert measured == [["untuned"], ["greedy", "untuned"], ["greedy", "untuned"]]
+    final = ["selected", "untuned", "whole model"]  # the side by side with depth 0's backend
+    assert measured == [["untuned"], ["greedy", "untuned"], ["greedy", "untuned"], final]
     BUILDS.clear()
     measured.clear()
     m = model()
@@ -180,7 +183,7 @@ def test_a_second_run_reuses_the_decision_and_measures_only_the_chosen_depth(
     second.undo()
     measured.clear()
     third = tune(tt.TuningCache(tmp_path), reuse_decision=False)
-    assert full_search(third) and len(measured) == 3
+    assert full_search(third) and len(measured) == 4  # untuned, two depths, the final
 
 
 def test_a_changed_model_dataset_or_strategy_misses(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ from ..signature.modules import CallFn
 from .accuracy_check import EndToEndCheck
 from .auto_result import AutoTuneResult, DepthRow, DepthStatus
 from .endtoend import UNTUNED, load_text, output_problem, too_noisy
-from .tune import GraphMemo, plan_from, tune_cut
+from .tune import GraphMemo, plan_from
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,9 @@ class TuningRun(Protocol):
 
     def measure(self, models: dict[str, Any]) -> dict[str, Timing]:
         """End-to-end latency of each model, interleaved in one measurement."""
+
+    def tune_cut(self, depth: int, cache: GraphCache | None) -> list[GraphResult]:
+        """The cut at ``depth`` tuned with the run's settings, through ``cache``."""
 
     def restore(self) -> None:
         """Unwrap the model and put back every tensor a backend moved."""
@@ -198,20 +201,7 @@ class DepthDecisions:
         run = self.run
         assert run.cache is not None
         try:
-            results = tune_cut(
-                run.model,
-                run.info,
-                row.depth,
-                strategy=run.strategy,
-                tolerances=run.tolerances or Tolerances(),
-                measure_config=run.config,
-                progress=run.progress,
-                memo=run.memo,
-                cache=_HitsOnly(run.cache),
-                deadline=run.deadline,
-                clock=run.clock,
-                most_time_first=run.generation,
-            )
+            results = run.tune_cut(row.depth, _HitsOnly(run.cache))
         except _Missed as missed:
             return _refused(row, str(missed))
         run.restore()  # weights a backend moved while loading

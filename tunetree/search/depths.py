@@ -130,6 +130,24 @@ class DepthRun:
             samples=self.end_to_end_samples,
         )
 
+    def tune_cut(self, depth: int, cache: GraphCache | None) -> list[GraphResult]:
+        """The cut at ``depth`` tuned with the run's settings, through ``cache``."""
+        return _tune_cut(
+            self.model,
+            self.info,
+            depth,
+            strategy=self.strategy,
+            tolerances=self.tolerances or Tolerances(),
+            measure_config=self.config,
+            progress=self.progress,
+            memo=self.memo,
+            cache=cache,
+            deadline=self.deadline,
+            clock=self.clock,
+            accuracy=self.accuracy.budget if self.accuracy is not None else None,
+            most_time_first=self.generation,
+        )
+
     def restore(self) -> None:
         """Unwrap the model and put back every tensor a backend moved."""
         unwrap(self.model)
@@ -164,21 +182,7 @@ def _tune_depth(run: DepthRun, row: DepthRow) -> None:
     run.progress(f"depth {row.depth}", f"{row.modules} modules, {row.graphs} graphs{left}")
     reserve = run.deadline.reserving(run.reserve_s) if run.deadline is not None else nullcontext()
     with reserve:
-        results = _tune_cut(
-            run.model,
-            run.info,
-            row.depth,
-            strategy=run.strategy,
-            tolerances=run.tolerances or Tolerances(),
-            measure_config=run.config,
-            progress=run.progress,
-            memo=run.memo,
-            cache=run.cache,
-            deadline=run.deadline,
-            clock=run.clock,
-            accuracy=run.accuracy.budget if run.accuracy is not None else None,
-            most_time_first=run.generation,
-        )
+        results = run.tune_cut(row.depth, run.cache)
     restore_placement(run.devices)
     run.graphs[row.depth] = results
     skipped = sum(1 for g in results for r in g.rows if r.reason == TIME_BUDGET_ERROR)
