@@ -20,6 +20,7 @@ from torch import nn
 
 import tunetree as tt
 from tests.fakes import Busy, spin
+from tests.search.patching import patch_side_by_side
 from tunetree.backends.base import Backend, Runner
 from tunetree.cache.decisions import (
     MAGIC,
@@ -40,7 +41,6 @@ SLOWER = {"by_s": 0.0}
 """Extra seconds every :class:`Quick` runner call spins (a host where the plan is slower)."""
 
 auto_module = importlib.import_module("tunetree.search.auto")
-depths_module = importlib.import_module("tunetree.search.depths")
 
 
 class QuickRunner(Runner):
@@ -115,8 +115,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
         calls.append(sorted(models))
         return real(models, *args, **kwargs)
 
-    monkeypatch.setattr(auto_module, "side_by_side", counting)  # the untuned model
-    monkeypatch.setattr(depths_module, "side_by_side", counting)  # each depth, and a reuse
+    patch_side_by_side(monkeypatch, counting)
     return calls
 
 

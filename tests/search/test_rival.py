@@ -15,6 +15,7 @@ from torch import nn
 import tunetree as tt
 import tunetree.search.auto
 from tests.fakes import Busy, Shortcut, spin
+from tests.search.patching import patch_side_by_side
 from tunetree.backends.base import Backend, Runner
 from tunetree.candidates.evaluate import CandidateRow, Status
 from tunetree.candidates.measure import Timing
@@ -135,7 +136,7 @@ def _fake_side_by_side(calls: list[set[str]], final: dict[str, float]) -> Any:
 
 
 def _auto(monkeypatch: pytest.MonkeyPatch, calls: list[set[str]], final: dict[str, float]) -> Any:
-    monkeypatch.setattr(tunetree.search.auto, "side_by_side", _fake_side_by_side(calls, final))
+    patch_side_by_side(monkeypatch, _fake_side_by_side(calls, final))
     return tt.auto_tune(
         _model(),
         [torch.randn(2, 4)],
@@ -190,7 +191,7 @@ def test_no_final_measurement_when_the_whole_model_backend_is_selected(
         table = {UNTUNED: 20.0, "depth 0": 7.0, "depth 1": 8.0}
         return {name: _timing(table[_plan_of(m)] * MS) for name, m in models.items()}
 
-    monkeypatch.setattr(tunetree.search.auto, "side_by_side", fake)
+    patch_side_by_side(monkeypatch, fake)
     result = tt.auto_tune(
         _model(),
         [torch.randn(2, 4)],
