@@ -62,21 +62,9 @@ _EXTERNAL = 1
 """``TensorProto.DataLocation.EXTERNAL``."""
 
 
-def _graph_nodes(graph: Any) -> Iterator[Any]:
-    """Every node of ``graph`` and of the subgraphs its nodes' attributes hold."""
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            if attribute.HasField("g"):
-                yield from _graph_nodes(attribute.g)
-            for sub in attribute.graphs:
-                yield from _graph_nodes(sub)
-
-
-def _graphs(graph: Any) -> Iterator[Any]:
-    """``graph`` and every subgraph below it."""
-    yield graph
-    for node in graph.node:
+def _subgraphs(nodes: Any) -> Iterator[Any]:
+    """Every graph that ``nodes``' attributes hold, and every subgraph below those."""
+    for node in nodes:
         for attribute in node.attribute:
             if attribute.HasField("g"):
                 yield from _graphs(attribute.g)
@@ -84,17 +72,20 @@ def _graphs(graph: Any) -> Iterator[Any]:
                 yield from _graphs(sub)
 
 
+def _graphs(graph: Any) -> Iterator[Any]:
+    """``graph`` and every subgraph below it."""
+    yield graph
+    yield from _subgraphs(graph.node)
+
+
 def all_nodes(model: Any) -> Iterator[Any]:
     """Every node of the model: its graph, subgraphs, and its functions' bodies."""
-    yield from _graph_nodes(model.graph)
+    for graph in _graphs(model.graph):
+        yield from graph.node
     for function in model.functions:
-        for node in function.node:
-            yield node
-            for attribute in node.attribute:
-                if attribute.HasField("g"):
-                    yield from _graph_nodes(attribute.g)
-                for sub in attribute.graphs:
-                    yield from _graph_nodes(sub)
+        yield from function.node
+        for graph in _subgraphs(function.node):
+            yield from graph.node
 
 
 def _sparse(sparse: Any) -> Iterator[Any]:
