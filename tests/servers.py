@@ -25,6 +25,8 @@ CREDENTIALS = {
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 BUCKET = "tunetree-test"
+READY_KEY = "_ready/probe"
+"""Stored and deleted once at start-up, outside every prefix a test uses."""
 
 
 def free_ports(count: int) -> list[int]:
@@ -114,9 +116,13 @@ class SeaweedS3:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(f"weed exited with {self.process.returncode}: see {self.log}")
             try:
-                client.create_bucket(Bucket=BUCKET)
-                return
-            except client.exceptions.BucketAlreadyOwnedByYou:
+                with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+                    client.create_bucket(Bucket=BUCKET)
+                # A fresh server answers create_bucket long before it can store an object: the
+                # first put grows a volume, which took over a second on a busy 2-core CI
+                # machine and timed a test's short read timeout out. Ready means one stored.
+                client.put_object(Bucket=BUCKET, Key=READY_KEY, Body=b"ready")
+                client.delete_object(Bucket=BUCKET, Key=READY_KEY)
                 return
             except Exception as exc:
                 last = exc

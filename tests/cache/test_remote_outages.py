@@ -21,6 +21,8 @@ from . import fakes
 from .remote_helpers import DATA, objects, tune_tree
 
 FAST = Timeouts(connect_s=1.0, read_s=1.0, transfer_s=5.0, attempts=2)
+PATIENT = Timeouts(connect_s=1.0, read_s=15.0, transfer_s=30.0, attempts=2)
+"""For a live server on a busy machine: a killed one refuses connections at once anyway."""
 
 
 def _remote_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -83,7 +85,7 @@ def test_a_server_killed_during_an_upload_leaves_no_entry(
     tmp_path: Path, private_server: SeaweedS3, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = f"s3://{BUCKET}/killed"
-    tier = RemoteTier(url, timeouts=FAST)
+    tier = RemoteTier(url, timeouts=PATIENT)
     uploaded: list[str] = []
 
     def kill_after_first(sha: str) -> None:

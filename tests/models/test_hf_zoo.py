@@ -24,6 +24,14 @@ FAST = sorted(name for name, family in FAMILIES.items() if family.fast)
 KNOWN_FALLBACKS = {
     "swin": "passes its feature map's (height, width) to its stages as Python ints, so at depth 1 "
     "every image size is a graph of its own: unseen sizes run the original forward (correctly)",
+    "gemma2-generate": "a sliding-window layer's position, once the window has filled, decides "
+    "where the mask starts (transformers reads it as a Python int), so every decode step past "
+    "the window is a graph of its own: past-window steps of unseen lengths run the original "
+    "forward (correctly)",
+    "mamba-generate": "without the mamba_ssm kernels transformers scans the prompt in a Python "
+    "loop, so an exported prefill holds the lengths it was traced at: a prefill at another "
+    "length inside the range is refused by its runner and runs the original forward "
+    "(correctly)",
 }
 """Families whose unseen calls inside the root's ranges may fall back, and why."""
 
