@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import tunetree as tt
+from tests.fakes import Delayed
 from tests.replay_graphs import OpGraph, op_graphs  # noqa: F401 (a fixture)
 from tunetree.generation import graph_step
 from tunetree.runtime.wrap import dispatcher_of
@@ -115,6 +116,76 @@ def test_the_memory_budget_bounds_copies_and_keeps_each_graphs_first() -> None:
     assert all(g.samples for m in info.modules.values() for g in m.graphs.values())
     (decode,) = _steps(info, model)["decode"]
     assert len(decode.samples) == 1
+
+
+def test_prefills_on_fresh_caches_of_any_capacity_are_one_graph() -> None:
+    """``generate`` makes a fresh static cache per call, whose layers allocate their tensors in
+    the first write: the inspection initialises them first (as the layer would), so prompts of
+    other lengths and capacities share one prefill graph, apart from the decode steps."""
+    model = mistral()
+    info = tt.inspect(model, [prompt(1, 8, 1), prompt(1, 14, 3)], call=static(6))
+    steps = _steps(info, model)
+    (prefill,) = steps["prefill"]
+    assert len(steps["decode"]) == 1
+    assert len(prefill.samples) == 2
+    # the capacity (prompt and new tokens less one: 13, then 19) is a range like the length
+    sizes = {(d.min, d.max) for d in prefill.key.dims().values()}
+    assert sizes == {(8, 14), (13, 19)}, str(prefill.key)
+    for sample in prefill.samples:
+        (cache,) = [v for v in sample.args if type(v).__name__ == "StaticCache"]
+        assert all(layer.is_initialized for layer in cache.layers)
+
+
+def test_an_unseen_prompt_on_a_fresh_cache_prefills_on_a_runner_with_eagers_tokens() -> None:
+    """After the first call taught the dispatcher the layers' sizes, every fresh cache is
+    initialised before the call and its prefill is routed like any other step."""
+    model = mistral()
+    call = static(6)
+    unseen = [prompt(1, 11, 7), prompt(1, 9, 8)]
+    expected = [call(model, **p) for p in unseen]
+    result = tt.tune(
+        model,
+        [prompt(1, 8, 1), prompt(1, 14, 3)],
+        call=call,
+        strategy=tt.OneBackendStrategy(Delayed()),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    names = Binder.of_module(model).names
+    (prefill,) = [g for g in result.graphs if graph_step(g.graph, names) == "prefill"]
+    assert prefill.winner is not None, result.table()
+    dispatcher = dispatcher_of(result.model)
+    assert dispatcher is not None
+    fallbacks = dispatcher.fallback_calls
+    for p, want in zip(unseen, expected, strict=True):
+        assert torch.equal(call(result.model, **p), want)
+    assert dispatcher.fallback_calls == fallbacks  # no prefill, no decode step ran eager
+    assert prefill.graph.key in dispatcher.served
+
+
+def test_a_dispatcher_learns_the_sizes_from_its_first_fresh_cache() -> None:
+    """A dispatcher that never saw the cache (a loaded checkpoint) runs the first prefill on a
+    fresh cache with the original forward, learning its layers' sizes, and serves the next."""
+    model = mistral()
+    call = static(6)
+    result = tt.tune(
+        model,
+        [prompt(1, 8, 1), prompt(1, 14, 3)],
+        call=call,
+        strategy=tt.OneBackendStrategy(Delayed()),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    dispatcher = dispatcher_of(result.model)
+    assert dispatcher is not None
+    dispatcher.static_layers = type(dispatcher.static_layers)()  # as a fresh dispatcher
+    fallbacks = dispatcher.fallback_calls
+    call(result.model, **prompt(1, 11, 7))
+    assert dispatcher.fallback_calls == fallbacks + 1
+    call(result.model, **prompt(1, 9, 8))
+    assert dispatcher.fallback_calls == fallbacks + 1
 
 
 @pytest.mark.usefixtures("op_graphs")

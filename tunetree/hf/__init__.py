@@ -25,6 +25,7 @@ from .caches import (
     updated_in_place,
 )
 from .positions import BELOW_CAPACITY, Derived, capacity_of, key_value, positions_of
+from .static_init import StaticLayers, batch_of
 
 __all__ = [
     "BELOW_CAPACITY",
@@ -33,6 +34,8 @@ __all__ = [
     "MAX_CACHE_ATTRIBUTES",
     "Derived",
     "ObjectState",
+    "StaticLayers",
+    "batch_of",
     "cache_objects",
     "capacity_of",
     "check_attribute_name",

@@ -16,6 +16,7 @@ and no user type is registered with torch.
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 from typing import Any
 
@@ -51,7 +52,15 @@ def is_cache_object(value: Any) -> bool:
 
 
 def is_cache_class(cls: type) -> bool:
-    """Whether instances of ``cls`` are cache objects (see :func:`is_cache_object`)."""
+    """Whether instances of ``cls`` are cache objects (see :func:`is_cache_object`).
+
+    Answered once per class (a tuned module asks on every call).
+    """
+    return _is_cache_class(cls)  # type: ignore[arg-type]  # classes are hashable
+
+
+@functools.lru_cache(maxsize=512)
+def _is_cache_class(cls: type) -> bool:
     if not cls.__module__.startswith("transformers"):
         return False
     if cls.__name__.endswith("Cache"):

@@ -19,6 +19,7 @@ from torch import nn
 
 from ..backends.base import Runner
 from ..errors import InvalidInputError
+from ..hf import StaticLayers
 from ..signature.binding import ArgumentPlan, Binder, call_signature
 from ..signature.graph import GraphKey
 from ..signature.modules import find_module, module_paths, root_modules, set_root
@@ -71,6 +72,10 @@ class Dispatcher:
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
         self._warned_training = False
+        self.static_layers = StaticLayers()
+        """Sizes of static cache layers, learned from the first call on a fresh cache: later
+        fresh caches are initialised before the call, so their prefill is keyed like the
+        tuning's (:mod:`tunetree.hf.static_init`)."""
 
     @property
     def runners(self) -> dict[GraphKey, Runner]:
@@ -106,6 +111,8 @@ class Dispatcher:
                 )
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
+        if not self.static_layers.initialise(args, kwargs):
+            return self._learn_static_layers(args, kwargs)
         owned = self._owned()
         fast = call_signature(args, kwargs, owned)
         memo = self._fast.get(fast) if fast is not None else None
@@ -131,6 +138,21 @@ class Dispatcher:
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
         return runner(*bound_args, **bound_kwargs)
+
+    def _learn_static_layers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the original forward on a fresh static cache of unknown sizes, learning them.
+
+        Once per dispatcher: the tuning's own calls taught the inspection, not this dispatcher.
+        """
+        log.debug(
+            "%s: the first call on a fresh static cache runs the original forward once, to "
+            "learn its layers' sizes",
+            self.path or "<model>",
+        )
+        self.fallback_calls += 1
+        output = self.original(*args, **kwargs)
+        self.static_layers.learn((args, kwargs, output))
+        return output
 
     def _owned(self) -> frozenset[int]:
         """Ids of the state objects the runners returned and own (see ``Runner.owned_ids``)."""

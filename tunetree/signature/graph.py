@@ -127,6 +127,22 @@ class RankSpec:
 
     dtype: str
     rank: int
+    one_position: bool = False
+    """An integer matrix argument of a call that takes a cache, holding one position per row
+    (the token input of a decode step): decode steps and prefills are never one graph, since
+    each is served best by its own runner (a replayed capture for the step, ranges for the
+    prompt), whatever the cache's state."""
+
+
+_INTEGER_DTYPES = frozenset({"i64", "i32", "i16", "i8", "u8"})
+
+
+def _step_marked(sig: Any) -> Any:
+    """A top-level argument's pattern in a call that takes a cache (see ``one_position``)."""
+    if isinstance(sig, TensorSpec):
+        one = len(sig.shape) == 2 and sig.dtype in _INTEGER_DTYPES and sig.shape[-1] == 1
+        return RankSpec(sig.dtype, 2, True) if one else _strip_sizes(sig)
+    return _strip_sizes(sig)
 
 
 def _leaf_signature(value: Any) -> Any:
@@ -211,9 +227,15 @@ class GraphKey:
     def pattern(self) -> GraphKey:
         """This key with every tensor's sizes left out (dtype and rank kept).
 
-        Calls whose keys share a pattern differ only in sizes.
+        Calls whose keys share a pattern differ only in sizes. In a call that takes a cache, a
+        token matrix of one position per row is kept apart (:attr:`RankSpec.one_position`).
         """
-        return GraphKey(_strip_sizes(self.args), _strip_sizes(self.kwargs))
+        if not self.holds_cache:
+            return GraphKey(_strip_sizes(self.args), _strip_sizes(self.kwargs))
+        return GraphKey(
+            tuple(_step_marked(a) for a in self.args),
+            tuple((k, _step_marked(v)) for k, v in self.kwargs),
+        )
 
     def accepts(self, exact: GraphKey) -> bool:
         """True when a call with the exact key ``exact`` falls inside this key's ranges.

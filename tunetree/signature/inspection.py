@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .._util.table import format_table
 from ..errors import InvalidInputError
+from ..hf import StaticLayers, batch_of
 from .binding import Binder
 from .graph import Dim, Graph, GraphKey, Sample, as_samples, detach_clone, map_tensors, to_device
 from .modules import CallFn, module_paths, resolve_device, run_model, synchronize
@@ -256,8 +257,15 @@ class _Recorder:
         self.probe_calls: dict[str, list[tuple[Sample, Any]]] = {}
         self.probing = False
         """True while the root runs probe calls: they are kept apart and not counted."""
+        self.static_layers = StaticLayers()
+        """Static cache layers' sizes, to initialise a fresh cache before a call (as a tuned
+        model's dispatcher does), so that a prefill is keyed like every other step."""
+        self.fresh: list[tuple[Sample, int | None]] = []
+        """Copies of this root call taken while its cache had layers of unknown sizes, with
+        the call's batch: initialised once the root call has run (and the sizes are known)."""
 
     def pre(self, path: str, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        ready = self.static_layers.initialise(args, kwargs)
         if self.probing:  # only the shapes matter: meta tensors hold no memory
             bound = self._bind(path, module, args, kwargs)
             self.pending.append(
@@ -285,6 +293,8 @@ class _Recorder:
         copy = None
         if self.ledger.admit(path, sample, key, in_step, len(self.stack)):
             copy = detach_clone(sample)
+            if not ready:
+                self.fresh.append((copy, batch_of(args, kwargs)))
             self.ledger.copied += 1
             self.ledger.copied_now(tensor_bytes((copy.args, copy.kwargs)))
         self.pending.append((key, copy))
@@ -323,6 +333,10 @@ class _Recorder:
         record.total_s += elapsed
         record.self_s += elapsed - in_children
         key, sample = self.pending.pop()
+        if not self.stack and self.fresh:
+            self._initialise_fresh(output)
+            if sample is not None:
+                key = sample.key
         if key is not None:
             self.ledger.timed(path, key, elapsed)
         if sample is not None:
@@ -330,6 +344,16 @@ class _Recorder:
             self.ledger.copied_now(tensor_bytes(copied))
             self.calls.setdefault(path, []).append((sample, copied))
             self.origins.setdefault(path, []).append(self.root_calls - 1)
+
+    def _initialise_fresh(self, output: Any) -> None:
+        """Initialise the fresh layers of this root call's copies.
+
+        As a later call's are before it runs; the sizes come from the cache the call returned.
+        """
+        self.static_layers.learn(output)
+        for copy, batch in self.fresh:
+            self.static_layers.initialise(copy.args, copy.kwargs, batch)
+        self.fresh.clear()
 
     def group(self, dynamic: bool, declared: dict[AxisRef, Dim] | None) -> None:
         """Group every module's recorded calls into graphs.
