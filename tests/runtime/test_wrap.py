@@ -10,6 +10,7 @@ import torch
 import tunetree as tt
 from tests.fakes import Delayed, Wrong, mlp
 from tests.fakes import quick_tune as tune
+from tests.replay_graphs import op_graphs  # noqa: F401 (a fixture)
 from tunetree.runtime.wrap import dispatcher_of
 
 
@@ -161,3 +162,27 @@ def test_repeated_calls_skip_binding_and_keying(monkeypatch: pytest.MonkeyPatch)
         assert torch.equal(tuned(x, y=x), model(x, y=x))
     assert counts["bind"] == 3
     assert dispatcher.fallback_calls == 2
+
+
+@pytest.mark.usefixtures("op_graphs")
+def test_a_remembered_signature_goes_straight_to_its_capture() -> None:
+    """A ranged device-graph graph holds one capture per shape; once a call of a signature ran,
+    the dispatcher calls that capture itself (issue 30: per-call overhead), with the same
+    results, and a new shape still goes through the shape lookup (and is captured)."""
+    from tunetree.backends.device_graph import DeviceGraphRunner, ShapeSetRunner
+
+    model = mlp()
+    data = [torch.randn(b, 16) for b in (2, 4, 8)]
+    result = tune(model, data, [tt.backends.DeviceGraph()], depth=0)
+    dispatcher = dispatcher_of(result.model)
+    assert dispatcher is not None
+    (runner,) = dispatcher.runners.values()
+    assert isinstance(runner, ShapeSetRunner)
+    with torch.no_grad():
+        for batch in (4, 4, 6, 6):
+            x = torch.randn(batch, 16)
+            assert torch.allclose(result.model(x), model(x), atol=1e-6)
+    direct = {sig[0][1][0]: served for sig, (served, _) in dispatcher._fast.items()}
+    assert isinstance(direct[4], DeviceGraphRunner) and isinstance(direct[6], DeviceGraphRunner)
+    assert direct[6] is runner.captures[((6, 16),)]
+    assert dispatcher.fallback_calls == 0

@@ -66,6 +66,14 @@ class Runner(ABC):
         """
         return frozenset()
 
+    def for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
+        """The runner that serves every call of exactly this call's signature.
+
+        ``self``, or the one part of this runner that does (a capture per shape), which a
+        dispatcher that remembers the signature then calls directly. Asked after the call ran.
+        """
+        return self
+
     def serve_alone(self) -> None:
         """Told that this runner serves the whole model in a process that does nothing else.
 

@@ -499,6 +499,15 @@ class ShapeSetRunner(Runner):
                 return self.forward(*args, **kwargs)
         return capture(*args, **kwargs)
 
+    def for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
+        """The capture for this call's shapes, once there is one and no capture owns state.
+
+        A call passing a cache back is routed by the object, call by call.
+        """
+        if self._owners:
+            return self
+        return self.captures.get(_shape_key(args, kwargs)) or self
+
     def _passed_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The capture whose cache object the call passes back (its other inputs fitting)."""
         for value in (*args, *kwargs.values()):

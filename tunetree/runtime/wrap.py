@@ -86,6 +86,8 @@ class Dispatcher:
     def runners(self, runners: Mapping[GraphKey, Runner]) -> None:
         self._runners = dict(runners)
         self._runner_list = list(dict.fromkeys(self._runners.values()))
+        self._owners = [r for r in self._runner_list if type(r).owned_ids is not Runner.owned_ids]
+        """The runners that may own state objects (the others own none: not asked per call)."""
         self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
         self._routes: dict[GraphKey, Runner | None] = {}
         self._fast: dict[tuple[Any, ...], tuple[Runner | None, ArgumentPlan]] = {}
@@ -111,9 +113,7 @@ class Dispatcher:
                 )
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
-        if not self.static_layers.initialise(args, kwargs):
-            return self._learn_static_layers(args, kwargs)
-        owned = self._owned()
+        owned = self._owned() if self._owners else frozenset()
         fast = call_signature(args, kwargs, owned)
         memo = self._fast.get(fast) if fast is not None else None
         if memo is not None:  # a call of tensors and constants with a signature seen before
@@ -123,11 +123,22 @@ class Dispatcher:
                 return self.original(*args, **kwargs)
             bound_args, bound_kwargs = plan.apply(args, kwargs)
             return served(*bound_args, **bound_kwargs)
+        # A fresh static cache is initialised before the call is keyed (so no signature of a
+        # fresh cache is ever remembered: each such call comes this way, once per generate).
+        if self.static_layers.uninitialised(args, kwargs):
+            if not self.static_layers.initialise(args, kwargs):
+                return self._learn_static_layers(args, kwargs)
+            fast = call_signature(args, kwargs, owned)
+        return self._route_call(args, kwargs, fast)
+
+    def _route_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], fast: Any) -> Any:
+        """Serve a call whose signature is not remembered yet, and remember it."""
         bound_args, bound_kwargs = self.binder.bind(args, kwargs)
         key = GraphKey.of(bound_args, bound_kwargs)
         runner: Any = self._routes.get(key, _MISS)
         if runner is _MISS:
             runner = self.route(key)
+        learned = None
         if fast is not None:
             learned = ArgumentPlan.learn((args, kwargs), (bound_args, bound_kwargs))
             if learned is not None:
@@ -137,7 +148,12 @@ class Dispatcher:
         if runner is None:  # exactly as the user called it: a decorator may read keywords
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
-        return runner(*bound_args, **bound_kwargs)
+        output = runner(*bound_args, **bound_kwargs)
+        if learned is not None:  # the next call of this signature goes straight to its part
+            direct = runner.for_call(bound_args, bound_kwargs)
+            if direct is not runner:
+                self._fast[fast] = (direct, learned)
+        return output
 
     def _learn_static_layers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the original forward on a fresh static cache of unknown sizes, learning them.
@@ -156,7 +172,7 @@ class Dispatcher:
 
     def _owned(self) -> frozenset[int]:
         """Ids of the state objects the runners returned and own (see ``Runner.owned_ids``)."""
-        found = [ids for runner in self._runner_list if (ids := runner.owned_ids())]
+        found = [ids for runner in self._owners if (ids := runner.owned_ids())]
         if not found:
             return frozenset()
         return found[0] if len(found) == 1 else frozenset().union(*found)

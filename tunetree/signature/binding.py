@@ -260,6 +260,8 @@ def _part(value: Any, owned: frozenset[int] = frozenset()) -> Any:
         return (kind, value)
     if is_cache_class(kind):
         fields = vars(value)
+        if fields.get("is_initialized") is False:
+            return None  # a fresh layer: the dispatcher initialises it first, then keys it
         names = sorted(fields)
         items = [_part(key_value(fields, k)) for k in names]
         if any(i is None for i in items):
