@@ -203,7 +203,9 @@ def spec_holds_state(spec: pytree.TreeSpec) -> bool:
     """Whether a tree spec has an :class:`ObjectState` node (a cache object) anywhere."""
     if spec.type is ObjectState:
         return True
-    return any(spec_holds_state(child) for child in spec.children_specs)
+    children = getattr(spec, "children", None)  # torch 2.13 deprecates children_specs
+    found = children() if callable(children) else spec.children_specs
+    return any(spec_holds_state(child) for child in found)
 
 
 def from_data(tree: Any) -> Any:
