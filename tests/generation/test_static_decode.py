@@ -136,14 +136,9 @@ def test_prefills_on_fresh_caches_of_any_capacity_are_one_graph() -> None:
         assert all(layer.is_initialized for layer in cache.layers)
 
 
-def test_an_unseen_prompt_on_a_fresh_cache_prefills_on_a_runner_with_eagers_tokens() -> None:
-    """After the first call taught the dispatcher the layers' sizes, every fresh cache is
-    initialised before the call and its prefill is routed like any other step."""
-    model = mistral()
-    call = static(6)
-    unseen = [prompt(1, 11, 7), prompt(1, 9, 8)]
-    expected = [call(model, **p) for p in unseen]
-    result = tt.tune(
+def _tuned_at_batch_1(model: nn.Module, call: Any) -> tt.TuneResult:
+    """Tuned on two batch-1 prompts of other lengths (and capacities), every graph a fake's."""
+    return tt.tune(
         model,
         [prompt(1, 8, 1), prompt(1, 14, 3)],
         call=call,
@@ -152,6 +147,16 @@ def test_an_unseen_prompt_on_a_fresh_cache_prefills_on_a_runner_with_eagers_toke
         cache=False,
         verbose=False,
     )
+
+
+def test_an_unseen_prompt_on_a_fresh_cache_prefills_on_a_runner_with_eagers_tokens() -> None:
+    """After the first call taught the dispatcher the layers' sizes, every fresh cache is
+    initialised before the call and its prefill is routed like any other step."""
+    model = mistral()
+    call = static(6)
+    unseen = [prompt(1, 11, 7), prompt(1, 9, 8)]
+    expected = [call(model, **p) for p in unseen]
+    result = _tuned_at_batch_1(model, call)
     names = Binder.of_module(model).names
     (prefill,) = [g for g in result.graphs if graph_step(g.graph, names) == "prefill"]
     assert prefill.winner is not None, result.table()
@@ -169,15 +174,7 @@ def test_a_dispatcher_learns_the_sizes_from_its_first_fresh_cache() -> None:
     fresh cache with the original forward, learning its layers' sizes, and serves the next."""
     model = mistral()
     call = static(6)
-    result = tt.tune(
-        model,
-        [prompt(1, 8, 1), prompt(1, 14, 3)],
-        call=call,
-        strategy=tt.OneBackendStrategy(Delayed()),
-        measure_config=tt.MeasureConfig.quick(),
-        cache=False,
-        verbose=False,
-    )
+    result = _tuned_at_batch_1(model, call)
     dispatcher = dispatcher_of(result.model)
     assert dispatcher is not None
     dispatcher.static_layers = type(dispatcher.static_layers)()  # as a fresh dispatcher
