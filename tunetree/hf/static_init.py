@@ -143,7 +143,16 @@ class StaticLayers:
         All or none: layers are initialised only when every fresh layer's sizes are known and
         the call's batch is (``batch``, else :func:`batch_of` the call).
         """
-        fresh = self.uninitialised(args, kwargs)
+        return self.initialise_fresh(self.uninitialised(args, kwargs), args, kwargs, batch)
+
+    def initialise_fresh(
+        self,
+        fresh: list[tuple[tuple[type, int], Any]],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        batch: int | None = None,
+    ) -> bool:
+        """:meth:`initialise` for the fresh layers :meth:`uninitialised` found in the call."""
         if not fresh:
             return True
         batch = batch if batch is not None else batch_of(args, kwargs)

@@ -125,8 +125,9 @@ class Dispatcher:
             return served(*bound_args, **bound_kwargs)
         # A fresh static cache is initialised before the call is keyed (so no signature of a
         # fresh cache is ever remembered: each such call comes this way, once per generate).
-        if self.static_layers.uninitialised(args, kwargs):
-            if not self.static_layers.initialise(args, kwargs):
+        fresh = self.static_layers.uninitialised(args, kwargs)
+        if fresh:
+            if not self.static_layers.initialise_fresh(fresh, args, kwargs):
                 return self._learn_static_layers(args, kwargs)
             fast = call_signature(args, kwargs, owned)
         return self._route_call(args, kwargs, fast)
