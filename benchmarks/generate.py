@@ -30,6 +30,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     __package__ = "benchmarks"
 
 import argparse
+import functools
 import gc
 import statistics
 import time
@@ -123,6 +124,47 @@ def _interleaved(
     return times
 
 
+def _device_ms(call: Callable[[], Any]) -> tuple[float, float]:
+    """One profiled call: its wall time and the sum of its GPU kernels' times, both in ms.
+
+    Wall far above kernel time means the CPU (Python, launches, copies) sets the pace.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    kernels = 0.0
+    for event in prof.events():
+        if getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            kernels += event.time_range.elapsed_us()
+    return wall * 1e3, kernels / 1e3
+
+
+def _static_bytes(model: Any) -> tuple[int, int]:
+    """Captures held by the tuned model and the bytes of their static input tensors."""
+    captures, size = 0, 0
+    for _, module in module_paths(model):
+        dispatcher = dispatcher_of(module)
+        if dispatcher is None:
+            continue
+        for runner in dispatcher.runners.values():
+            held = list(getattr(runner, "captures", {}).values())
+            if hasattr(runner, "static_leaves"):
+                held.append(runner)
+            for capture in held:
+                captures += 1
+                size += sum(
+                    t.numel() * t.element_size()
+                    for t in capture.static_leaves
+                    if isinstance(t, torch.Tensor)
+                )
+    return captures, size
+
+
 def _peak_gib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
 
@@ -173,6 +215,7 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
     label = "tunetree" if args.cache == "dynamic" else f"tunetree {args.cache}"
     call = _calls_of(label, args.cache)(tokens)
     _reset_peak(device)
+    resident_before = torch.cuda.memory_allocated() if device == "cuda" else 0
     start = time.perf_counter()
     result = tt.auto_tune(
         model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
@@ -180,6 +223,12 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
     )  # fmt: skip
     setup[label] = time.perf_counter() - start
     tuning_peak = _peak_gib(device)
+    if device == "cuda":
+        captures, size = _static_bytes(result.model)
+        resident = (torch.cuda.memory_allocated() - resident_before) / 2**30
+        print(f"memory: peak while tuning {tuning_peak:.2f} GiB, eager generate {eager_peak:.2f} "
+              f"GiB; held after tuning {resident:.2f} GiB, of which {captures} captures' static "
+              f"inputs {size / 2**30:.2f} GiB")  # fmt: skip
     print(result)
     print(result.timing())
     approaches[label] = result.model
@@ -197,6 +246,12 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
             measured[approach] = (times, same, _fallbacks(served) - fallbacks)
             print(f"{name} batch {b} {approach}: {_per_token(times):.3f} ms per new token, "
                   f"same tokens {same}", flush=True)  # fmt: skip
+            if args.profile and device == "cuda":
+                make = _calls_of(approach, args.cache)(tokens)
+                wall, kernels = _device_ms(functools.partial(make, served, **unseen[b]))
+                print(f"{name} batch {b} {approach}: profiled generate {wall:.1f} ms wall, "
+                      f"{kernels:.1f} ms in GPU kernels ({kernels / tokens:.3f} ms per token)",
+                      flush=True)  # fmt: skip
         eager_ms = _per_token(measured["eager"][0])
         for approach, (times, same, fallbacks) in measured.items():
             per_token = _per_token(times)
@@ -284,6 +339,10 @@ def main() -> None:
     p.add_argument(
         "--cache", default="static", choices=["static", "dynamic"],
         help="the cache tunetree's generate uses (static: HF's compile off)",
+    )  # fmt: skip
+    p.add_argument(
+        "--profile", action="store_true",
+        help="CUDA: profile one generate per approach (wall against GPU kernel time)",
     )  # fmt: skip
     p.add_argument("--quick", action="store_true")
     p.add_argument("--verbose", action="store_true")
