@@ -122,6 +122,7 @@ class _FakeGraph:
 
     def __init__(self) -> None:
         self.call: tuple[Any, tuple[Any, ...], dict[str, Any], Any] | None = None
+        self.pool: Any = None
 
     def replay(self) -> None:
         assert self.call is not None
@@ -136,7 +137,8 @@ class _FakeStream:
 
 
 @contextmanager
-def _fake_capture(graph: _FakeGraph) -> Iterator[None]:
+def _fake_capture(graph: _FakeGraph, pool: Any = None) -> Iterator[None]:
+    graph.pool = pool
     _FakeGraph.recording = graph
     try:
         yield
@@ -153,6 +155,7 @@ def fake_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
         use_stream=lambda stream: nullcontext(),
         current_stream=_FakeStream,
         device_guard=lambda device: nullcontext(),
+        pool_handle=object,
     )
     real_forward = device_graph.original_forward
 
@@ -423,6 +426,21 @@ def _check_shape_set(module: nn.Module, graph: Graph, device: torch.device, tmp:
 def test_ranged_graph_captures_a_bounded_set_of_shapes(tmp_path: Path) -> None:
     module, graph = _ranged_mlp(CPU, (1, 4))
     _check_shape_set(module, graph, CPU, tmp_path)
+
+
+@pytest.mark.usefixtures("fake_graphs")
+def test_the_captures_of_a_ranged_graph_share_one_memory_pool() -> None:
+    module, graph = _ranged_mlp(CPU, (1, 4))
+    shared = DeviceGraph(max_shapes=3).build(module, graph, CUDA)
+    assert isinstance(shared, device_graph.ShapeSetRunner)
+    with torch.no_grad():
+        shared(torch.randn(7, 8))  # a third shape, captured on its first call
+    pools = {id(capture.graph.pool) for capture in shared.captures.values()}
+    assert len(shared.captures) == 3 and len(pools) == 1 and shared.pool is not None
+    # Without clones the caller keeps outputs that live in the pool: each capture keeps its own.
+    own = DeviceGraph(max_shapes=3, clone_outputs=False).build(module, graph, CUDA)
+    assert isinstance(own, device_graph.ShapeSetRunner)
+    assert [capture.graph.pool for capture in own.captures.values()] == [None, None]
 
 
 def test_max_shapes_must_be_positive() -> None:

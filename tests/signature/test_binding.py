@@ -194,3 +194,9 @@ def test_argument_plans_repeat_the_binding_of_calls_with_the_same_signature() ->
     assert call_signature((x, [y]), {}) == call_signature((x2, [y2]), {})
     assert call_signature((x, [y]), {}) != call_signature((x, (y,)), {})
     assert call_signature((x, object()), {}) is None  # opaque objects take the binder every call
+    # a dict of tensors by plain keys (masks by layer type) signs like its entries, in its order
+    assert call_signature((x, {"full": y}), {}) == call_signature((x2, {"full": y2}), {})
+    assert call_signature((x, {"full": y}), {}) != call_signature((x, {"sliding": y}), {})
+    assert call_signature((x, {"full": y}), {}) != call_signature((x, {"full": y.double()}), {})
+    assert call_signature((x, {"full": object()}), {}) is None
+    assert call_signature((x, {(1, 2): y}), {}) is None  # keys other than plain constants

@@ -112,6 +112,8 @@ class _GraphApi:
     use_stream: Callable[[Any], Any]
     current_stream: Callable[..., Any]
     device_guard: Callable[[Any], Any]
+    pool_handle: Callable[[], Any] | None = None
+    """A new memory pool that several captures can share (None: each capture keeps its own)."""
 
 
 def _graph_api(device: torch.device) -> _GraphApi:
@@ -123,6 +125,7 @@ def _graph_api(device: torch.device) -> _GraphApi:
             torch.cuda.stream,
             torch.cuda.current_stream,
             torch.cuda.device,
+            getattr(torch.cuda, "graph_pool_handle", None),
         )
     if device.type == "xpu" and hasattr(torch, "xpu") and hasattr(torch.xpu, "XPUGraph"):
         return _GraphApi(
@@ -132,6 +135,7 @@ def _graph_api(device: torch.device) -> _GraphApi:
             torch.xpu.stream,
             torch.xpu.current_stream,
             torch.xpu.device,
+            getattr(torch.xpu, "graph_pool_handle", None),
         )
     raise BackendError(f"device graphs need a CUDA or XPU device, not {device}")
 
@@ -188,6 +192,9 @@ class DeviceGraphRunner(Runner):
     eager, and a caller that passes it back in (``generate`` does) is served without a copy.
     Non-tensor arguments are baked in at capture. Parameters are read from their memory at
     replay, so in-place updates of the weights are seen; replacing a parameter object is not.
+    ``pool`` shares the capture's working memory with other captures (see
+    :class:`ShapeSetRunner`); one runner's replays, like any one capture's, must not run on
+    several streams at once.
     """
 
     releasable = False  # see Runner.releasable
@@ -200,6 +207,7 @@ class DeviceGraphRunner(Runner):
         device: torch.device,
         warmup: int = 3,
         compiled: Callable[..., Any] | None = None,
+        pool: Any = None,
     ) -> None:
         super().__init__(backend)
         self.clone_outputs = backend.clone_outputs
@@ -278,7 +286,10 @@ class DeviceGraphRunner(Runner):
             before = positions_of(self.objects)
             self.graph = api.graph()
             try:
-                with api.capture(self.graph):
+                capturing = (
+                    api.capture(self.graph) if pool is None else api.capture(self.graph, pool=pool)
+                )
+                with capturing:
                     self.static_out = forward(*args, **kwargs)
             except Exception as exc:
                 raise BackendError(
@@ -424,13 +435,27 @@ def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ShapeKey:
     return tuple(tuple(v.shape) for v in leaves if isinstance(v, torch.Tensor))
 
 
+def _shared_pool(backend: DeviceGraph, device: torch.device) -> Any:
+    """A memory pool the captures of one runner share, or None where sharing is not safe.
+
+    With ``clone_outputs=False`` a caller keeps the static outputs, which live in the pool and
+    would be overwritten by another capture's replay: each capture keeps its own pool then.
+    """
+    if not backend.clone_outputs:
+        return None
+    handle = _graph_api(device).pool_handle
+    return handle() if handle is not None else None
+
+
 class ShapeSetRunner(Runner):
     """Device graphs for a ranged graph: one capture per distinct input shape.
 
     At most ``backend.max_shapes`` captures. The recorded shapes are captured at build; a new
     shape inside the range is captured on its first call while there is room; calls of further
     shapes run the original forward (counted in :attr:`eager_calls`). ``str(runner)`` says
-    which shapes are served by replays.
+    which shapes are served by replays. The captures share one memory pool for their
+    intermediates (with ``clone_outputs``), so the set costs about one capture's working
+    memory, not one per shape.
     """
 
     releasable = False  # see Runner.releasable
@@ -460,6 +485,10 @@ class ShapeSetRunner(Runner):
             if backend.compile
             else None
         )
+        self.pool = _shared_pool(backend, device)
+        """One memory pool for every capture's working memory (None: one pool each). Replays
+        run one after another, and every output that lives in the pool is cloned right after
+        its replay, so what one capture leaves there is never read after another's replay."""
         """With ``compile=True``, one compiled forward for every capture: the second shape
         compiles it with dynamic sizes, which serve every later shape (one compile per shape
         took minutes on a 24-layer model)."""
@@ -471,7 +500,7 @@ class ShapeSetRunner(Runner):
     def _runner(self, sample: Sample) -> DeviceGraphRunner:
         assert isinstance(self.backend, DeviceGraph)
         return DeviceGraphRunner(
-            self.backend, self.module, sample, self.device, compiled=self.compiled
+            self.backend, self.module, sample, self.device, compiled=self.compiled, pool=self.pool
         )
 
     def _add(self, shapes: ShapeKey, capture: DeviceGraphRunner) -> None:

@@ -219,7 +219,8 @@ def call_signature(
     """A cheap hashable signature of a call, or None when it holds something else.
 
     Per argument (keywords by name, in the order given): a tensor's dtype and shape, a plain
-    constant's type and value, a list or tuple of such, or a cache object's attributes
+    constant's type and value, a list or tuple of such, a dict of such by plain keys (in its
+    order: Qwen2 and Gemma pass their attention masks by layer type), or a cache object's attributes
     (:func:`~tunetree.hf.caches.is_cache_object`) as such. Two calls with the same signature
     bind alike (:class:`ArgumentPlan`) and have the same :class:`~tunetree.signature.graph.GraphKey`
     (which says the same things, in a form that is slower to build). An object whose id is in
@@ -241,6 +242,14 @@ def call_signature(
     return tuple(parts)
 
 
+def _dict_part(value: dict[Any, Any]) -> Any:
+    """A dict's signature: its entries in order, or None when a key is not a plain constant."""
+    entries = [(k, _part(v)) for k, v in value.items()]
+    if any(type(k) not in _PLAIN or part is None for k, part in entries):
+        return None
+    return (dict, tuple(entries))
+
+
 def _part(value: Any, owned: frozenset[int] = frozenset()) -> Any:
     kind = type(value)
     if kind is torch.Tensor:
@@ -256,6 +265,8 @@ def _part(value: Any, owned: frozenset[int] = frozenset()) -> Any:
         items = [_part(v) for v in value]
         container = list if kind is list else tuple
         return None if any(i is None for i in items) else (container, tuple(items))
+    if kind is dict:  # e.g. a model's attention masks by layer type ({"full_attention": mask})
+        return _dict_part(value)
     if isinstance(value, enum.Enum):  # members are singletons: hashable, keyed by value
         return (kind, value)
     if is_cache_class(kind):
