@@ -116,12 +116,17 @@ def mirrored_names(attributes: dict[str, Any]) -> tuple[str, ...]:
 
 
 def mirrored_sizes(names: tuple[str, ...], data: dict[str, Any]) -> Iterator[tuple[str, int]]:
-    """The sizes the attributes ``names`` take from the tensors in ``data`` (rebuilt layer)."""
+    """The sizes the attributes ``names`` take from the tensors in ``data`` (rebuilt layer).
+
+    The size as the tensor has it: an int when called eagerly, a symbolic size while an
+    exporter traces, so a capacity that varies (a static cache sized by each prompt) stays a
+    range instead of being fixed to the example's.
+    """
     for name in names:
         attribute, axis = MIRRORED.get(name, ("keys", -2))
         tensor = data.get(attribute)
         if isinstance(tensor, torch.Tensor) and tensor.dim() > 0:
-            yield name, int(tensor.shape[axis])
+            yield name, tensor.shape[axis]
 
 
 def positions_of(objects: list[Any]) -> list[tuple[int, str, int]]:
