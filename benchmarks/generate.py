@@ -227,8 +227,9 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
         captures, size = _static_bytes(result.model)
         resident = (torch.cuda.memory_allocated() - resident_before) / 2**30
         print(f"memory: peak while tuning {tuning_peak:.2f} GiB, eager generate {eager_peak:.2f} "
-              f"GiB; held after tuning {resident:.2f} GiB, of which {captures} captures' static "
-              f"inputs {size / 2**30:.2f} GiB")  # fmt: skip
+              f"GiB; held before tuning {resident_before / 2**30:.2f} GiB (the model, HF "
+              f"static's compile and cache); held after tuning {resident:.2f} GiB more, of which "
+              f"{captures} captures' static inputs {size / 2**30:.2f} GiB")  # fmt: skip
     print(result)
     print(result.timing())
     approaches[label] = result.model

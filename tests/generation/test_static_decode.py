@@ -248,9 +248,10 @@ def test_cuda_graphs_serve_every_decode_step_of_a_sliding_window_cache(compiled:
     assert len(decode) == 1 and decode[0].winner is not None, result.table()
     dispatcher = dispatcher_of(result.model)
     assert dispatcher is not None
+    fallbacks = dispatcher.fallback_calls  # tune's own check served its calls once
     for p, want in zip(unseen, expected, strict=True):
         assert torch.equal(call(result.model, **p), want)
-    assert dispatcher.fallback_calls == len(unseen)  # the prefills only
+    assert dispatcher.fallback_calls - fallbacks == len(unseen)  # the prefills only
 
 
 @pytest.mark.usefixtures("op_graphs")
