@@ -87,18 +87,25 @@ def _calls_of(label: str, cache: str) -> Callable[[int], Callable[..., Any]]:
     return _generate
 
 
+def _dispatchers(model: Any) -> list[Any]:
+    """The dispatchers of the model's wrapped modules."""
+    found = (dispatcher_of(module) for _, module in module_paths(model))
+    return [dispatcher for dispatcher in found if dispatcher is not None]
+
+
+def _captures(runner: Any) -> list[Any]:
+    """A ranged device-graph runner's captures (none for other runners)."""
+    return list(getattr(runner, "captures", {}).values())
+
+
 def _fallbacks(model: Any) -> int:
     """Calls wrapped modules ran in their original forward (a runner's own included)."""
     total = 0
-    for _, module in module_paths(model):
-        dispatcher = dispatcher_of(module)
-        if dispatcher is None:
-            continue
+    for dispatcher in _dispatchers(model):
         total += dispatcher.fallback_calls
         for runner in dispatcher.runners.values():
             total += getattr(runner, "eager_calls", 0)
-            for capture in getattr(runner, "captures", {}).values():
-                total += getattr(capture, "eager_calls", 0)
+            total += sum(getattr(capture, "eager_calls", 0) for capture in _captures(runner))
     return total
 
 
@@ -147,14 +154,9 @@ def _device_ms(call: Callable[[], Any]) -> tuple[float, float]:
 def _static_bytes(model: Any) -> tuple[int, int]:
     """Captures held by the tuned model and the bytes of their static input tensors."""
     captures, size = 0, 0
-    for _, module in module_paths(model):
-        dispatcher = dispatcher_of(module)
-        if dispatcher is None:
-            continue
+    for dispatcher in _dispatchers(model):
         for runner in dispatcher.runners.values():
-            held = list(getattr(runner, "captures", {}).values())
-            if hasattr(runner, "static_leaves"):
-                held.append(runner)
+            held = _captures(runner) + ([runner] if hasattr(runner, "static_leaves") else [])
             for capture in held:
                 captures += 1
                 size += sum(

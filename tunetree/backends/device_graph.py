@@ -485,13 +485,13 @@ class ShapeSetRunner(Runner):
             if backend.compile
             else None
         )
+        """With ``compile=True``, one compiled forward for every capture: the second shape
+        compiles it with dynamic sizes, which serve every later shape (one compile per shape
+        took minutes on a 24-layer model)."""
         self.pool = _shared_pool(backend, device)
         """One memory pool for every capture's working memory (None: one pool each). Replays
         run one after another, and every output that lives in the pool is cloned right after
         its replay, so what one capture leaves there is never read after another's replay."""
-        """With ``compile=True``, one compiled forward for every capture: the second shape
-        compiles it with dynamic sizes, which serve every later shape (one compile per shape
-        took minutes on a 24-layer model)."""
         for sample in samples:
             shapes = _shape_key(tuple(sample.args), sample.kwargs)
             if shapes not in self.captures and len(self.captures) < self.max_shapes:
