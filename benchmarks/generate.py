@@ -30,6 +30,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     __package__ = "benchmarks"
 
 import argparse
+import contextlib
 import functools
 import gc
 import statistics
@@ -45,7 +46,7 @@ from tunetree._util.table import format_table
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.modules import module_paths
 
-from . import common
+from . import common, memory_trace
 from .generate_models import configs
 
 
@@ -207,33 +208,38 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
 
     approaches: dict[str, Any] = {"eager": model}
     setup: dict[str, float] = {}
+    label = "tunetree" if args.cache == "dynamic" else f"tunetree {args.cache}"
+    call = _calls_of(label, args.cache)(tokens)
+    _reset_peak(device)
+    resident_before = torch.cuda.memory_allocated() if device == "cuda" else 0
+    trace = memory_trace.traced() if args.memory_trace else contextlib.nullcontext()
+    start = time.perf_counter()
+    with trace:
+        result = tt.auto_tune(
+            model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
+            cache=False, verbose=args.verbose, device=device,
+        )  # fmt: skip
+    setup[label] = time.perf_counter() - start
+    tuning_peak = _peak_gib(device)
+    if args.memory_trace:
+        print(memory_trace.peak_breakdown(resident_before), flush=True)
+    if device == "cuda":
+        captures, size = _static_bytes(result.model)
+        resident = (torch.cuda.memory_allocated() - resident_before) / 2**30
+        print(f"memory: peak while tuning {tuning_peak:.2f} GiB, eager generate {eager_peak:.2f} "
+              f"GiB; held before tuning {resident_before / 2**30:.2f} GiB (the model and "
+              f"what eager left); held after tuning {resident:.2f} GiB more, of which "
+              f"{captures} captures' static inputs {size / 2**30:.2f} GiB")  # fmt: skip
+    print(result)
+    print(result.timing())
     if not args.skip_static:
+        # HF's side warms up after tuning, so that what its compile holds is not in tuning's peak.
         start = time.perf_counter()
         for b in batches:  # HF compiles its decode step on the first calls of each shape
             _static(tokens)(model, **unseen[b])
             _static(tokens)(model, **unseen[b])
         setup["hf static"] = time.perf_counter() - start
         approaches["hf static"] = model
-    label = "tunetree" if args.cache == "dynamic" else f"tunetree {args.cache}"
-    call = _calls_of(label, args.cache)(tokens)
-    _reset_peak(device)
-    resident_before = torch.cuda.memory_allocated() if device == "cuda" else 0
-    start = time.perf_counter()
-    result = tt.auto_tune(
-        model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
-        cache=False, verbose=args.verbose, device=device,
-    )  # fmt: skip
-    setup[label] = time.perf_counter() - start
-    tuning_peak = _peak_gib(device)
-    if device == "cuda":
-        captures, size = _static_bytes(result.model)
-        resident = (torch.cuda.memory_allocated() - resident_before) / 2**30
-        print(f"memory: peak while tuning {tuning_peak:.2f} GiB, eager generate {eager_peak:.2f} "
-              f"GiB; held before tuning {resident_before / 2**30:.2f} GiB (the model, HF "
-              f"static's compile and cache); held after tuning {resident:.2f} GiB more, of which "
-              f"{captures} captures' static inputs {size / 2**30:.2f} GiB")  # fmt: skip
-    print(result)
-    print(result.timing())
     approaches[label] = result.model
 
     rows = []
@@ -346,6 +352,10 @@ def main() -> None:
     p.add_argument(
         "--profile", action="store_true",
         help="CUDA: profile one generate per approach (wall against GPU kernel time)",
+    )  # fmt: skip
+    p.add_argument(
+        "--memory-trace", action="store_true",
+        help="CUDA: memory per tuning phase, and what is alive at the peak by the code behind it",
     )  # fmt: skip
     p.add_argument("--quick", action="store_true")
     p.add_argument("--verbose", action="store_true")

@@ -1,0 +1,107 @@
+"""Where the peak of CUDA memory comes from while tuning (issue 28: peak within 1.5x eager's).
+
+``traced()`` records the caching allocator's history (``torch.cuda.memory._record_memory_history``,
+Python stacks only) and logs each tunetree INFO record with the memory allocated and the peak since
+the record before, so a phase that peaks can be named. ``peak_breakdown()`` replays the recorded
+allocations, finds the moment of the peak and groups what was alive then by the innermost tunetree
+frame that allocated it (else the innermost frame at all): the table says which code holds the
+memory at the peak, not only how much there was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+_GIB = 2**30
+
+
+class _MemoryLog(logging.Handler):
+    """Prints each record with the memory allocated now and the peak since the last record."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        now = torch.cuda.memory_allocated() / _GIB
+        peak = torch.cuda.max_memory_allocated() / _GIB
+        print(f"[mem {now:6.2f} GiB, peak so far {peak:6.2f}] {record.getMessage()[:160]}",
+              flush=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def traced(max_entries: int = 2_000_000) -> Iterator[None]:
+    """Record allocations and annotate tunetree's log with memory while the block runs."""
+    logger = logging.getLogger("tunetree")
+    handler = _MemoryLog(level=logging.INFO)
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def _site(frames: list[dict[str, Any]]) -> tuple[str, str]:
+    """The innermost tunetree frame (else the innermost frame), and up to 3 tunetree callers."""
+    ours = [f for f in frames if "/tunetree/" in f.get("filename", "")]
+    pick = ours[0] if ours else (frames[0] if frames else {})
+    name = pick.get("filename", "?").split("/")[-1]
+    where = f"{name}:{pick.get('line', '?')} {pick.get('name', '')}"
+    chain = " < ".join(f"{f['filename'].split('/')[-1]}:{f['line']}" for f in ours[1:4])
+    return where, chain
+
+
+def peak_breakdown(base_bytes: int, top: int = 15) -> str:
+    """Stop recording; the allocations alive at the recorded peak, grouped by the code behind them.
+
+    ``base_bytes`` is what was allocated when recording began (its blocks have no recorded stack).
+    """
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = [e for trace in snapshot.get("device_traces", []) for e in trace]
+    current = peak = 0
+    peak_at = -1
+    live: dict[int, int] = {}
+    freed: set[int] = set()
+    for i, event in enumerate(events):
+        action, addr, size = event.get("action"), event.get("addr"), int(event.get("size", 0))
+        if action == "alloc":
+            live[addr] = size
+            freed.discard(addr)
+            current += size
+        elif action in ("free_requested", "free_completed"):
+            if addr in freed:
+                continue
+            freed.add(addr)
+            current -= live.pop(addr, size)
+        if current > peak:
+            peak, peak_at = current, i
+    groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    alive: dict[int, dict[str, Any]] = {}
+    for event in events[: peak_at + 1]:
+        action, addr = event.get("action"), event.get("addr")
+        if action == "alloc":
+            alive[addr] = event
+        elif action in ("free_requested", "free_completed"):
+            alive.pop(addr, None)
+    for event in alive.values():
+        group = groups[_site(event.get("frames", []))]
+        group[0] += int(event.get("size", 0))
+        group[1] += 1
+    lines = [
+        f"memory trace: {len(events)} events; allocated when tuning began {base_bytes / _GIB:.2f} "
+        f"GiB; recorded peak {peak / _GIB:.2f} GiB above it (event {peak_at}); alive then, by site:"
+    ]
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    for (where, chain), (size, count) in ranked[:top]:
+        lines.append(f"  {size / _GIB:7.3f} GiB {count:6d} blocks  {where}  [{chain}]")
+    rest = sum(size for _, (size, _) in ranked[top:])
+    lines.append(f"  {rest / _GIB:7.3f} GiB in {max(0, len(ranked) - top)} other sites")
+    return "\n".join(lines)
