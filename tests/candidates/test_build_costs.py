@@ -22,7 +22,7 @@ from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline
 from tunetree.candidates.build_costs import REFERENCE_SIZE, BuildCosts, scaled
 from tunetree.candidates.evaluate import GraphSession, Status
 from tunetree.candidates.measure import Timing
-from tunetree.search.tune import _own_graphs, _time_parts
+from tunetree.search.tune import _firsts_after_s, _own_graphs, _time_parts
 from tunetree.signature.graph import Graph, Sample
 
 MS = 1e-3
@@ -203,6 +203,58 @@ def test_a_generate_calls_decode_graph_gets_the_share_of_its_eager_time(clock: C
     deadline.depths_after = 1  # a depth to come keeps one graph's share of the cut's
     with deadline.graph_window(graphs_left=4, part=0.9):
         assert deadline.build_cap_s(5.0, first=False) == pytest.approx(72.0)
+
+
+def test_a_graphs_later_candidates_leave_the_next_graphs_first_builds_their_time(
+    clock: Clock,
+) -> None:
+    """Issue 28 on the CPU: the batch-4 prefill's second build (76 s) took the time the batch-1
+    prefill's first candidate needed, and that graph kept its forward."""
+    deadline = Deadline(at=100.0)
+    with deadline.graph_window(graphs_left=2, part=0.9, kept_s=30.0):  # share 90 s
+        assert deadline.room_to_build(60.0, 5.0, first=False)  # 65 + 30 kept <= 100 free
+        assert not deadline.room_to_build(70.0, 5.0, first=False)  # 75 + 30 > 100
+        assert deadline.room_to_build(70.0, 5.0, first=True)  # a graph's first is always built
+        assert deadline.build_cap_s(5.0, first=False) == pytest.approx(70.0)  # 100 - 30 kept
+        assert deadline.build_cap_s(50.0, first=True) == pytest.approx(100.0)
+    assert deadline.kept_s == 0.0  # kept only while that graph is tuned
+
+
+def test_the_next_graph_still_gets_its_first_candidate_after_a_slow_second_one(
+    clock: Clock,
+) -> None:
+    deadline = Deadline(at=100.0)
+    quick = Clocked(label="export", build_s=10.0, prior_s=10.0)
+    slow = Clocked(label="compiler", build_s=85.0, prior_s=85.0)
+    strategy = tt.HighestThroughputStrategy([quick, slow, tt.backends.Eager()])
+    with deadline.graph_window(graphs_left=2, part=0.95, kept_s=quick.prior_s):
+        first = {r.backend.name: r for r in strategy.copy().run(_session(deadline)).rows}
+    assert first[quick.name].status is Status.OK
+    assert first[slow.name].status is Status.SKIPPED  # it would leave the next graph nothing
+    with deadline.graph_window(graphs_left=1):
+        second = {r.backend.name: r for r in strategy.copy().run(_session(deadline)).rows}
+    assert second[quick.name].status is Status.OK
+
+
+def test_the_time_kept_after_a_graph_is_the_cheapest_first_build_of_each_graph_tuned_after_it() -> (
+    None
+):
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    deadline = Deadline(at=100.0)
+    cheap = Clocked(label="export", prior_s=4.0)
+    dear = Clocked(label="compiler", prior_s=40.0)
+    strategy = tt.HighestThroughputStrategy([dear, cheap, tt.backends.Eager()])
+    ordered = [("0", 1, None), ("1", 1, None), ("1", 2, None), ("0", 2, None)]
+    own = [3, 2, 1, 0]  # the last graph is a twin of an earlier one: it takes no first build
+    per_module = {
+        path: deadline.expected_build_s(cheap.name, size, cheap.prior_s)
+        for path, size in (("0", 1), ("1", 3))
+    }
+    kept = _firsts_after_s(deadline, strategy, model, ordered, own, 0)  # type: ignore[arg-type]
+    assert kept == pytest.approx(2 * per_module["1"])
+    assert _firsts_after_s(deadline, strategy, model, ordered, own, 2) == 0.0  # type: ignore[arg-type]
+    eager_only = tt.HighestThroughputStrategy([tt.backends.Eager()])
+    assert _firsts_after_s(deadline, eager_only, model, ordered, own, 0) == 0.0  # type: ignore[arg-type]
 
 
 @dataclasses.dataclass

@@ -117,7 +117,8 @@ class Deadline:
     share of what is free when it starts (with the graphs left in its cut and one share per
     depth still to come, :attr:`depths_after`), and a build that would run past its graph's
     share is not started, or stopped (:meth:`build_cap_s`), unless it is the graph's first
-    candidate besides eager.
+    candidate besides eager. A graph's later candidates also leave the time the next graphs'
+    first candidates are expected to take (:attr:`kept_s`).
     """
 
     at: float
@@ -131,6 +132,10 @@ class Deadline:
     """Depths still to be tuned after the one in progress: each is kept one graph's share."""
     window_at: float | None = field(default=None, compare=False)
     """When the share of the graph in progress ends (None: no graph in progress)."""
+    kept_s: float = field(default=0.0, compare=False)
+    """Seconds kept for the first candidates of the graphs after the one in progress: a
+    graph's later candidates may not use them (its first may), so that one graph's second
+    build never leaves the next graphs without any (see :meth:`graph_window`)."""
 
     @classmethod
     def after(cls, seconds: float, start: float | None = None) -> Deadline:
@@ -197,7 +202,9 @@ class Deadline:
             self.reserve_s = before
 
     @contextlib.contextmanager
-    def graph_window(self, graphs_left: int, part: float | None = None) -> Iterator[None]:
+    def graph_window(
+        self, graphs_left: int, part: float | None = None, kept_s: float = 0.0
+    ) -> Iterator[None]:
         """While the block tunes one graph, its builds may run until the graph's share ends.
 
         The cut's part of the free time is ``graphs_left`` over ``graphs_left`` plus
@@ -206,16 +213,18 @@ class Deadline:
         ``part`` of the cut's part: by default an equal share, ``1 / graphs_left``; a
         ``generate`` call's graphs get their part of eager time, so the decode step, where
         the time goes, may build its slow candidates. Time a graph leaves unused goes to the
-        next ones.
+        next ones. ``kept_s`` is what the first candidates of the graphs after this one are
+        expected to take (:attr:`kept_s`): this graph's candidates after its first leave it free.
         """
-        before = self.window_at
+        before, kept_before = self.window_at, self.kept_s
         graphs = max(1, graphs_left)
         share = (1.0 / graphs if part is None else part) * graphs / (graphs + self.depths_after)
         self.window_at = now() + self.free_s() * share
+        self.kept_s = max(0.0, kept_s)
         try:
             yield
         finally:
-            self.window_at = before
+            self.window_at, self.kept_s = before, kept_before
 
     def window_left_s(self) -> float:
         """Seconds left of the share of the graph in progress (the free time outside one)."""
@@ -228,11 +237,16 @@ class Deadline:
 
         It must end, with ``then_s`` (the short measurement of its candidate), before the
         deadline's reserve, and within its graph's share unless it is ``first``: the graph's
-        first candidate besides eager is built whenever one fits in the free time.
+        first candidate besides eager is built whenever one fits in the free time. A later
+        candidate also leaves :attr:`kept_s` free for the next graphs' first candidates.
         """
         if not self.room_for_s(expected_s + then_s):
             return False
-        return first or expected_s <= self.window_left_s()
+        if first:
+            return True
+        return expected_s <= self.window_left_s() and (
+            expected_s + then_s + self.kept_s <= self.free_s()
+        )
 
     def build_cap_s(self, expected_s: float, first: bool, then_s: float = 0.0) -> float:
         """How long a build started now may run before it is stopped (:func:`stopped_after`).
@@ -244,8 +258,8 @@ class Deadline:
         free = max(0.0, self.free_s() - then_s)
         cap = min(free, max(0.0, self.window_left_s() - then_s))
         if first:
-            cap = max(cap, min(free, 2.0 * expected_s))
-        return cap
+            return max(cap, min(free, 2.0 * expected_s))
+        return min(cap, max(0.0, free - self.kept_s))
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,11 @@ def tune_cut(
             accuracy=accuracy,
         )
         window = (
-            deadline.graph_window(own[done], parts[done]) if deadline is not None else nullcontext()
+            deadline.graph_window(
+                own[done], parts[done], _firsts_after_s(deadline, base, model, ordered, own, done)
+            )
+            if deadline is not None
+            else nullcontext()
         )
         with window:
             result = _tune_graph(session, base, cache, twins, digests[path])
@@ -226,6 +230,31 @@ def _own_graphs(
         full.append(not (memo is not None and (path, key) in memo) and twin not in seen)
         seen.add(twin)
     return [sum(full[i:]) for i in range(len(full))]
+
+
+def _firsts_after_s(
+    deadline: Deadline,
+    base: Strategy,
+    model: Any,
+    ordered: list[tuple[str, Any, Any]],
+    own: list[int],
+    done: int,
+) -> float:
+    """What the first candidates of the graphs tuned in full after ``done`` are expected to take.
+
+    Per graph, the cheapest expected build of the strategy's backends besides eager (at that
+    graph's size): the graph in progress keeps that much free for them once it has a candidate.
+    """
+    full = [own[i] > (own[i + 1] if i + 1 < len(own) else 0) for i in range(len(own))]
+    others = [b for b in base.backends if b.kind != "eager"]
+    if not others:
+        return 0.0
+    total = 0.0
+    for (path, _, _), tuned in zip(ordered[done + 1 :], full[done + 1 :], strict=True):
+        if tuned:
+            size = sum(1 for _ in find_module(model, path).modules())
+            total += min(deadline.expected_build_s(b.name, size, b.build_prior_s()) for b in others)
+    return total
 
 
 def _time_parts(todo: list[tuple[str, Any, Any]], own: list[int]) -> list[float | None]:
