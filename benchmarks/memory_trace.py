@@ -105,3 +105,68 @@ def peak_breakdown(base_bytes: int, top: int = 15) -> str:
     rest = sum(size for _, (size, _) in ranked[top:])
     lines.append(f"  {rest / _GIB:7.3f} GiB in {max(0, len(ranked) - top)} other sites")
     return "\n".join(lines)
+
+
+def held_by(model: Any, device: str = "cuda", top: int = 12) -> str:
+    """The tensors on ``device`` alive now, but ``model``'s parameters and buffers, by holder.
+
+    Each tensor's holder is the nearest object of a tunetree class (or a Hugging Face cache)
+    found walking its referrers, with the attribute it sits in where one is found: what keeps
+    memory after tuning.
+    """
+    import gc
+    import types
+
+    own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
+    seen: set[int] = set()
+    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    gc.collect()
+    for obj in gc.get_objects():
+        try:
+            if type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.device.type != device:
+                continue
+            storage = obj.untyped_storage()
+            ptr = storage.data_ptr()
+        except Exception:  # fake or functional tensors
+            continue
+        if ptr in own or ptr in seen or ptr == 0:
+            continue
+        seen.add(ptr)
+        group = groups[_holder(obj, types)]
+        group[0] += storage.nbytes()
+        group[1] += 1
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    lines = [f"held now beside the model: {sum(g[0] for g in groups.values()) / _GIB:.3f} GiB"]
+    for label, (size, count) in ranked[:top]:
+        lines.append(f"  {size / _GIB:7.3f} GiB {count:6d} storages  {label}")
+    return "\n".join(lines)
+
+
+def _holder(tensor: torch.Tensor, types: Any, depth: int = 8) -> str:
+    """The nearest tunetree or cache object holding ``tensor``, as ``Class.attribute``."""
+    import gc
+
+    frontier: list[tuple[Any, str]] = [(tensor, "")]
+    visited = {id(tensor)}
+    for _ in range(depth):
+        nxt: list[tuple[Any, str]] = []
+        for item, _via in frontier:
+            for ref in gc.get_referrers(item):
+                if id(ref) in visited or isinstance(ref, types.FrameType) or ref is frontier:
+                    continue
+                visited.add(id(ref))
+                module = type(ref).__module__ or ""
+                if isinstance(ref, dict):
+                    key = next((k for k, v in ref.items() if v is item), None)
+                    nxt.append((ref, str(key) if isinstance(key, str) else ""))
+                elif isinstance(ref, list | tuple | set):
+                    nxt.append((ref, ""))
+                elif module.startswith(("tunetree", "transformers")):
+                    return f"{type(ref).__name__} ({module.split('.')[-1]})"
+                elif not isinstance(ref, types.ModuleType):
+                    nxt.append((ref, ""))
+            # an object's __dict__ is a dict whose referrer is the object
+        frontier = nxt[:200]
+        if not frontier:
+            break
+    return "?"
