@@ -243,6 +243,8 @@ def section_other(built: Built, args: Any, device: torch.device) -> list[dict[st
         model = forced(built, backend, device)
         if model is not None:
             approaches[f"{backend} at depth 0"] = lambda s, m=model: s.run(m)
+    # The control: a call of the untuned model leaves the caches as any call of it would.
+    approaches["untuned model (eager)"] = lambda s: s.run(built.work.model)
     torch.manual_seed(1)
     other_model = OtherWork(64 if args.quick else 256).eval().to(device)
     x = torch.randn(16, 64, other_model.mlp[0].in_features, device=device)
