@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -441,6 +442,36 @@ def test_the_captures_of_a_ranged_graph_share_one_memory_pool() -> None:
     own = DeviceGraph(max_shapes=3, clone_outputs=False).build(module, graph, CUDA)
     assert isinstance(own, device_graph.ShapeSetRunner)
     assert [capture.graph.pool for capture in own.captures.values()] == [None, None]
+
+
+@pytest.mark.usefixtures("fake_graphs")
+def test_every_capture_warms_up_and_captures_with_blas_workspaces_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cuBLAS keeps a workspace per stream: dropped around each warm-up and capture, none of a
+    side stream outlives its build and the capture's lives in its own pool (tuning Mistral-8L
+    on the H200 held ten 32 MiB blocks from warm-ups at its peak)."""
+    events: list[str] = []
+
+    @contextmanager
+    def capture(graph: _FakeGraph, pool: Any = None) -> Iterator[None]:
+        events.append("capture")
+        with _fake_capture(graph, pool):
+            yield
+
+    api = dataclasses.replace(
+        device_graph._graph_api(CUDA),
+        capture=capture,
+        clear_workspaces=lambda: events.append("clear"),
+    )
+    monkeypatch.setattr(device_graph, "_graph_api", lambda device: api)
+    module, graph = _ranged_mlp(CPU, (1, 4))
+    runner = DeviceGraph(max_shapes=3).build(module, graph, CUDA)
+    assert events == ["clear", "capture", "clear"] * 2  # one capture per recorded shape
+    with torch.no_grad():
+        runner(torch.randn(7, 8))  # a new shape, captured on its first call
+        runner(torch.randn(7, 8))  # replayed: nothing dropped per call
+    assert events == ["clear", "capture", "clear"] * 3
 
 
 def test_max_shapes_must_be_positive() -> None:
