@@ -225,7 +225,7 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
     tuning_peak = _peak_gib(device)
     if args.memory_trace:
         print(memory_trace.peak_breakdown(resident_before), flush=True)
-        print(memory_trace.held_by(model), flush=True)
+        print(memory_trace.held_by(result, model, device), flush=True)
     if device == "cuda":
         captures, size = _static_bytes(result.model)
         resident = (torch.cuda.memory_allocated() - resident_before) / 2**30

@@ -5,7 +5,9 @@ Python stacks only) and logs each tunetree INFO record with the memory allocated
 the record before, so a phase that peaks can be named. ``peak_breakdown()`` replays the recorded
 allocations, finds the moment of the peak and groups what was alive then by the innermost tunetree
 frame that allocated it (else the innermost frame at all): the table says which code holds the
-memory at the peak, not only how much there was.
+memory at the peak, not only how much there was. ``held_by()`` walks a tuning result's
+references and charges each tensor it reaches to the nearest tunetree or transformers object:
+what the tuned model keeps after tuning.
 """
 
 from __future__ import annotations
@@ -107,66 +109,52 @@ def peak_breakdown(base_bytes: int, top: int = 15) -> str:
     return "\n".join(lines)
 
 
-def held_by(model: Any, device: str = "cuda", top: int = 12) -> str:
-    """The tensors on ``device`` alive now, but ``model``'s parameters and buffers, by holder.
+def held_by(root: Any, model: Any, device: str = "cuda", top: int = 12) -> str:
+    """The tensors on ``device`` reachable from ``root`` (a tuning result), by holder.
 
-    Each tensor's holder is the nearest object of a tunetree class (or a Hugging Face cache)
-    found walking its referrers, with the attribute it sits in where one is found: what keeps
-    memory after tuning.
+    A walk over references from ``root`` (``gc.get_referents``, one visit per object): each
+    tensor is charged to the nearest tunetree or transformers object on the way to it, and
+    ``model``'s own parameters and buffers are left out. What keeps memory after tuning.
     """
     import gc
-    import types
 
     own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
-    seen: set[int] = set()
+    seen_storages: set[int] = set()
+    visited: set[int] = set()
     groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    gc.collect()
-    for obj in gc.get_objects():
-        try:
-            if type(obj) not in (torch.Tensor, torch.nn.Parameter) or obj.device.type != device:
+    frontier: list[tuple[Any, str]] = [(root, type(root).__name__)]
+    while frontier:
+        nxt: list[tuple[Any, str]] = []
+        for obj, label in frontier:
+            if id(obj) in visited:
                 continue
-            storage = obj.untyped_storage()
-            ptr = storage.data_ptr()
-        except Exception:  # fake or functional tensors
-            continue
-        if ptr in own or ptr in seen or ptr == 0:
-            continue
-        seen.add(ptr)
-        group = groups[_holder(obj, types)]
-        group[0] += storage.nbytes()
-        group[1] += 1
+            visited.add(id(obj))
+            if type(obj) in (torch.Tensor, torch.nn.Parameter):
+                try:
+                    if obj.device.type != device:
+                        continue
+                    storage = obj.untyped_storage()
+                    ptr = storage.data_ptr()
+                except Exception:  # fake or functional tensors
+                    continue
+                if ptr and ptr not in own and ptr not in seen_storages:
+                    seen_storages.add(ptr)
+                    groups[label][0] += storage.nbytes()
+                    groups[label][1] += 1
+                continue
+            if isinstance(obj, type | torch.nn.Module) and obj is not root:
+                continue  # classes and modules: the model's own state, not tuning's
+            module = type(obj).__module__ or ""
+            here = (
+                f"{type(obj).__name__} ({module.split('.')[-1]})"
+                if module.startswith(("tunetree", "transformers"))
+                else label
+            )
+            nxt.extend((child, here) for child in gc.get_referents(obj))
+        frontier = nxt
     ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
-    lines = [f"held now beside the model: {sum(g[0] for g in groups.values()) / _GIB:.3f} GiB"]
+    total = sum(g[0] for g in groups.values())
+    lines = [f"held by the tuning result beside the model: {total / _GIB:.3f} GiB, by holder"]
     for label, (size, count) in ranked[:top]:
         lines.append(f"  {size / _GIB:7.3f} GiB {count:6d} storages  {label}")
     return "\n".join(lines)
-
-
-def _holder(tensor: torch.Tensor, types: Any, depth: int = 8) -> str:
-    """The nearest tunetree or cache object holding ``tensor``, as ``Class.attribute``."""
-    import gc
-
-    frontier: list[tuple[Any, str]] = [(tensor, "")]
-    visited = {id(tensor)}
-    for _ in range(depth):
-        nxt: list[tuple[Any, str]] = []
-        for item, _via in frontier:
-            for ref in gc.get_referrers(item):
-                if id(ref) in visited or isinstance(ref, types.FrameType) or ref is frontier:
-                    continue
-                visited.add(id(ref))
-                module = type(ref).__module__ or ""
-                if isinstance(ref, dict):
-                    key = next((k for k, v in ref.items() if v is item), None)
-                    nxt.append((ref, str(key) if isinstance(key, str) else ""))
-                elif isinstance(ref, list | tuple | set):
-                    nxt.append((ref, ""))
-                elif module.startswith(("tunetree", "transformers")):
-                    return f"{type(ref).__name__} ({module.split('.')[-1]})"
-                elif not isinstance(ref, types.ModuleType):
-                    nxt.append((ref, ""))
-            # an object's __dict__ is a dict whose referrer is the object
-        frontier = nxt[:200]
-        if not frontier:
-            break
-    return "?"
