@@ -232,6 +232,11 @@ def _own_graphs(
     return [sum(full[i:]) for i in range(len(full))]
 
 
+def _tuned_in_full(own: list[int]) -> list[bool]:
+    """Per graph, whether it is tuned in full (``own`` as :func:`_own_graphs` gives it)."""
+    return [own[i] > (own[i + 1] if i + 1 < len(own) else 0) for i in range(len(own))]
+
+
 def _firsts_after_s(
     deadline: Deadline,
     base: Strategy,
@@ -245,7 +250,7 @@ def _firsts_after_s(
     Per graph, the cheapest expected build of the strategy's backends besides eager (at that
     graph's size): the graph in progress keeps that much free for them once it has a candidate.
     """
-    full = [own[i] > (own[i + 1] if i + 1 < len(own) else 0) for i in range(len(own))]
+    full = _tuned_in_full(own)
     others = [b for b in base.backends if b.kind != "eager"]
     if not others:
         return 0.0
@@ -263,7 +268,7 @@ def _time_parts(todo: list[tuple[str, Any, Any]], own: list[int]) -> list[float 
     ``own`` counts those graphs, as :func:`_own_graphs` gives it. None (an equal share) where
     the graph is not tuned in full or nothing was timed.
     """
-    full = [own[i] > (own[i + 1] if i + 1 < len(own) else 0) for i in range(len(own))]
+    full = _tuned_in_full(own)
     parts: list[float | None] = []
     for i, (_, _, graph) in enumerate(todo):
         left = sum(g.total_s for (_, _, g), f in zip(todo[i:], full[i:], strict=True) if f)
