@@ -236,7 +236,16 @@ def test_the_next_graph_still_gets_its_first_candidate_after_a_slow_second_one(
     assert second[quick.name].status is Status.OK
 
 
-def test_the_time_kept_after_a_graph_is_the_cheapest_first_build_of_each_graph_tuned_after_it() -> (
+@dataclasses.dataclass
+class _Step:
+    """A recorded graph as the budget sees it: eager time over its calls, two samples."""
+
+    total_s: float = 0.2
+    calls: int = 2
+    samples: tuple[None, ...] = (None, None)
+
+
+def test_the_time_kept_after_a_graph_is_each_later_graphs_cheapest_first_build_and_its_check() -> (
     None
 ):
     model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
@@ -244,17 +253,19 @@ def test_the_time_kept_after_a_graph_is_the_cheapest_first_build_of_each_graph_t
     cheap = Clocked(label="export", prior_s=4.0)
     dear = Clocked(label="compiler", prior_s=40.0)
     strategy = tt.HighestThroughputStrategy([dear, cheap, tt.backends.Eager()])
-    ordered = [("0", 1, None), ("1", 1, None), ("1", 2, None), ("0", 2, None)]
+    config = tt.MeasureConfig()
+    step = _Step()
+    ordered = [("0", 1, step), ("1", 1, step), ("1", 2, step), ("0", 2, step)]
     own = [3, 2, 1, 0]  # the last graph is a twin of an earlier one: it takes no first build
-    per_module = {
-        path: deadline.expected_build_s(cheap.name, size, cheap.prior_s)
-        for path, size in (("0", 1), ("1", 3))
-    }
-    kept = _firsts_after_s(deadline, strategy, model, ordered, own, 0)  # type: ignore[arg-type]
-    assert kept == pytest.approx(2 * per_module["1"])
-    assert _firsts_after_s(deadline, strategy, model, ordered, own, 2) == 0.0  # type: ignore[arg-type]
-    eager_only = tt.HighestThroughputStrategy([tt.backends.Eager()])
-    assert _firsts_after_s(deadline, eager_only, model, ordered, own, 0) == 0.0  # type: ignore[arg-type]
+    build = deadline.expected_build_s(cheap.name, 3, cheap.prior_s)  # module "1": 3 modules
+    check = config.screening().least_s(2, 0.1, 2)  # the candidate beside eager, 0.1 s a call
+
+    def kept(strategy: tt.HighestThroughputStrategy, done: int) -> float:
+        return _firsts_after_s(deadline, strategy, config, None, model, ordered, own, done)  # type: ignore[arg-type]
+
+    assert kept(strategy, 0) == pytest.approx(2 * (build + check))
+    assert kept(strategy, 2) == 0.0
+    assert kept(tt.HighestThroughputStrategy([tt.backends.Eager()]), 0) == 0.0
 
 
 @dataclasses.dataclass

@@ -198,7 +198,9 @@ def tune_cut(
         )
         window = (
             deadline.graph_window(
-                own[done], parts[done], _firsts_after_s(deadline, base, model, ordered, own, done)
+                own[done],
+                parts[done],
+                _firsts_after_s(deadline, base, measure_config, info, model, ordered, own, done),
             )
             if deadline is not None
             else nullcontext()
@@ -240,6 +242,8 @@ def _tuned_in_full(own: list[int]) -> list[bool]:
 def _firsts_after_s(
     deadline: Deadline,
     base: Strategy,
+    measure_config: MeasureConfig,
+    info: ModelInfo,
     model: Any,
     ordered: list[tuple[str, Any, Any]],
     own: list[int],
@@ -248,17 +252,21 @@ def _firsts_after_s(
     """What the first candidates of the graphs tuned in full after ``done`` are expected to take.
 
     Per graph, the cheapest expected build of the strategy's backends besides eager (at that
-    graph's size): the graph in progress keeps that much free for them once it has a candidate.
+    graph's size) and the short measurement of that candidate beside eager: the graph in
+    progress keeps that much free for them once it has a candidate.
     """
     full = _tuned_in_full(own)
     others = [b for b in base.backends if b.kind != "eager"]
     if not others:
         return 0.0
+    screening = measure_config.screening()
     total = 0.0
-    for (path, _, _), tuned in zip(ordered[done + 1 :], full[done + 1 :], strict=True):
+    for (path, _, graph), tuned in zip(ordered[done + 1 :], full[done + 1 :], strict=True):
         if tuned:
             size = sum(1 for _ in find_module(model, path).modules())
             total += min(deadline.expected_build_s(b.name, size, b.build_prior_s()) for b in others)
+            call_s = graph.total_s / graph.calls if graph.calls else _call_s(info, path)
+            total += screening.least_s(2, call_s, max(1, len(graph.samples)))
     return total
 
 
