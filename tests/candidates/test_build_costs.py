@@ -19,7 +19,7 @@ import tunetree as tt
 from tests.fakes import Busy, Delayed, spin
 from tunetree.candidates import budget, evaluate
 from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline
-from tunetree.candidates.build_costs import REFERENCE_SIZE, BuildCosts, scaled
+from tunetree.candidates.build_costs import REFERENCE_SIZE, BuildCosts, module_size, scaled
 from tunetree.candidates.evaluate import GraphSession, Status
 from tunetree.candidates.measure import Timing
 from tunetree.search.tune import _firsts_after_s, _own_graphs, _time_parts
@@ -249,6 +249,7 @@ def test_the_time_kept_after_a_graph_is_each_later_graphs_cheapest_first_build_a
     None
 ):
     model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    sizes = {path: module_size(model.get_submodule(path)) for path in ("0", "1")}
     deadline = Deadline(at=100.0)
     cheap = Clocked(label="export", prior_s=4.0)
     dear = Clocked(label="compiler", prior_s=40.0)
@@ -261,7 +262,7 @@ def test_the_time_kept_after_a_graph_is_each_later_graphs_cheapest_first_build_a
     check = config.screening().least_s(2, 0.1, 2)  # the candidate beside eager, 0.1 s a call
 
     def kept(strategy: tt.HighestThroughputStrategy, done: int) -> float:
-        return _firsts_after_s(deadline, strategy, config, None, model, ordered, own, done)  # type: ignore[arg-type]
+        return _firsts_after_s(deadline, strategy, config, None, sizes, ordered, own, done)  # type: ignore[arg-type]
 
     assert kept(strategy, 0) == pytest.approx(2 * (build + check))
     assert kept(strategy, 2) == 0.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 FIXED_SHARE = 0.3
 """The share of a build's time that does not grow with the graph's size (imports, session
@@ -25,6 +26,11 @@ STOPPED_FACTOR = 2.0
 REFERENCE_SIZE = 30
 """The graph size (modules) a backend's ``typical_build_s`` is given for: a small two-layer
 transformer."""
+
+
+def module_size(module: Any) -> int:
+    """A graph's size as build times grow with it: the modules its module holds."""
+    return sum(1 for _ in module.modules())
 
 
 def scaled(seconds: float, from_size: int, to_size: int) -> float:

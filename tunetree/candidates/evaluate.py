@@ -42,6 +42,7 @@ from .budget import (
     Stopwatch,
     stopped_after,
 )
+from .build_costs import module_size
 from .measure import MeasureConfig, Timing, cycle_calls, measure
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ class GraphSession:
     @functools.cached_property
     def size(self) -> int:
         """The graph's size as build times grow with it: the modules the built module holds."""
-        return sum(1 for _ in self.module.modules())
+        return module_size(self.module)
 
     def _record_build(
         self, backend: Backend, seconds: float, completed: bool = False, stopped: bool = False

@@ -28,6 +28,7 @@ from ..candidates.budget import (
     Stopwatch,
     TimeBreakdown,
 )
+from ..candidates.build_costs import module_size
 from ..candidates.evaluate import CandidateRow, GraphSession, Status
 from ..candidates.measure import MeasureConfig
 from ..candidates.results import GraphCache, GraphResult
@@ -163,7 +164,9 @@ def tune_cut(
     clock = clock or Stopwatch()
     todo = [(p, k, g) for p in info.cut(depth) for k, g in info.modules[p].graphs.items()]
     order = by_time_share(todo) if most_time_first else list(range(len(todo)))
-    digests = {p: structure_digest(find_module(model, p)) for p in {p for p, _, _ in todo}}
+    paths = {p for p, _, _ in todo}
+    digests = {p: structure_digest(find_module(model, p)) for p in paths}
+    sizes = {p: module_size(find_module(model, p)) for p in paths}
     ordered = [todo[i] for i in order]
     own = _own_graphs(ordered, digests, memo)
     parts = _time_parts(ordered, own) if most_time_first else [None] * len(ordered)
@@ -193,14 +196,14 @@ def tune_cut(
             on_build,
             deadline=deadline,
             clock=clock,
-            call_s=graph.total_s / graph.calls if graph.calls else _call_s(info, path),
+            call_s=_graph_call_s(info, path, graph),
             accuracy=accuracy,
         )
         window = (
             deadline.graph_window(
                 own[done],
                 parts[done],
-                _firsts_after_s(deadline, base, measure_config, info, model, ordered, own, done),
+                _firsts_after_s(deadline, base, measure_config, info, sizes, ordered, own, done),
             )
             if deadline is not None
             else nullcontext()
@@ -244,7 +247,7 @@ def _firsts_after_s(
     base: Strategy,
     measure_config: MeasureConfig,
     info: ModelInfo,
-    model: Any,
+    sizes: dict[str, int],
     ordered: list[tuple[str, Any, Any]],
     own: list[int],
     done: int,
@@ -263,11 +266,16 @@ def _firsts_after_s(
     total = 0.0
     for (path, _, graph), tuned in zip(ordered[done + 1 :], full[done + 1 :], strict=True):
         if tuned:
-            size = sum(1 for _ in find_module(model, path).modules())
+            size = sizes[path]
             total += min(deadline.expected_build_s(b.name, size, b.build_prior_s()) for b in others)
-            call_s = graph.total_s / graph.calls if graph.calls else _call_s(info, path)
+            call_s = _graph_call_s(info, path, graph)
             total += screening.least_s(2, call_s, max(1, len(graph.samples)))
     return total
+
+
+def _graph_call_s(info: ModelInfo, path: str, graph: Any) -> float:
+    """About one eager call of ``graph``: from its own inspection timings, else its module's."""
+    return graph.total_s / graph.calls if graph.calls else _call_s(info, path)
 
 
 def _time_parts(todo: list[tuple[str, Any, Any]], own: list[int]) -> list[float | None]:
