@@ -214,9 +214,11 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
     call = _calls_of(label, args.cache)(tokens)
     _reset_peak(device)
     resident_before = torch.cuda.memory_allocated() if device == "cuda" else 0
-    trace = memory_trace.traced() if args.memory_trace else contextlib.nullcontext()
+    trace: contextlib.AbstractContextManager[dict[str, Any]] = (
+        memory_trace.traced() if args.memory_trace else contextlib.nullcontext({})
+    )
     start = time.perf_counter()
-    with trace:
+    with trace as recorded:
         result = tt.auto_tune(
             model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
             cache=False, verbose=args.verbose, device=device,
@@ -224,7 +226,7 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
     setup[label] = time.perf_counter() - start
     tuning_peak = _peak_gib(device)
     if args.memory_trace:
-        print(memory_trace.peak_breakdown(resident_before), flush=True)
+        print(memory_trace.peak_breakdown(recorded["snapshot"], resident_before), flush=True)
         print(memory_trace.held_by(result, model, device), flush=True)
     if device == "cuda":
         captures, size = _static_bytes(result.model)

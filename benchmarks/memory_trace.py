@@ -34,18 +34,25 @@ class _MemoryLog(logging.Handler):
 
 
 @contextlib.contextmanager
-def traced(max_entries: int = 2_000_000) -> Iterator[None]:
-    """Record allocations and annotate tunetree's log with memory while the block runs."""
+def traced(max_entries: int = 2_000_000) -> Iterator[dict[str, Any]]:
+    """Record allocations and annotate tunetree's log with memory while the block runs.
+
+    Yields a dict that holds the allocator's snapshot (``"snapshot"``) once the block ends;
+    recording stops then, also when the block raises.
+    """
     logger = logging.getLogger("tunetree")
     handler = _MemoryLog(level=logging.INFO)
     level = logger.level
     logger.addHandler(handler)
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)
+    recorded: dict[str, Any] = {}
     torch.cuda.memory._record_memory_history(max_entries=max_entries, stacks="python")
     try:
-        yield
+        yield recorded
     finally:
+        recorded["snapshot"] = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
         logger.removeHandler(handler)
         logger.setLevel(level)
 
@@ -60,13 +67,11 @@ def _site(frames: list[dict[str, Any]]) -> tuple[str, str]:
     return where, chain
 
 
-def peak_breakdown(base_bytes: int, top: int = 15) -> str:
-    """Stop recording; the allocations alive at the recorded peak, grouped by the code behind them.
+def peak_breakdown(snapshot: dict[str, Any], base_bytes: int, top: int = 15) -> str:
+    """The allocations alive at the recorded peak of ``snapshot``, by the code behind them.
 
     ``base_bytes`` is what was allocated when recording began (its blocks have no recorded stack).
     """
-    snapshot = torch.cuda.memory._snapshot()
-    torch.cuda.memory._record_memory_history(enabled=None)
     events = [e for trace in snapshot.get("device_traces", []) for e in trace]
     current = peak = 0
     peak_at = -1
