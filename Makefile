@@ -9,12 +9,17 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch first, pinned: on these machines 2.13.0 installs a CPU build from a local file in
-# seconds, while an unpinned torch would pull a CUDA build of several GB.
-$(STAMP): pyproject.toml
+# seconds, while an unpinned torch would pull a CUDA build of several GB. transformers is
+# pinned for development and CI as well (the package itself accepts >=4.44): its minor
+# releases change cache internals (5.25 gave Mamba's cache layers a token counter tensor),
+# so CI tests the release we last checked, and a new one is taken on by changing the pin.
+TRANSFORMERS_PIN := transformers==5.25.0
+
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[openvino,onnx,ao,plot,remote,fleet,dev]' 'torch==2.13.0'
+	$(PY) -m pip install -q -e '.[openvino,onnx,ao,plot,remote,fleet,dev]' 'torch==2.13.0' '$(TRANSFORMERS_PIN)'
 	touch $(STAMP)
 
 demo: setup

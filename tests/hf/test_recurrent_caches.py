@@ -8,6 +8,8 @@ left out, and even eager was rejected ("output structure differs at output.cache
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -60,10 +62,13 @@ def test_a_mamba_cache_is_keyed_cloned_and_compared_by_its_states() -> None:
         out = model(**prompt(2, 6, 0), use_cache=True)
     cache = out.past_key_values
     leaves, _ = flatten(cache)
-    states = [t for t in leaves if isinstance(t, torch.Tensor)]
+    tensors = [t for t in leaves if isinstance(t, torch.Tensor)]
+    states = [t for t in tensors if t.is_floating_point()]
     assert len(states) == 4  # a conv and an SSM state per layer
+    # transformers 5.25 adds a 0-d token counter per layer (``cumulative_length_linear``):
+    # it is data too, so the key counts every tensor the cache holds.
     key = GraphKey.of((cache,), {})
-    assert "DynamicCache(4 tensors" in str(key)
+    assert f"DynamicCache({len(tensors)} tensors" in str(key)
     twin = detach_clone(cache)
     assert compare(cache, twin).ok
     twin.layers[1].recurrent_states[0] += 1.0
@@ -89,7 +94,8 @@ def test_mamba_generate_tunes_with_identical_tokens() -> None:
         verbose=False,
     )
     graphs = result.graphs[0]
-    decode = [g for g in graphs if "DynamicCache(4 tensors" in str(g.graph.key)]
+    # The decode step's cache holds the float states (the prefill's holds at most counters).
+    decode = [g for g in graphs if re.search(r"DynamicCache\(\d+ tensors: f32", str(g.graph.key))]
     assert decode, [str(g.graph.key) for g in graphs]
     for graph in graphs:
         assert all(r.status is tt.Status.OK for r in graph.rows), graph.rows
