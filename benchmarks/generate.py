@@ -212,31 +212,13 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
         _warm_static(model, unseen, batches, tokens, device, setup, approaches)
     label = "tunetree" if args.cache == "dynamic" else f"tunetree {args.cache}"
     call = _calls_of(label, args.cache)(tokens)
-    _reset_peak(device)
-    resident_before = torch.cuda.memory_allocated() if device == "cuda" else 0
-    trace: contextlib.AbstractContextManager[dict[str, Any]] = (
-        memory_trace.traced() if args.memory_trace else contextlib.nullcontext({})
-    )
+    objects_before = len(gc.get_objects())
     start = time.perf_counter()
-    with trace as recorded:
-        result = tt.auto_tune(
-            model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
-            cache=False, verbose=args.verbose, device=device,
-        )  # fmt: skip
+    result, tuning_peak = _tune(model, tuning, call, eager_peak, args)
     setup[label] = time.perf_counter() - start
-    tuning_peak = _peak_gib(device)
-    if args.memory_trace:
-        print(memory_trace.peak_breakdown(recorded["snapshot"], resident_before), flush=True)
-        print(memory_trace.held_by(result, model, device), flush=True)
-    if device == "cuda":
-        captures, size = _static_bytes(result.model)
-        resident = (torch.cuda.memory_allocated() - resident_before) / 2**30
-        print(f"memory: peak while tuning {tuning_peak:.2f} GiB, eager generate {eager_peak:.2f} "
-              f"GiB; held before tuning {resident_before / 2**30:.2f} GiB (the model and "
-              f"what eager left); held after tuning {resident:.2f} GiB more, of which "
-              f"{captures} captures' static inputs {size / 2**30:.2f} GiB")  # fmt: skip
-    print(result)
-    print(result.timing())
+    if args.slowdown_probe:
+        _slowdown_probe(model, result, unseen, tokens, args, before, objects_before)
+        return []
     if not args.skip_static and not args.static_first:
         # HF's side warms up after tuning, so that what its compile holds is not in tuning's peak.
         _warm_static(model, unseen, batches, tokens, device, setup, approaches)
@@ -305,6 +287,87 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
             times = _time(model, _generate, unseen[row["batch"]], tokens, device, args.rounds)
             row["eager after undo ms"] = round(_per_token(times), 3)
     return rows
+
+
+def _tune(
+    model: Any,
+    tuning: list[dict[str, Any]],
+    call: Any,
+    eager_peak: float | None,
+    args: argparse.Namespace,
+) -> tuple[Any, float | None]:
+    """``tt.auto_tune`` on the tuning prompts; its result and the peak memory while tuning."""
+    device = args.device
+    _reset_peak(device)
+    resident_before = torch.cuda.memory_allocated() if device == "cuda" else 0
+    trace: contextlib.AbstractContextManager[dict[str, Any]] = (
+        memory_trace.traced() if args.memory_trace else contextlib.nullcontext({})
+    )
+    with trace as recorded:
+        result = tt.auto_tune(
+            model, tuning, call=call, max_depth=args.max_depth, time_budget=args.budget,
+            cache=False, verbose=args.verbose, device=device,
+        )  # fmt: skip
+    tuning_peak = _peak_gib(device)
+    if args.memory_trace:
+        print(memory_trace.peak_breakdown(recorded["snapshot"], resident_before), flush=True)
+        print(memory_trace.held_by(result, model, device), flush=True)
+    if device == "cuda":
+        _print_memory(result, tuning_peak, eager_peak, resident_before)
+    print(result)
+    print(result.timing())
+    return result, tuning_peak
+
+
+def _print_memory(
+    result: Any, tuning_peak: float | None, eager_peak: float | None, resident_before: int
+) -> None:
+    """CUDA: tuning's peak beside eager's, and what the tuned result holds."""
+    captures, size = _static_bytes(result.model)
+    resident = (torch.cuda.memory_allocated() - resident_before) / 2**30
+    print(f"memory: peak while tuning {tuning_peak:.2f} GiB, eager generate {eager_peak:.2f} "
+          f"GiB; held before tuning {resident_before / 2**30:.2f} GiB (the model and "
+          f"what eager left); held after tuning {resident:.2f} GiB more, of which "
+          f"{captures} captures' static inputs {size / 2**30:.2f} GiB")  # fmt: skip
+
+
+def _slowdown_probe(
+    model: Any,
+    result: Any,
+    unseen: dict[int, dict[str, Any]],
+    tokens: int,
+    args: argparse.Namespace,
+    before: dict[int, float],
+    objects_before: int,
+) -> None:
+    """Eager again right after tuning, nothing else compiled: is the untuned model slower, and why?
+
+    Timed with the tuned result alive (collector on, then off), then with it undone and freed.
+    """
+    device, rounds = args.device, args.rounds
+
+    def eager(label: str) -> None:
+        ms = {
+            b: round(_per_token(_time(model, _generate, unseen[b], tokens, device, rounds)), 3)
+            for b in unseen
+        }
+        ratio = {b: round(ms[b] / before[b], 3) for b in ms}
+        print(f"slowdown probe: eager {label}: ms per new token {ms}, over before {ratio}; "
+              f"{len(gc.get_objects())} objects tracked (before tuning {objects_before})",
+              flush=True)  # fmt: skip
+
+    eager("after tuning, result alive")
+    gc.disable()
+    try:
+        eager("after tuning, result alive, collector off")
+    finally:
+        gc.enable()
+    result.undo()
+    del result
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    eager("after tuning, result undone and freed")
 
 
 def _warm_static(
@@ -383,6 +446,10 @@ def main() -> None:
         "--memory-trace", action="store_true",
         help="CUDA: memory per tuning phase, and what is alive at the peak by the code behind it",
     )  # fmt: skip
+    p.add_argument(
+        "--slowdown-probe", action="store_true",
+        help="time eager right after tuning (result alive, collector off, result freed), then stop",
+    )  # fmt: skip
     p.add_argument("--quick", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--out", type=Path, default=None)
@@ -395,6 +462,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for name in args.models.split(","):
         rows += run(name, builders[name], args)
+        if not rows:
+            continue
         print(format_table(list(rows[0]), [list(r.values()) for r in rows], title="generate"))
         common.write_json(args.out, "generate.json", {"header": header, "rows": rows})
 

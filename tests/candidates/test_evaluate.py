@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import gc
+from typing import Any, ClassVar
 
 import pytest
 import torch
 from torch import nn
 
-from tests.fakes import Delayed
+from tests.fakes import Delayed, Failing, _FnRunner
+from tunetree.backends.base import Backend, Runner
 from tunetree.candidates import evaluate
 from tunetree.candidates.evaluate import CandidateRow, GraphSession, Status, close_race
 from tunetree.candidates.measure import MeasureConfig, Timing
+from tunetree.signature.binding import original_forward
 from tunetree.signature.graph import Graph, Sample
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
@@ -65,3 +69,62 @@ def test_a_close_race_is_measured_again_with_more_trials(
     else:
         assert seen[1:] == []
     assert all(r.timing is not None for r in rows)
+
+
+def outputs_alive() -> int:
+    """Tensors shaped like :func:`three_samples`' outputs, eager's three references included."""
+    return sum(
+        1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.shape == OUTPUT_SHAPE
+    )
+
+
+OUTPUT_SHAPE = (2, 7)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tracked(Backend):
+    """Eager's forward, off by ``offset``; counts the outputs alive when it is called."""
+
+    kind: ClassVar[str] = "test-tracked"
+    offset: float = 0.0
+    alive: list[int] = dataclasses.field(default_factory=list, compare=False, repr=False)
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        forward = original_forward(module)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.alive.append(outputs_alive() - len(graph.outputs))
+            return forward(*args, **kwargs) + self.offset
+
+        return _FnRunner(self, run)
+
+
+def three_samples() -> GraphSession:
+    module = nn.Linear(4, OUTPUT_SHAPE[1]).eval()
+    samples = [Sample((torch.randn(2, 4),)) for _ in range(3)]
+    with torch.no_grad():
+        graph = Graph(samples[0].key, samples, [module(*s.args) for s in samples])
+    return GraphSession(module, "", graph, torch.device("cpu"), measure_config=MeasureConfig())
+
+
+def test_a_candidates_outputs_are_judged_one_at_a_time() -> None:
+    # A decode step's output holds the whole cache: keeping every sample's until all had run
+    # made them a large part of tuning's peak device memory.
+    backend = Tracked()
+    row = three_samples().evaluate(backend)
+    assert row.status is Status.OK, row.reason
+    assert backend.alive[:3] == [0, 0, 0]  # the recorded samples; probes come after
+
+
+def test_the_first_mismatching_sample_rejects_a_candidate_and_is_named() -> None:
+    backend = Tracked(offset=1.0)
+    row = three_samples().evaluate(backend)
+    assert row.status is Status.REJECTED
+    assert row.reason.startswith("sample 0: ")
+    assert len(backend.alive) == 1  # the other samples were not run
+    assert row.max_abs_diff == pytest.approx(1.0)
+
+
+def test_a_runner_failing_on_a_sample_is_a_run_failure() -> None:
+    row = three_samples().evaluate(Failing(stage="run"))
+    assert row.status is Status.FAILED and row.reason.startswith("run: ")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+import pytest
 import torch
 from torch import nn
 
@@ -13,7 +14,8 @@ from tunetree.backends.base import Backend, Runner
 from tunetree.backends.eager import Eager
 from tunetree.candidates.evaluate import Status
 from tunetree.signature.binding import original_forward
-from tunetree.signature.graph import Graph, GraphKey
+from tunetree.signature.graph import Graph, GraphKey, Sample, flatten
+from tunetree.signature.probes import checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,3 +102,22 @@ def test_value_probes_eager_cannot_answer_are_skipped() -> None:
     # negated inputs make log() nan: not valid inputs, so they reject nothing
     result = quick_tune(Log().eval(), [torch.rand(3, 8) + 1], [ClampedLog(), Eager()])
     assert result.graphs[0].rows[0].status is Status.OK
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_probes_of_a_device_graph_wait_in_host_memory_and_are_used_on_the_device() -> None:
+    # A decode step's probes and eager's outputs on them each hold a whole cache: kept on the
+    # device for every graph, they were a large part of tuning's peak device memory.
+    module = nn.Linear(4, 3).cuda().eval()
+    samples = [Sample((torch.randn(2, 4, device="cuda"),)) for _ in range(2)]
+    with torch.no_grad():
+        graph = Graph(samples[0].key, samples, [module(*s.args) for s in samples])
+    used = list(checks(module, graph))
+    assert used and graph.checks is not None
+    kept, _ = flatten([(s.args, out) for _, s, out in graph.checks])
+    assert all(t.device.type == "cpu" for t in kept if isinstance(t, torch.Tensor))
+    for _, sample, expected in used:
+        assert sample.args[0].is_cuda and expected.is_cuda
+        with torch.no_grad():
+            assert torch.allclose(module(*sample.args), expected)

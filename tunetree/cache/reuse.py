@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from ..backends.base import Backend, Runner
-from ..candidates.evaluate import CandidateRow, GraphSession, Status
+from ..candidates.evaluate import CandidateRow, GraphSession, RunError, Status
 from ..candidates.strategy import Strategy
 from ..errors import BackendError
 from ..runtime.artifacts import (
@@ -26,7 +24,6 @@ from ..runtime.artifacts import (
     remove_with,
 )
 from ..signature.compare import Comparison
-from ..signature.graph import detach_clone
 from .entry import CandidateRecord, EntryManifest
 from .store import CacheStore
 
@@ -116,9 +113,10 @@ def _validate(
 
     Returns the comparison and the error in an accuracy budget's module metric (None without).
     """
-    with torch.no_grad():
-        outputs = [detach_clone(s.run(runner)) for s in session.graph.samples]
-    reason, max_diff, error = session.judge(backend, outputs)
+    try:
+        reason, max_diff, error = session.run_judged(backend, runner)
+    except RunError as exc:
+        raise exc.cause from exc
     return Comparison(not reason, max_diff, reason), error
 
 

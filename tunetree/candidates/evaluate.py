@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from .._util.table import format_seconds
 from ..accuracy import AccuracyBudget, output_error
 from ..backends.base import Backend, Runner
 from ..signature.compare import Tolerances, compare_all
-from ..signature.graph import Graph, Sample, batch_size, detach_clone
+from ..signature.graph import Graph, Sample, batch_size
 from ..signature.probes import checks
 from ..signature.shapes import sizes_of
 from ..signature.state import process_state_kept
@@ -109,6 +109,25 @@ class CandidateRow:
     def latency_text(self) -> str:
         """The measured latency as the table shows it."""
         return str(self.timing) if self.timing else format_seconds(None)
+
+
+class Verdict(NamedTuple):
+    """How a candidate's outputs of a graph's samples compare with eager's."""
+
+    reason: str
+    """Why they are not acceptable ("" when they are)."""
+    max_abs_diff: float
+    """The largest absolute difference from eager's."""
+    error: float | None
+    """Under an accuracy budget, the largest error in its module metric (else None)."""
+
+
+class RunError(Exception):
+    """A runner raised on a recorded sample (its candidate's row says ``run: ...``)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
 
 
 @dataclass
@@ -263,14 +282,14 @@ class GraphSession:
         return config.least_s(candidates, self.call_s, len(self.graph.samples))
 
     def _checked(
-        self, backend: Backend, runner: Runner, outputs: list[Any], build_s: float
+        self, backend: Backend, runner: Runner, verdict: Verdict, build_s: float
     ) -> CandidateRow:
         """The row of a built candidate: rejected unless its outputs and probes match eager.
 
         Under an accuracy budget a results-changing candidate matches when its error is within
         the budget's module limit.
         """
-        reason, max_diff, error = self.judge(backend, outputs)
+        reason, max_diff, error = verdict
         if not reason:
             reason = self.probe_failure(runner) or ""
         if reason:
@@ -322,19 +341,50 @@ class GraphSession:
             f"the budget's module limit {limit:g}"
         )
 
-    def _build_and_run(self, backend: Backend) -> tuple[Runner, list[Any]] | CandidateRow:
-        """Build ``backend``'s runner and run it on every sample; a failure is a row."""
+    def _build_and_run(self, backend: Backend) -> tuple[Runner, Verdict] | CandidateRow:
+        """Build ``backend``'s runner, run it on every sample and judge its outputs.
+
+        A failure to build or to run is a row.
+        """
         try:
             runner = backend.build(self.module, self.graph, self.device)
         except Exception as exc:  # any backend error becomes a row
             return self._failed(backend, "build", exc)
         try:
-            with torch.no_grad():
-                # Snapshots: a runner may hand back state its next call updates (a cache).
-                outputs = [detach_clone(s.run(runner)) for s in self.graph.samples]
-        except Exception as exc:
-            return self._failed(backend, "run", exc)
-        return runner, outputs
+            verdict = self.run_judged(backend, runner)
+        except RunError as exc:
+            return self._failed(backend, "run", exc.cause)
+        return runner, verdict
+
+    def run_judged(self, backend: Backend, runner: Runner) -> Verdict:
+        """``runner`` run on every recorded sample, each output judged as it comes.
+
+        Only one candidate output is alive at a time: a decode step's output holds the whole
+        cache, and keeping every sample's copy until all had run made those copies a large part
+        of tuning's peak device memory. The verdict is that of :meth:`judge` over all samples:
+        the first mismatch decides (its sample named), the largest difference and, under an
+        accuracy budget, the largest error. Raises :class:`RunError` when the runner fails.
+        """
+        samples, references = self.graph.samples, self.graph.outputs
+        reason, worst, error = "", 0.0, None
+        for i, (sample, reference) in enumerate(zip(samples, references, strict=True)):
+            try:
+                with torch.no_grad():
+                    output = sample.run(runner)
+            except Exception as exc:
+                raise RunError(exc) from exc
+            wrong, diff, err = self.judge(backend, [output], [reference])
+            del output
+            worst = max(worst, diff)
+            if err is not None:
+                error = err if error is None else max(error, err)
+            if wrong and not reason:
+                reason = (f"sample {i}: " if len(samples) > 1 else "") + wrong
+                if self.accuracy is None:
+                    break  # nothing more to learn: the first mismatch rejects it
+        if self._budgeted(backend):
+            reason = self._over_limit(error)
+        return Verdict(reason, worst, error)
 
     def _failed(self, backend: Backend, stage: str, exc: Exception) -> CandidateRow:
         """The row of a failed candidate; one log line says why, the debug log all of it."""

@@ -10,13 +10,14 @@ Eager's outputs are computed once per graph with the module's original forward.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
 
 from .binding import original_forward
-from .graph import Graph, flatten
+from .graph import Graph, Sample, flatten, to_device
 from .shapes import keep_links, largest, linked_dims, probe_sizes, resize, value_probes
 
 log = logging.getLogger(__name__)
@@ -25,16 +26,43 @@ Check = tuple[str, Any, Any]
 """(label naming the probe, :class:`~tunetree.signature.graph.Sample`, eager's output on it)."""
 
 
-def checks(module: nn.Module, graph: Graph) -> list[Check]:
-    """The probe calls of ``graph`` with eager's outputs (computed once, kept on the graph)."""
+def checks(module: nn.Module, graph: Graph) -> Iterator[Check]:
+    """The probe calls of ``graph`` with eager's outputs, one at a time on the graph's device.
+
+    They are computed once and kept on the graph. On an accelerator they are kept in host
+    memory and each is moved back when it is used: a decode step's probes and eager's outputs
+    each hold a whole cache, and kept on the device for every graph they were a large part of
+    tuning's peak device memory.
+    """
     if graph.checks is None:
         graph.checks = _build(module, graph)
-    return graph.checks
+    device = _device_of(graph.samples[0])
+    for label, sample, expected in graph.checks:
+        if device is None:
+            yield label, sample, expected
+        else:
+            yield label, sample.to(device), to_device(expected, device)
+
+
+def _device_of(sample: Sample) -> torch.device | None:
+    """The accelerator ``sample``'s tensors are on, or None when they are in host memory."""
+    leaves, _ = flatten((sample.args, sample.kwargs))
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor) and leaf.device.type not in ("cpu", "meta"):
+            return leaf.device
+    return None
 
 
 def _build(module: nn.Module, graph: Graph) -> list[Check]:
     forward = original_forward(module)
+    park = _device_of(graph.samples[0]) is not None
     found: list[Check] = []
+
+    def keep(label: str, sample: Sample, output: Any) -> None:
+        if park:
+            sample, output = sample.to("cpu"), to_device(output, "cpu")
+        found.append((label, sample, output))
+
     if graph.key.is_dynamic:
         base = largest(graph.samples)
         linked = linked_dims(graph.samples, graph.key)
@@ -43,11 +71,11 @@ def _build(module: nn.Module, graph: Graph) -> list[Check]:
             sample = resize(base, graph.key, sizes)
             output = _eager(forward, sample, label)
             if output is not None:
-                found.append((label, sample, output))
+                keep(label, sample, output)
     for sample in value_probes(graph.samples[0]):
         output = _eager(forward, sample, "value probe")
         if output is not None and (_finite(output) or not _finite(graph.outputs[0])):
-            found.append(("value probe", sample, output))
+            keep("value probe", sample, output)
     return found
 
 
