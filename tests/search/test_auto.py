@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import gc
+import types
+
 import pytest
 import torch
 
@@ -8,6 +11,7 @@ from tests.clock import VirtualClock
 from tests.fakes import Busy, Delayed, Shortcut, spin
 from tunetree.candidates.budget import TIME_BUDGET_ERROR
 from tunetree.runtime.wrap import dispatcher_of, wrapped_paths
+from tunetree.signature.graph import Graph, Sample
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
 """Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
@@ -259,3 +263,33 @@ def test_nothing_is_tuned_or_measured_when_no_candidate_but_eager_can_run() -> N
     assert all(r.status is tt.DepthStatus.SKIPPED for r in result.rows)
     assert "tf32: TF32 is a CUDA feature" in result.rows[0].error
     assert "no candidate but eager can run on cpu" in str(result)
+
+
+def _reachable(root: object, kinds: tuple[type, ...]) -> int:
+    """How many objects of ``kinds`` ``root`` reaches (Python modules and classes left out)."""
+    seen: set[int] = set()
+    found, frontier = 0, [root]
+    while frontier:
+        following = []
+        for obj in frontier:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            found += isinstance(obj, kinds)
+            if not isinstance(obj, type | types.ModuleType):
+                following.extend(gc.get_referents(obj))
+        frontier = following
+    return found
+
+
+@pytest.mark.parametrize("depth", [0, 1])
+def test_a_served_model_holds_none_of_the_recordings(depth: int) -> None:
+    # A serving process keeps result.model: the recorded calls, eager's outputs and the
+    # probes (for a decode step, each a copy of the cache) stay with the result alone.
+    model = two_level(root_tuned=10 * MS, kid_tuned=4.9 * MS)
+    result = auto(model, max_depth=1)
+    recordings = (Graph, Sample)
+    assert _reachable(result, recordings) > 0
+    served = result.use(depth)
+    assert dispatcher_of(served) is not None or wrapped_paths(served)
+    assert _reachable(served, recordings) == 0
