@@ -72,13 +72,13 @@ def test_a_close_race_is_measured_again_with_more_trials(
 
 
 def outputs_alive() -> int:
-    """Tensors shaped like :func:`three_samples`' outputs, eager's three references included."""
+    """Tensors shaped like :func:`three_samples`' outputs (eager's references among them)."""
     return sum(
         1 for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.shape == OUTPUT_SHAPE
     )
 
 
-OUTPUT_SHAPE = (2, 7)
+OUTPUT_SHAPE = (3, 11)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Tracked(Backend):
         forward = original_forward(module)
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            self.alive.append(outputs_alive() - len(graph.outputs))
+            self.alive.append(outputs_alive())
             return forward(*args, **kwargs) + self.offset
 
         return _FnRunner(self, run)
@@ -101,7 +101,7 @@ class Tracked(Backend):
 
 def three_samples() -> GraphSession:
     module = nn.Linear(4, OUTPUT_SHAPE[1]).eval()
-    samples = [Sample((torch.randn(2, 4),)) for _ in range(3)]
+    samples = [Sample((torch.randn(OUTPUT_SHAPE[0], 4),)) for _ in range(3)]
     with torch.no_grad():
         graph = Graph(samples[0].key, samples, [module(*s.args) for s in samples])
     return GraphSession(module, "", graph, torch.device("cpu"), measure_config=MeasureConfig())
@@ -110,10 +110,12 @@ def three_samples() -> GraphSession:
 def test_a_candidates_outputs_are_judged_one_at_a_time() -> None:
     # A decode step's output holds the whole cache: keeping every sample's until all had run
     # made them a large part of tuning's peak device memory.
-    backend = Tracked()
-    row = three_samples().evaluate(backend)
+    backend, session = Tracked(), three_samples()
+    before = outputs_alive()  # eager's three references, and any other test's left alive
+    row = session.evaluate(backend)
     assert row.status is Status.OK, row.reason
-    assert backend.alive[:3] == [0, 0, 0]  # the recorded samples; probes come after
+    # At each recorded sample's run no earlier output is alive (probes run after them).
+    assert backend.alive[:3] == [before] * 3
 
 
 def test_the_first_mismatching_sample_rejects_a_candidate_and_is_named() -> None:
