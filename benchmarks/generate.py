@@ -31,6 +31,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
 
 import argparse
 import contextlib
+import copy
 import functools
 import gc
 import statistics
@@ -205,6 +206,8 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
         for b in batches
     }
     print(f"eager before tuning, ms per new token: {before}")
+    if device == "cpu":
+        print(_roofline(model, before, _prompt(vocab, 1, unseen_length, 7, device)), flush=True)
 
     approaches: dict[str, Any] = {"eager": model}
     setup: dict[str, float] = {}
@@ -287,6 +290,80 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
             times = _time(model, _generate, unseen[row["batch"]], tokens, device, args.rounds)
             row["eager after undo ms"] = round(_per_token(times), 3)
     return rows
+
+
+def _weight_bytes_per_token(model: Any) -> int:
+    """Bytes of weights a decode step reads: every parameter storage once, except an input
+    embedding table that is not also the output head (a step gathers a few of its rows)."""
+    storages = {p.untyped_storage().data_ptr(): p.nbytes for p in model.parameters()}
+    embedding = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    if head is None or head.weight.untyped_storage().data_ptr() != embedding.data_ptr():
+        storages.pop(embedding.untyped_storage().data_ptr(), None)
+    return sum(storages.values())
+
+
+def _read_gbs(nbytes: int, repeats: int = 9) -> dict[str, float]:
+    """This machine's read bandwidth over ``nbytes`` of fp32, with torch's threads: a sum, and a
+    matrix-vector product (what a batch-1 decode step's linear layers are). Medians."""
+    columns = 1024
+    weights = torch.randn(max(1, nbytes // 4 // columns), columns)
+    vector = torch.randn(columns)
+    found = {}
+    for label, fn in (("sum", weights.sum), ("matrix-vector", lambda: weights @ vector)):
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        found[label] = weights.nbytes / statistics.median(times) / 1e9
+    return found
+
+
+def _matmul_ms(model: Any, prompt: dict[str, Any], steps: int = 5) -> tuple[float, float]:
+    """Eager's batch-1 decode step profiled: (ms per step, of which ms in matrix products)."""
+    with torch.no_grad():
+        out = model(**prompt, use_cache=True)
+        cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+        mask = torch.ones(1, prompt["input_ids"].shape[1] + 1, dtype=torch.long)
+
+        def step() -> None:
+            model(input_ids=token, attention_mask=mask, past_key_values=copy.deepcopy(cache))
+
+        step()
+        with torch.profiler.profile() as profile:
+            for _ in range(steps):
+                step()
+    events = profile.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) / 1e3 / steps
+    products = ("aten::mm", "aten::addmm", "aten::bmm", "aten::linear")
+    matmul = sum(e.self_cpu_time_total for e in events if e.key in products) / 1e3 / steps
+    return total, matmul
+
+
+def _roofline(model: Any, before: dict[int, float], prompt: dict[str, Any]) -> str:
+    """CPU: how close eager's batch-1 decode is to reading its weights at the machine's speed.
+
+    A batch-1 step reads every weight once; when eager's matrix products already read them near
+    the machine's bandwidth, a backend that keeps fp32 weights (the results) gains only what
+    the rest of the step costs.
+    """
+    nbytes = _weight_bytes_per_token(model)
+    machine = _read_gbs(nbytes)
+    eager = {b: nbytes / (ms * 1e-3) / 1e9 for b, ms in before.items()}
+    best = max(machine.values())
+    step_ms, matmul_ms = _matmul_ms(model, prompt)
+    return (
+        f"roofline: a decode step reads {nbytes / 1e6:.0f} MB of weights; eager reads them at "
+        + ", ".join(f"{gbs:.1f} GB/s (batch {b})" for b, gbs in eager.items())
+        + "; this machine reads fp32 at "
+        + ", ".join(f"{gbs:.1f} GB/s ({label})" for label, gbs in machine.items())
+        + f"; so at fp32, batch 1 can be at most about {best / eager[min(eager)]:.2f}x eager. "
+        + f"Eager's batch-1 step, profiled: {step_ms:.1f} ms, of which {matmul_ms:.1f} ms in "
+        + f"matrix products ({nbytes / (matmul_ms * 1e-3) / 1e9:.1f} GB/s); with those at the "
+        + f"machine's best and nothing else, {step_ms / (nbytes / best / 1e6):.2f}x"
+    )
 
 
 def _tune(

@@ -22,7 +22,7 @@ from tunetree.candidates.measure import Timing
 from tunetree.candidates.results import GraphResult
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.search.endtoend import UNTUNED
-from tunetree.search.rival import SELECTED, WHOLE_MODEL, whole_model_plan
+from tunetree.search.rival import SELECTED, WHOLE_MODEL, decide, whole_model_plan
 from tunetree.signature.binding import original_forward
 from tunetree.signature.graph import Graph, GraphKey, Sample
 
@@ -179,6 +179,26 @@ def test_within_the_tie_tolerance_the_whole_model_backend_is_kept(
     calls: list[set[str]] = []
     result = _auto(monkeypatch, calls, {"depth 0": 8.1, "depth 1": 8.0})  # 1.2% slower
     assert result.depth == 0
+
+
+def test_a_rival_slower_than_the_fastest_untuned_time_is_not_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Beside the rival the untuned model ran slower (30 ms against 20 alone): the rival's
+    21 ms beat that, but not the untuned model's own 20 ms, so it is not kept (it was, at
+    0.95x, on the 2-core Intel Xeon beside ONNX Runtime)."""
+    calls: list[set[str]] = []
+    result = _auto(monkeypatch, calls, {UNTUNED: 30.0, "depth 0": 21.0, "depth 1": 21.5})
+    assert calls[-1] == {UNTUNED, SELECTED, WHOLE_MODEL}
+    assert result.depth == 1 and "kept depth 1" in result.final
+    assert result.speedup is not None and result.speedup > 1.0
+
+
+def test_the_rival_must_beat_the_fastest_untuned_time() -> None:
+    timings = {UNTUNED: _timing(30 * MS), WHOLE_MODEL: _timing(21 * MS)}
+    assert decide(timings, 0.01)  # against the untuned model measured beside it only
+    assert not decide(timings, 0.01, fastest_untuned_s=20 * MS)
+    assert decide(timings, 0.01, fastest_untuned_s=25 * MS)
 
 
 def test_no_final_measurement_when_the_whole_model_backend_is_selected(

@@ -330,7 +330,7 @@ def _finish(
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
     against_fastest_untuned(measured, before)
     selected = select_depth(rows, tie_tolerance)
-    final = _final_check(run, rows, selected, tie_tolerance)
+    final = _final_check(run, rows, selected, tie_tolerance, before)
     if final is not None and final.kept_rival:  # depth 0 now holds the rival, timed again
         selected = 0
         against_fastest_untuned([r for r in rows if r.untuned and r.same_as is None], before)
@@ -360,7 +360,11 @@ def _finish(
 
 
 def _final_check(
-    run: DepthRun, rows: list[DepthRow], selected: int | None, tie_tolerance: float
+    run: DepthRun,
+    rows: list[DepthRow],
+    selected: int | None,
+    tie_tolerance: float,
+    before: Timing,
 ) -> FinalCheck | None:
     """The best whole-model backend of depth 0 beside the selected plan (:mod:`.rival`)."""
     rival = whole_model_plan(run.graphs[0]) if run.accuracy is None and 0 in run.graphs else None
@@ -380,7 +384,9 @@ def _final_check(
         restore=run.restore,
         room=lambda: run.deadline is None or run.deadline.room_for_s(run.reserve_s),
     )
-    final = final_check(final_run, run.plans, selected, rival, tie_tolerance)
+    untuned = [before, *(r.untuned for r in rows if r.untuned is not None and r.same_as is None)]
+    fastest = min(t.median_s for t in untuned)
+    final = final_check(final_run, run.plans, selected, rival, tie_tolerance, fastest)
     if final is not None and final.kept_rival:
         row = next(r for r in rows if r.depth == 0)
         run.plans[0] = rival
