@@ -508,25 +508,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="timed rounds per approach")
     p.add_argument("--skip-static", action="store_true", help="leave out HF's static cache")
     p.add_argument(
-        "--static-first", action="store_true",
-        help="warm HF's static cache up before tuning (the order of sessions 4 and 5)",
-    )  # fmt: skip
-    p.add_argument(
         "--cache", default="static", choices=["static", "dynamic"],
         help="the cache tunetree's generate uses (static: HF's compile off)",
     )  # fmt: skip
-    p.add_argument(
-        "--profile", action="store_true",
-        help="CUDA: profile one generate per approach (wall against GPU kernel time)",
-    )  # fmt: skip
-    p.add_argument(
-        "--memory-trace", action="store_true",
-        help="CUDA: memory per tuning phase, and what is alive at the peak by the code behind it",
-    )  # fmt: skip
-    p.add_argument(
-        "--slowdown-probe", action="store_true",
-        help="time eager right after tuning (result alive, collector off, result freed), then stop",
-    )  # fmt: skip
+    switches = {
+        "--static-first": "warm HF's static cache up before tuning (the order of sessions 4, 5)",
+        "--profile": "CUDA: profile one generate per approach (wall against GPU kernel time)",
+        "--memory-trace": "CUDA: memory per tuning phase, and what is alive at the peak by the "
+        "code behind it",
+        "--slowdown-probe": "time eager right after tuning (result alive, collector off, result "
+        "freed), then stop",
+    }
+    for flag, text in switches.items():
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--out", type=Path, default=None)
