@@ -121,3 +121,15 @@ def test_probes_of_a_device_graph_wait_in_host_memory_and_are_used_on_the_device
         assert sample.args[0].is_cuda and expected.is_cuda
         with torch.no_grad():
             assert torch.allclose(module(*sample.args), expected)
+
+
+def test_probes_of_a_host_graph_are_used_as_kept() -> None:
+    module = nn.Linear(4, 3).eval()
+    samples = [Sample((torch.randn(2, 4),)) for _ in range(2)]
+    with torch.no_grad():
+        graph = Graph(samples[0].key, samples, [module(*s.args) for s in samples])
+    used = list(checks(module, graph))
+    assert used and graph.checks is not None
+    assert all(
+        u[1] is k[1] and u[2] is k[2] for u, k in zip(used, graph.checks, strict=True)
+    )  # no copies in host memory

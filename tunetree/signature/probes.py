@@ -25,42 +25,52 @@ log = logging.getLogger(__name__)
 Check = tuple[str, Any, Any]
 """(label naming the probe, :class:`~tunetree.signature.graph.Sample`, eager's output on it)."""
 
+HOST = torch.device("cpu")
+"""Where the checks of a graph on an accelerator wait between uses."""
+
 
 def checks(module: nn.Module, graph: Graph) -> Iterator[Check]:
     """The probe calls of ``graph`` with eager's outputs, one at a time on the graph's device.
 
-    They are computed once and kept on the graph. On an accelerator they are kept in host
-    memory and each is moved back when it is used: a decode step's probes and eager's outputs
-    each hold a whole cache, and kept on the device for every graph they were a large part of
-    tuning's peak device memory.
+    They are computed once and kept on the graph. When the graph's calls are on one
+    accelerator, each check wholly on it is kept in host memory and moved back when it is
+    used: a decode step's probes and eager's outputs each hold a whole cache, and kept on the
+    device for every graph they were a large part of tuning's peak device memory. A check
+    with tensors on several devices stays where it is.
     """
     if graph.checks is None:
         graph.checks = _build(module, graph)
-    device = _device_of(graph.samples[0])
+    device = _one_accelerator(graph.samples[0].args, graph.samples[0].kwargs)
     for label, sample, expected in graph.checks:
-        if device is None:
-            yield label, sample, expected
+        if device is not None and _devices(sample.args, sample.kwargs, expected) == {HOST}:
+            yield label, sample.to(device), to_device(expected, device)  # parked by _build
         else:
-            yield label, sample.to(device), to_device(expected, device)
+            yield label, sample, expected
 
 
-def _device_of(sample: Sample) -> torch.device | None:
-    """The accelerator ``sample``'s tensors are on, or None when they are in host memory."""
-    leaves, _ = flatten((sample.args, sample.kwargs))
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor) and leaf.device.type not in ("cpu", "meta"):
-            return leaf.device
-    return None
+def _devices(*trees: Any) -> set[torch.device]:
+    """The devices of the tensors in ``trees``."""
+    leaves, _ = flatten(trees)
+    return {leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor)}
+
+
+def _one_accelerator(*trees: Any) -> torch.device | None:
+    """The accelerator every tensor of ``trees`` is on; None for host memory or a mix."""
+    devices = _devices(*trees)
+    if len(devices) != 1:
+        return None
+    (device,) = devices
+    return None if device.type in ("cpu", "meta") else device
 
 
 def _build(module: nn.Module, graph: Graph) -> list[Check]:
     forward = original_forward(module)
-    park = _device_of(graph.samples[0]) is not None
+    device = _one_accelerator(graph.samples[0].args, graph.samples[0].kwargs)
     found: list[Check] = []
 
     def keep(label: str, sample: Sample, output: Any) -> None:
-        if park:
-            sample, output = sample.to("cpu"), to_device(output, "cpu")
+        if device is not None and _devices(sample.args, sample.kwargs, output) == {device}:
+            sample, output = sample.to(HOST), to_device(output, HOST)
         found.append((label, sample, output))
 
     if graph.key.is_dynamic:
