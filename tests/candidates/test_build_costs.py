@@ -22,7 +22,7 @@ from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline
 from tunetree.candidates.build_costs import REFERENCE_SIZE, BuildCosts, module_size, scaled
 from tunetree.candidates.evaluate import GraphSession, Status
 from tunetree.candidates.measure import Timing
-from tunetree.search.tune import _firsts_after_s, _own_graphs, _time_parts
+from tunetree.search.tune import _firsts_after_s, _own_graphs, _time_parts, _tuned_in_full
 from tunetree.signature.graph import Graph, Sample
 
 MS = 1e-3
@@ -189,7 +189,8 @@ def test_cache_hits_and_twins_take_no_share_of_the_budget() -> None:
     digests = {"a": "x", "b": "x", "c": "y", "d": "y", "e": "z"}
     memo = {("e", 1): object()}
     # b is a's twin, e a hit from another depth: a, c and d are tuned in full.
-    assert _own_graphs(todo, digests, memo) == [3, 2, 2, 1, 0]  # type: ignore[arg-type]
+    full = _tuned_in_full(todo, digests, memo)  # type: ignore[arg-type]
+    assert _own_graphs(full) == [3, 2, 2, 1, 0]
 
 
 def test_a_generate_calls_decode_graph_gets_the_share_of_its_eager_time(clock: Clock) -> None:
@@ -257,12 +258,12 @@ def test_the_time_kept_after_a_graph_is_each_later_graphs_cheapest_first_build_a
     config = tt.MeasureConfig()
     step = _Step()
     ordered = [("0", 1, step), ("1", 1, step), ("1", 2, step), ("0", 2, step)]
-    own = [3, 2, 1, 0]  # the last graph is a twin of an earlier one: it takes no first build
+    full = [True, True, True, False]  # the last graph is a twin: it takes no first build
     build = deadline.expected_build_s(cheap.name, 3, cheap.prior_s)  # module "1": 3 modules
     check = config.screening().least_s(2, 0.1, 2)  # the candidate beside eager, 0.1 s a call
 
     def kept(strategy: tt.HighestThroughputStrategy, done: int) -> float:
-        return _firsts_after_s(deadline, strategy, config, None, sizes, ordered, own, done)  # type: ignore[arg-type]
+        return _firsts_after_s(deadline, strategy, config, None, sizes, ordered, full, done)  # type: ignore[arg-type]
 
     assert kept(strategy, 0) == pytest.approx(2 * (build + check))
     assert kept(strategy, 2) == 0.0
@@ -277,11 +278,11 @@ class _Timed:
 def test_time_parts_follow_eager_time_of_the_graphs_tuned_in_full() -> None:
     todo = [("a", 1, _Timed(9.0)), ("b", 1, _Timed(0.5)), ("c", 1, _Timed(0.5))]
     digests = {"a": "x", "b": "y", "c": "y"}  # c is b's twin: it takes no share
-    own = _own_graphs(todo, digests, None)  # type: ignore[arg-type]
-    assert own == [2, 1, 0]
-    assert _time_parts(todo, own) == [pytest.approx(9.0 / 9.5), pytest.approx(1.0), None]
+    full = _tuned_in_full(todo, digests, None)  # type: ignore[arg-type]
+    assert _own_graphs(full) == [2, 1, 0]
+    assert _time_parts(todo, full) == [pytest.approx(9.0 / 9.5), pytest.approx(1.0), None]
     untimed = [("a", 1, _Timed(0.0)), ("b", 1, _Timed(0.0))]
-    assert _time_parts(untimed, [2, 1]) == [None, None]  # nothing timed: equal shares
+    assert _time_parts(untimed, [True, True]) == [None, None]  # nothing timed: equal shares
 
 
 @dataclasses.dataclass(frozen=True)

@@ -168,8 +168,9 @@ def tune_cut(
     digests = {p: structure_digest(find_module(model, p)) for p in paths}
     sizes = {p: module_size(find_module(model, p)) for p in paths}
     ordered = [todo[i] for i in order]
-    own = _own_graphs(ordered, digests, memo)
-    parts = _time_parts(ordered, own) if most_time_first else [None] * len(ordered)
+    full = _tuned_in_full(ordered, digests, memo)
+    own = _own_graphs(full)
+    parts = _time_parts(ordered, full) if most_time_first else [None] * len(ordered)
     found: dict[int, GraphResult] = {}
     twins: dict[tuple[str, Any], GraphResult] = {}
     started = time.perf_counter()
@@ -203,7 +204,7 @@ def tune_cut(
             deadline.graph_window(
                 own[done],
                 parts[done],
-                _firsts_after_s(deadline, base, measure_config, info, sizes, ordered, own, done),
+                _firsts_after_s(deadline, base, measure_config, info, sizes, ordered, full, done),
             )
             if deadline is not None
             else nullcontext()
@@ -220,10 +221,10 @@ def tune_cut(
     return [found[i] for i in sorted(found)]
 
 
-def _own_graphs(
+def _tuned_in_full(
     todo: list[tuple[str, Any, Any]], digests: dict[str, str], memo: GraphMemo | None
-) -> list[int]:
-    """For each graph of ``todo``, how many from it on are tuned in full (its budget share).
+) -> list[bool]:
+    """For each graph of ``todo``, whether it is tuned in full (takes a share of the budget).
 
     A graph reused from another depth (``memo``) costs nothing, and neither does a twin of one
     before it (same structure, same graph): it races only that one's winner.
@@ -234,12 +235,15 @@ def _own_graphs(
         twin = (digests[path], key)
         full.append(not (memo is not None and (path, key) in memo) and twin not in seen)
         seen.add(twin)
+    return full
+
+
+def _own_graphs(full: list[bool]) -> list[int]:
+    """For each graph, how many from it on are tuned in full: its budget share.
+
+    ``full`` as :func:`_tuned_in_full` gives it.
+    """
     return [sum(full[i:]) for i in range(len(full))]
-
-
-def _tuned_in_full(own: list[int]) -> list[bool]:
-    """Per graph, whether it is tuned in full (``own`` as :func:`_own_graphs` gives it)."""
-    return [own[i] > (own[i + 1] if i + 1 < len(own) else 0) for i in range(len(own))]
 
 
 def _firsts_after_s(
@@ -249,16 +253,16 @@ def _firsts_after_s(
     info: ModelInfo,
     sizes: dict[str, int],
     ordered: list[tuple[str, Any, Any]],
-    own: list[int],
+    full: list[bool],
     done: int,
 ) -> float:
     """What the first candidates of the graphs tuned in full after ``done`` are expected to take.
 
     Per graph, the cheapest expected build of the strategy's backends besides eager (at that
     graph's size) and the short measurement of that candidate beside eager: the graph in
-    progress keeps that much free for them once it has a candidate.
+    progress keeps that much free for them once it has a candidate. ``full`` as
+    :func:`_tuned_in_full` gives it.
     """
-    full = _tuned_in_full(own)
     others = [b for b in base.backends if b.kind != "eager"]
     if not others:
         return 0.0
@@ -278,13 +282,12 @@ def _graph_call_s(info: ModelInfo, path: str, graph: Any) -> float:
     return graph.total_s / graph.calls if graph.calls else _call_s(info, path)
 
 
-def _time_parts(todo: list[tuple[str, Any, Any]], own: list[int]) -> list[float | None]:
+def _time_parts(todo: list[tuple[str, Any, Any]], full: list[bool]) -> list[float | None]:
     """Each graph's part of the eager time of the graphs tuned in full from it on.
 
-    ``own`` counts those graphs, as :func:`_own_graphs` gives it. None (an equal share) where
-    the graph is not tuned in full or nothing was timed.
+    ``full`` says which those are, as :func:`_tuned_in_full` gives it. None (an equal share)
+    where the graph is not tuned in full or nothing was timed.
     """
-    full = _tuned_in_full(own)
     parts: list[float | None] = []
     for i, (_, _, graph) in enumerate(todo):
         left = sum(g.total_s for (_, _, g), f in zip(todo[i:], full[i:], strict=True) if f)
