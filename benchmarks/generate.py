@@ -201,10 +201,7 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
     _reset_peak(device)
     eager_outputs = {b: _generate(tokens)(model, **unseen[b]) for b in batches}
     eager_peak = _peak_gib(device)
-    before = {
-        b: _per_token(_time(model, _generate, unseen[b], tokens, device, args.rounds))
-        for b in batches
-    }
+    before = _eager_ms(model, unseen, tokens, device, args.rounds)
     print(f"eager before tuning, ms per new token: {before}")
     if device == "cpu":
         print(_roofline(model, before, _prompt(vocab, 1, unseen_length, 7, device)), flush=True)
@@ -285,11 +282,20 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
+    after = _eager_ms(model, unseen, tokens, device, args.rounds)
     for row in rows:
         if row["approach"] == "eager":
-            times = _time(model, _generate, unseen[row["batch"]], tokens, device, args.rounds)
-            row["eager after undo ms"] = round(_per_token(times), 3)
+            row["eager after undo ms"] = round(after[row["batch"]], 3)
     return rows
+
+
+def _eager_ms(
+    model: Any, unseen: dict[int, dict[str, Any]], tokens: int, device: str, rounds: int
+) -> dict[int, float]:
+    """Eager ``generate``'s ms per new token on each batch size's unseen prompt."""
+    return {
+        b: _per_token(_time(model, _generate, p, tokens, device, rounds)) for b, p in unseen.items()
+    }
 
 
 def _weight_bytes_per_token(model: Any) -> int:
@@ -298,7 +304,10 @@ def _weight_bytes_per_token(model: Any) -> int:
     storages = {p.untyped_storage().data_ptr(): p.nbytes for p in model.parameters()}
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
-    if head is None or head.weight.untyped_storage().data_ptr() != embedding.data_ptr():
+    tied = head is not None and head.weight.untyped_storage().data_ptr() == (
+        embedding.untyped_storage().data_ptr()
+    )
+    if not tied:
         storages.pop(embedding.untyped_storage().data_ptr(), None)
     return sum(storages.values())
 
@@ -424,10 +433,7 @@ def _slowdown_probe(
     device, rounds = args.device, args.rounds
 
     def eager(label: str) -> None:
-        ms = {
-            b: round(_per_token(_time(model, _generate, unseen[b], tokens, device, rounds)), 3)
-            for b in unseen
-        }
+        ms = {b: round(t, 3) for b, t in _eager_ms(model, unseen, tokens, device, rounds).items()}
         ratio = {b: round(ms[b] / before[b], 3) for b in ms}
         print(f"slowdown probe: eager {label}: ms per new token {ms}, over before {ratio}; "
               f"{len(gc.get_objects())} objects tracked (before tuning {objects_before})",

@@ -122,6 +122,7 @@ def held_by(root: Any, model: Any, device: str = "cuda", top: int = 12) -> str:
     ``model``'s own parameters and buffers are left out. What keeps memory after tuning.
     """
     import gc
+    import types
 
     own = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     seen_storages: set[int] = set()
@@ -147,8 +148,10 @@ def held_by(root: Any, model: Any, device: str = "cuda", top: int = 12) -> str:
                     groups[label][0] += storage.nbytes()
                     groups[label][1] += 1
                 continue
-            if isinstance(obj, type | torch.nn.Module) and obj is not root:
-                continue  # classes and modules: the model's own state, not tuning's
+            if isinstance(obj, type | types.ModuleType):
+                continue  # through a function's globals every module would be reached
+            if isinstance(obj, torch.nn.Module) and obj is not root:
+                continue  # the model's own state, not tuning's
             module = type(obj).__module__ or ""
             here = (
                 f"{type(obj).__name__} ({module.split('.')[-1]})"
