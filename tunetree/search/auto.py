@@ -57,6 +57,7 @@ from .depths import (
     accuracy_record,
     against_fastest_untuned,
     check_outputs,
+    fastest_untuned_s,
     select_depth,
     tune_depths,
 )
@@ -384,8 +385,8 @@ def _final_check(
         restore=run.restore,
         room=lambda: run.deadline is None or run.deadline.room_for_s(run.reserve_s),
     )
-    untuned = [before, *(r.untuned for r in rows if r.untuned is not None and r.same_as is None)]
-    fastest = min(t.median_s for t in untuned)
+    measured = [r for r in rows if r.same_as is None]
+    fastest = fastest_untuned_s(measured, before)
     final = final_check(final_run, run.plans, selected, rival, tie_tolerance, fastest)
     if final is not None and final.kept_rival:
         row = next(r for r in rows if r.depth == 0)

@@ -72,13 +72,18 @@ def against_fastest_untuned(measured: list[DepthRow], before: Timing) -> None:
     would flatter the plan measured with it and choose a depth that is no faster. The untuned
     model is only ever slowed by such company, so its fastest timing is the honest reference.
     """
-    reference = min([before.median_s, *(r.untuned.median_s for r in measured if r.untuned)])
+    reference = fastest_untuned_s(measured, before)
     for row in measured:
         if row.timing is not None and row.timing.median_s > 0:
             row.speedup = reference / row.timing.median_s
         for step in row.steps:
             if step.latency_s:
                 step.speedup = reference / step.latency_s
+
+
+def fastest_untuned_s(measured: list[DepthRow], before: Timing) -> float:
+    """The untuned model's fastest median of the run: before tuning or beside a depth."""
+    return min([before.median_s, *(r.untuned.median_s for r in measured if r.untuned)])
 
 
 @dataclass
