@@ -49,6 +49,7 @@ from tunetree.signature.modules import module_paths
 
 from . import common, memory_trace
 from .generate_models import configs
+from .interleave import timed
 
 
 def _prompt(vocab: int, batch: int, length: int, seed: int, device: str) -> dict[str, Any]:
@@ -321,11 +322,7 @@ def _read_gbs(nbytes: int, repeats: int = 9) -> dict[str, float]:
     found = {}
     for label, fn in (("sum", weights.sum), ("matrix-vector", lambda: weights @ vector)):
         fn()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
+        times = [timed(fn, torch.device("cpu")) for _ in range(repeats)]
         found[label] = weights.nbytes / statistics.median(times) / 1e9
     return found
 

@@ -27,14 +27,15 @@ import argparse
 import functools
 import os
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from . import common
 from .generate_models import configs
+from .interleave import timed
+
+HOST = torch.device("cpu")
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
@@ -54,12 +55,6 @@ def _pass(
                 torch.ops.mkldnn._linear_pointwise(x, packed[i], layer.bias, "none", [], "")
             )
     return outputs
-
-
-def _timed(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -92,7 +87,7 @@ def main() -> None:
                 order = ("plain", "packed") if r % 2 == 0 else ("packed", "plain")
                 for name in order:
                     use = None if name == "plain" else packed
-                    times[name].append(_timed(functools.partial(_pass, layers, inputs, use)))
+                    times[name].append(timed(functools.partial(_pass, layers, inputs, use), HOST))
             plain, fast = (statistics.median(times[n]) for n in ("plain", "packed"))
             speeds = f"{nbytes / plain / 1e9:.1f} | {nbytes / fast / 1e9:.1f}"
             print(f"| {batch} | {plain * 1e3:.2f} | {fast * 1e3:.2f} | {plain / fast:.2f} | "
