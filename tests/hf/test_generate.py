@@ -167,8 +167,11 @@ def test_a_checkpoint_of_a_tuned_generate_keeps_generating_eagers_tokens(tmp_pat
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_decode_steps_on_a_static_cache_replay_a_cuda_graph_with_eagers_tokens() -> None:
-    """The prefill (its cache is initialised on first use) is refused by device graphs with a
-    reason; every decode step replays a captured graph and the tokens equal eager's."""
+    """Every decode step replays a captured graph and the tokens equal eager's.
+
+    A prefill whose cache is initialised on first use is refused by device graphs with that
+    reason; transformers 5 initialises a static cache before the prefill, and then the prefill
+    builds like any other call."""
     model = gpt2().cuda()
     static = {**GENERATE, "cache_implementation": "static", "disable_compile": True}
 
@@ -192,7 +195,7 @@ def test_decode_steps_on_a_static_cache_replay_a_cuda_graph_with_eagers_tokens()
     prefill = [g for g in result.graphs if g not in decode]
     for graph in prefill:
         (row,) = [r for r in graph.rows if r.backend.kind == "device-graph"]
-        assert "initialised on first use" in row.reason
+        assert row.status is tt.Status.OK or "initialised on first use" in row.reason, row.reason
     for p, want in zip(prompts, expected, strict=True):
         assert torch.equal(call(result.model, **p), want)
 

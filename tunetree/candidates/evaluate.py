@@ -23,6 +23,7 @@ from .._util.progress import Progress
 from .._util.table import format_seconds
 from ..accuracy import AccuracyBudget, output_error
 from ..backends.base import Backend, Runner
+from ..signature import parking
 from ..signature.compare import Tolerances, compare_all
 from ..signature.graph import Graph, Sample, batch_size
 from ..signature.probes import checks
@@ -314,7 +315,8 @@ class GraphSession:
         calls. Returns why not ("" when they are), the largest absolute difference from eager
         and, under an accuracy budget, the error in its module metric.
         """
-        references = self.graph.outputs if references is None else references
+        if references is None:
+            references = [parking.reference(self.graph, i) for i in range(len(outputs))]
         error = None
         if self.accuracy is not None:
             error = output_error(references, outputs, self.accuracy.module_metric)
@@ -365,16 +367,19 @@ class GraphSession:
         the first mismatch decides (its sample named), the largest difference and, under an
         accuracy budget, the largest error. Raises :class:`RunError` when the runner fails.
         """
-        samples, references = self.graph.samples, self.graph.outputs
+        samples = self.graph.samples
+        if len(samples) != len(self.graph.outputs):
+            raise ValueError(f"{len(samples)} samples but {len(self.graph.outputs)} outputs")
         reason, worst, error = "", 0.0, None
-        for i, (sample, reference) in enumerate(zip(samples, references, strict=True)):
+        for i, sample in enumerate(samples):
+            reference = parking.reference(self.graph, i)  # back from host memory, one at a time
             try:
                 with torch.no_grad():
                     output = sample.run(runner)
             except Exception as exc:
                 raise RunError(exc) from exc
             wrong, diff, err = self.judge(backend, [output], [reference])
-            del output
+            del output, reference
             worst = max(worst, diff)
             if err is not None:
                 error = err if error is None else max(error, err)

@@ -23,6 +23,7 @@ from ..accuracy.repair import GraphId, PlanStep, Verdict, repair, results_kept
 from ..candidates.results import GraphResult
 from ..runtime.plan import Plan, PlanEntry
 from ..runtime.wrap import wrap
+from ..signature import parking
 from ..signature.compare import compare_all
 from ..signature.graph import Sample, as_samples, detach_clone
 from ..signature.inspection import ModelInfo
@@ -208,9 +209,8 @@ def _module_errors(
             continue
         with torch.no_grad():
             outputs = [s.run(entry.runner) for s in graph.graph.samples]
-        found[(entry.path, entry.key)] = output_error(
-            graph.graph.outputs, outputs, budget.module_metric
-        )
+        references = [parking.reference(graph.graph, i) for i in range(len(outputs))]
+        found[(entry.path, entry.key)] = output_error(references, outputs, budget.module_metric)
     return found
 
 

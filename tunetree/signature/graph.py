@@ -476,14 +476,20 @@ class Graph:
     probes: list[Sample] = field(default_factory=list, repr=False)
     """Calls recorded only to find the ranges (the root run at declared range ends): they
     widen the key's ranges but are not part of the measured workload."""
-    checks: list[tuple[str, Sample, Any]] | None = field(default=None, repr=False, compare=False)
-    """Probe calls with eager's outputs, built once per graph by the evaluator (cached)."""
+    checks: list[tuple[str, Any, Any]] | None = field(default=None, repr=False, compare=False)
+    """Probe calls with eager's outputs, built once per graph by the evaluator (cached) and
+    parked in host memory: read them with :func:`tunetree.signature.probes.checks`."""
     described: list[GraphKey] = field(default_factory=list, repr=False, compare=False)
     """Exact signatures of calls recorded without a copy (their sizes widen the ranges)."""
     calls: int = 0
     """Calls of this graph during the inspection (copied or not); 0 when not counted."""
     total_s: float = 0.0
     """Their eager seconds during the inspection: where a tuning budget should go first."""
+    output_homes: list[tuple[torch.device | None, ...] | None] | None = field(
+        default=None, repr=False, compare=False
+    )
+    """Set when eager's outputs wait in host memory (:mod:`tunetree.signature.parking`): for
+    each output, where its tensors go back. Read them with ``parking.reference``."""
 
     def __str__(self) -> str:
         return str(self.key)

@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from .binding import original_forward
-from .graph import Graph, Sample, flatten, to_device
+from .graph import Graph, Sample, flatten
+from .parking import Homes, park, unpark
 from .shapes import keep_links, largest, linked_dims, probe_sizes, resize, value_probes
 
 log = logging.getLogger(__name__)
@@ -25,53 +26,30 @@ log = logging.getLogger(__name__)
 Check = tuple[str, Any, Any]
 """(label naming the probe, :class:`~tunetree.signature.graph.Sample`, eager's output on it)."""
 
-HOST = torch.device("cpu")
-"""Where the checks of a graph on an accelerator wait between uses."""
-
 
 def checks(module: nn.Module, graph: Graph) -> Iterator[Check]:
-    """The probe calls of ``graph`` with eager's outputs, one at a time on the graph's device.
+    """The probe calls of ``graph`` with eager's outputs, one at a time on their devices.
 
-    They are computed once and kept on the graph. When the graph's calls are on one
-    accelerator, each check wholly on it is kept in host memory and moved back when it is
-    used: a decode step's probes and eager's outputs each hold a whole cache, and kept on the
-    device for every graph they were a large part of tuning's peak device memory. A check
-    with tensors on several devices stays where it is.
+    They are computed once and kept on the graph, each parked in host memory
+    (:mod:`tunetree.signature.parking`) and copied back to its device when it is used: a decode
+    step's probes and eager's outputs each hold a whole cache, and kept on the device for every
+    graph they were a large part of tuning's peak device memory.
     """
     if graph.checks is None:
         graph.checks = _build(module, graph)
-    device = _one_accelerator(graph.samples[0].args, graph.samples[0].kwargs)
-    for label, sample, expected in graph.checks:
-        if device is not None and _devices(sample.args, sample.kwargs, expected) == {HOST}:
-            yield label, sample.to(device), to_device(expected, device)  # parked by _build
-        else:
-            yield label, sample, expected
+    for label, parked, homes in graph.checks:
+        args, kwargs, expected = unpark(parked, homes)
+        yield label, Sample(args, kwargs), expected
 
 
-def _devices(*trees: Any) -> set[torch.device]:
-    """The devices of the tensors in ``trees``."""
-    leaves, _ = flatten(trees)
-    return {leaf.device for leaf in leaves if isinstance(leaf, torch.Tensor)}
-
-
-def _one_accelerator(*trees: Any) -> torch.device | None:
-    """The accelerator every tensor of ``trees`` is on; None for host memory or a mix."""
-    devices = _devices(*trees)
-    if len(devices) != 1:
-        return None
-    (device,) = devices
-    return None if device.type in ("cpu", "meta") else device
-
-
-def _build(module: nn.Module, graph: Graph) -> list[Check]:
+def _build(module: nn.Module, graph: Graph) -> list[tuple[str, Any, Homes | None]]:
+    """Each probe as (label, its arguments and eager's output parked, where they go back)."""
     forward = original_forward(module)
-    device = _one_accelerator(graph.samples[0].args, graph.samples[0].kwargs)
-    found: list[Check] = []
+    found: list[tuple[str, Any, Homes | None]] = []
 
     def keep(label: str, sample: Sample, output: Any) -> None:
-        if device is not None and _devices(sample.args, sample.kwargs, output) == {device}:
-            sample, output = sample.to(HOST), to_device(output, HOST)
-        found.append((label, sample, output))
+        parked, homes = park((sample.args, sample.kwargs, output))
+        found.append((label, parked, homes))
 
     if graph.key.is_dynamic:
         base = largest(graph.samples)
@@ -82,9 +60,10 @@ def _build(module: nn.Module, graph: Graph) -> list[Check]:
             output = _eager(forward, sample, label)
             if output is not None:
                 keep(label, sample, output)
+    recorded_finite = _finite(graph.outputs[0])  # parked or not: same values
     for sample in value_probes(graph.samples[0]):
         output = _eager(forward, sample, "value probe")
-        if output is not None and (_finite(output) or not _finite(graph.outputs[0])):
+        if output is not None and (_finite(output) or not recorded_finite):
             keep("value probe", sample, output)
     return found
 

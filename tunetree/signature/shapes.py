@@ -21,6 +21,7 @@ import torch
 from ..errors import InvalidInputError
 from ..hf import ObjectState, from_data, to_data
 from .graph import Dim, Graph, GraphKey, Sample, TensorSpec, as_samples, resize_axis
+from .parking import park_outputs
 
 AxisRef = tuple[int, int]
 """(index of a tensor leaf in :meth:`GraphKey.tensor_specs` order, axis)."""
@@ -291,7 +292,7 @@ def group_graphs(
             else exact_keys[0]
         )
         count, seconds = totals.get(group, (len(members), 0.0))
-        graphs[key] = Graph(
+        graph = Graph(
             key,
             [s for s, _ in members],
             [o for _, o in members],
@@ -300,6 +301,8 @@ def group_graphs(
             calls=int(count),
             total_s=seconds,
         )
+        park_outputs(graph)  # eager's outputs wait in host memory until a candidate is judged
+        graphs[key] = graph
     return graphs
 
 
