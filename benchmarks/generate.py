@@ -398,7 +398,6 @@ def _tune(
     if device == "cuda":
         _print_memory(result, tuning_peak, eager_peak, resident_before)
     print(result)
-    print(result.timing())
     return result, tuning_peak
 
 
