@@ -398,7 +398,21 @@ def _tune(
     if device == "cuda":
         _print_memory(result, tuning_peak, eager_peak, resident_before)
     print(result)
+    print(_candidate_rows(result), flush=True)
     return result, tuning_peak
+
+
+def _candidate_rows(result: Any) -> str:
+    """Every candidate of every graph at the selected depth: why a winner won (or others lost)."""
+    if result.depth is None:
+        return "candidates: the model was left untuned"
+    lines = [f"candidates at depth {result.depth} (* = winner)"]
+    for graph in result.graphs.get(result.depth, []):
+        lines.append(f"  {graph.path or '<model>'} {graph.graph.key}")
+        for row in graph.rows:
+            mark = "*" if row is graph.winner else " "
+            lines.append(f"    {mark} {row.backend.name}: {row.describe()}, {row.latency_text()}")
+    return "\n".join(lines)
 
 
 def _print_memory(
