@@ -1,4 +1,4 @@
-"""What compiling the decode step gives on the CPU: an upper mark for a compiled CPU candidate (issue 28).
+"""What compiling the decode step gives on the CPU: a mark for a compiled CPU candidate (issue 28).
 
 Run: ``python -m benchmarks.cpu_static_compile --model llama-0.1b --batches 1,4`` (alone on
 the machine).
@@ -76,7 +76,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default="llama-0.1b")
     p.add_argument("--batches", default="1,4")
-    p.add_argument("--prompt", type=int, default=33, help="prompt length (unseen by no one)")
+    p.add_argument("--prompt", type=int, default=33, help="prompt length")
     p.add_argument("--tokens", type=int, default=32, help="new tokens per generate call")
     p.add_argument("--rounds", type=int, default=6)
     args = p.parse_args()
