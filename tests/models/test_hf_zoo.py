@@ -32,9 +32,6 @@ KNOWN_FALLBACKS = {
     "loop, so an exported prefill holds the lengths it was traced at: a prefill at another "
     "length inside the range is refused by its runner and runs the original forward "
     "(correctly)",
-    "marian-generate": "on a 2-core Intel Xeon (session 6) two unseen calls inside the ranges "
-    "run the original forward at depth 1, the depth auto_tune does not select (the same at "
-    "3423e55, so not a regression; not yet explained); the selected depth 0 serves every call",
 }
 """Families whose unseen calls inside the root's ranges may fall back, and why."""
 

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import tunetree as tt
+from tunetree.runtime.wrap import dispatcher_of
 
 
 def encoder(d: int = 32, layers: int = 4, fast_path: bool = False) -> nn.Module:
@@ -87,6 +88,57 @@ def test_cut_includes_shallower_leaves() -> None:
     assert info.cut(0) == [""]
     assert info.cut(1) == ["0", "1"]
     assert info.cut(2) == ["0", "1.0", "1.1"]
+
+
+class Positions(nn.Module):
+    """Positional embeddings made from the input's shape alone (as Marian's are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(64, 8))
+
+    def forward(self, shape: torch.Size) -> torch.Tensor:
+        return self.table[torch.arange(shape[1])]
+
+
+class WithPositions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = Positions()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x + self.positions(x.shape))
+
+
+def test_a_module_called_without_tensors_is_left_out_of_every_cut() -> None:
+    # Each shape it is called with would be a graph of its own (the sizes are constants of
+    # the call), so a runner of the recorded ones never served an unseen length: Marian's
+    # generate fell back at depth 1 on every unseen length (issue 31).
+    torch.manual_seed(0)
+    model = WithPositions().eval()
+    info = tt.inspect(model, [torch.randn(2, n, 8) for n in (5, 9)])
+    assert info.modules["positions"].takes_no_tensor
+    assert not info.modules["proj"].takes_no_tensor
+    assert info.cut(1) == ["proj"]
+    unseen = torch.randn(2, 7, 8)
+    with torch.no_grad():
+        want = model(unseen)
+    result = tt.tune(
+        model,
+        [torch.randn(2, n, 8) for n in (5, 9)],
+        depth=1,
+        strategy=tt.HighestThroughputStrategy([tt.backends.Eager()]),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    with torch.no_grad():
+        got = result.model(unseen)
+    assert torch.equal(got, want)
+    assert {g.path for g in result.graphs} == {"proj"}
+    assert dispatcher_of(model.positions) is None  # not wrapped: it runs as it is
+    result.undo()
 
 
 def test_time_shares_are_consistent() -> None:

@@ -73,6 +73,16 @@ class ModuleRecord:
         """True when this module calls no other module."""
         return not self.children
 
+    @property
+    def takes_no_tensor(self) -> bool:
+        """True when every recorded call passed no tensor at all (only sizes, flags, ints).
+
+        Such a call makes its tensors from constants (Marian's positional embedding takes the
+        input's shape as a tuple): each value is a graph of its own, so a runner built for the
+        recorded ones never serves another length, and there is no data to speed up.
+        """
+        return bool(self.graphs) and all(not key.tensor_specs() for key in self.graphs)
+
 
 @dataclass(frozen=True)
 class DepthSummary:
@@ -115,14 +125,15 @@ class ModelInfo:
         """Paths a tune at ``depth`` wraps.
 
         Every executed module at ``depth`` plus every executed leaf shallower than it, so the cut
-        covers the whole forward.
+        covers the whole forward; a module whose calls pass no tensor is left out (it runs as it
+        is, inside its parent: see :attr:`ModuleRecord.takes_no_tensor`).
         """
         if depth < 0:
             raise InvalidInputError(f"depth must be >= 0, got {depth}")
         return [
             m.path
             for m in self.modules.values()
-            if m.depth == depth or (m.depth < depth and m.is_leaf)
+            if (m.depth == depth or (m.depth < depth and m.is_leaf)) and not m.takes_no_tensor
         ]
 
     def summary(self, depth: int) -> DepthSummary:
