@@ -1,0 +1,150 @@
+"""Is tunetree's CUDA graph capture itself slower to replay than one made by hand? (issue 30)
+
+Run: ``python -m benchmarks.device_graph_replay`` (CUDA only; about a minute).
+
+``runner_overhead --device cuda`` times tunetree's device-graph runner beside CUDA graphs by hand
+with every call timed; the gap it finds could be the capture (tunetree shares one memory pool
+between a runner's captures and captures with cuBLAS workspaces of its own) or the Python path
+in front of the replay. This script separates the two: on the MLP 4x1024 (batch 32) and BERT-2L
+(16 x 64), it captures six shapes five ways (by hand; by hand with a shared pool; by hand with the
+workspaces dropped around the capture; both; tunetree's ``ShapeSetRunner``) and times the same
+pre-bound call on each (copy the inputs in, replay, clone the outputs: no dispatch at all) by CUDA
+events over 300 calls, 15 rounds in alternating orders, medians. Outputs are compared with the
+by-hand capture's first (bit for bit), and the kernels of one call are listed from the profiler.
+"""
+
+from __future__ import annotations
+
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from tunetree.backends.device_graph import DeviceGraph, ShapeSetRunner, _shape_key
+from tunetree.signature.graph import GraphKey, Sample, flatten
+
+from .common import command_line, header
+from .runner_overhead import _cloned, _output_tensors, bert2, mlp
+
+Capture = tuple[Any, list[torch.Tensor], list[torch.Tensor]]
+
+
+def capture(model: nn.Module, sample: Sample, pool: Any = None, clear: bool = False) -> Capture:
+    """One capture by hand: static inputs, three warm-ups on a side stream, the capture."""
+    args = [a.clone() for a in sample.args]
+    kwargs = {k: v.clone() for k, v in sample.kwargs.items()}
+    if clear:
+        torch._C._cuda_clearCublasWorkspaces()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad():
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model(*args, **kwargs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph) if pool is None else torch.cuda.graph(graph, pool=pool):
+            out = model(*args, **kwargs)
+    if clear:
+        torch._C._cuda_clearCublasWorkspaces()
+    return graph, [*args, *kwargs.values()], _output_tensors(out)
+
+
+def bound_call(graph: Any, pairs: list[tuple[torch.Tensor, Any]], outs: list[Any]) -> Callable:
+    """Copy in, replay, clone out: the call with nothing in front of it."""
+
+    def call() -> Any:
+        for static, value in pairs:
+            static.copy_(value)
+        graph.replay()
+        return _cloned(outs)
+
+    return call
+
+
+def by_hand(model: nn.Module, samples: list[Sample], target: int, **how: bool) -> Callable:
+    pool = torch.cuda.graph_pool_handle() if how.get("pool") else None
+    made = [capture(model, s, pool, how.get("clear", False)) for s in samples]
+    graph, static, outs = made[target]
+    values = [*samples[target].args, *samples[target].kwargs.values()]
+    return bound_call(graph, list(zip(static, values, strict=True)), outs)
+
+
+def tunetree_capture(model: nn.Module, samples: list[Sample], target: int) -> Callable:
+    first, want = samples[0], samples[target]
+    runner = ShapeSetRunner(
+        DeviceGraph(), model, GraphKey.of(first.args, first.kwargs), torch.device("cuda"), samples
+    )
+    cap = runner.captures[_shape_key(tuple(want.args), want.kwargs)]
+    leaves, _ = flatten((want.args, dict(sorted(want.kwargs.items()))))
+    pairs = [(static, leaves[i]) for i, static in cap.tensor_slots]
+    return bound_call(cap.graph, pairs, _output_tensors(cap.static_out))
+
+
+def gpu_us(call: Callable, n: int = 300) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(n):
+        call()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / n
+
+
+def main() -> None:
+    print(" | ".join(f"{k}: {v}" for k, v in header(command_line()).items()), flush=True)
+    if not torch.cuda.is_available():
+        print("CUDA is not available: nothing to measure")
+        return
+    torch.backends.cuda.matmul.allow_tf32 = False
+    device = torch.device("cuda")
+    workloads = [
+        (mlp, [(1, 0), (4, 0), (8, 0), (16, 0), (24, 0), (32, 0)], 5),
+        (bert2, [(1, 16), (4, 32), (8, 64), (16, 128), (2, 96), (16, 64)], 5),
+    ]
+    for make_work, shapes, target in workloads:
+        work = make_work(device, False)
+        samples = [work.make(b, s) for b, s in shapes]
+        calls = {
+            "by hand": by_hand(work.model, samples, target),
+            "by hand, shared pool": by_hand(work.model, samples, target, pool=True),
+            "by hand, workspaces dropped": by_hand(work.model, samples, target, clear=True),
+            "by hand, both": by_hand(work.model, samples, target, pool=True, clear=True),
+            "tunetree's capture": tunetree_capture(work.model, samples, target),
+        }
+        reference = calls["by hand"]()
+        for name, call in calls.items():
+            got = call()
+            same = all(
+                torch.equal(a, b)
+                for a, b in zip(
+                    got if isinstance(got, tuple) else (got,),
+                    reference if isinstance(reference, tuple) else (reference,),
+                    strict=True,
+                )
+            )
+            print(f"{work.name} {name}: outputs equal the capture by hand: {same}")
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for round_ in range(15):
+            for name in list(calls) if round_ % 2 == 0 else list(reversed(calls)):
+                times[name].append(gpu_us(calls[name]))
+        base = statistics.median(times["by hand"])
+        for name, values in times.items():
+            median = statistics.median(values)
+            print(f"{work.name} {shapes[target]}: {name:28s} {median:8.2f} us per call "
+                  f"(min {min(values):.2f}, max {max(values):.2f}; {median / base:.3f}x by hand)",
+                  flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
