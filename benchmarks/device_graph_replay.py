@@ -9,8 +9,8 @@ in front of the replay. This script separates the two: on the MLP 4x1024 (batch 
 (16 x 64), it captures six shapes five ways (by hand; by hand with a shared pool; by hand with the
 workspaces dropped around the capture; both; tunetree's ``ShapeSetRunner``) and times the same
 pre-bound call on each (copy the inputs in, replay, clone the outputs: no dispatch at all) by CUDA
-events over 300 calls, 15 rounds in alternating orders, medians. Outputs are compared with the
-by-hand capture's first (bit for bit), and the kernels of one call are listed from the profiler.
+events over 300 calls, 15 rounds (``--rounds``) in alternating orders, medians. Every capture's
+outputs are compared with the first by-hand capture's, bit for bit.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "benchmarks"
 
+import argparse
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -102,6 +103,9 @@ def gpu_us(call: Callable, n: int = 300) -> float:
 
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=15, help="timed rounds per capture")
+    args = p.parse_args()
     print(" | ".join(f"{k}: {v}" for k, v in header(command_line()).items()), flush=True)
     if not torch.cuda.is_available():
         print("CUDA is not available: nothing to measure")
@@ -135,7 +139,7 @@ def main() -> None:
             )
             print(f"{work.name} {name}: outputs equal the capture by hand: {same}")
         times: dict[str, list[float]] = {name: [] for name in calls}
-        for round_ in range(15):
+        for round_ in range(args.rounds):
             for name in list(calls) if round_ % 2 == 0 else list(reversed(calls)):
                 times[name].append(gpu_us(calls[name]))
         base = statistics.median(times["by hand"])
