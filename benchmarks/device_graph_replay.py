@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from tunetree.backends.device_graph import DeviceGraph, ShapeSetRunner, _shape_key
-from tunetree.signature.graph import GraphKey, Sample, flatten
+from tunetree.backends.device_graph import DeviceGraph, ShapeSetRunner
+from tunetree.signature.graph import GraphKey, Sample
 
 from .common import command_line, header
-from .runner_overhead import _cloned, _output_tensors, bert2, mlp
+from .runner_overhead import _output_tensors, bert2, device_graph_call, mlp, replay_call
 
 Capture = tuple[Any, list[torch.Tensor], list[torch.Tensor]]
 
@@ -60,35 +60,20 @@ def capture(model: nn.Module, sample: Sample, pool: Any = None, clear: bool = Fa
     return graph, [*args, *kwargs.values()], _output_tensors(out)
 
 
-def bound_call(graph: Any, pairs: list[tuple[torch.Tensor, Any]], outs: list[Any]) -> Callable:
-    """Copy in, replay, clone out: the call with nothing in front of it."""
-
-    def call() -> Any:
-        for static, value in pairs:
-            static.copy_(value)
-        graph.replay()
-        return _cloned(outs)
-
-    return call
-
-
 def by_hand(model: nn.Module, samples: list[Sample], target: int, **how: bool) -> Callable:
     pool = torch.cuda.graph_pool_handle() if how.get("pool") else None
     made = [capture(model, s, pool, how.get("clear", False)) for s in samples]
     graph, static, outs = made[target]
     values = [*samples[target].args, *samples[target].kwargs.values()]
-    return bound_call(graph, list(zip(static, values, strict=True)), outs)
+    return replay_call(graph, list(zip(static, values, strict=True)), outs)
 
 
 def tunetree_capture(model: nn.Module, samples: list[Sample], target: int) -> Callable:
-    first, want = samples[0], samples[target]
+    first = samples[0]
     runner = ShapeSetRunner(
         DeviceGraph(), model, GraphKey.of(first.args, first.kwargs), torch.device("cuda"), samples
     )
-    cap = runner.captures[_shape_key(tuple(want.args), want.kwargs)]
-    leaves, _ = flatten((want.args, dict(sorted(want.kwargs.items()))))
-    pairs = [(static, leaves[i]) for i, static in cap.tensor_slots]
-    return bound_call(cap.graph, pairs, _output_tensors(cap.static_out))
+    return device_graph_call(runner, samples[target])
 
 
 def gpu_us(call: Callable, n: int = 300) -> float:

@@ -318,7 +318,11 @@ def device_graph_call(runner: Any, bound: Sample) -> Call:
         capture = runner.captures[_shape_key(tuple(bound.args), bound.kwargs)]
     leaves, _ = flatten((bound.args, dict(sorted(bound.kwargs.items()))))
     pairs = [(static, leaves[i]) for i, static in capture.tensor_slots]
-    graph, outs = capture.graph, _output_tensors(capture.static_out)
+    return replay_call(capture.graph, pairs, _output_tensors(capture.static_out))
+
+
+def replay_call(graph: Any, pairs: list[tuple[torch.Tensor, Any]], outs: list[Any]) -> Call:
+    """Copy each value into its static buffer, replay, clone the outputs: nothing else."""
 
     def call() -> Any:
         for static, value in pairs:
