@@ -25,7 +25,6 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
 import argparse
 import statistics
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
@@ -34,37 +33,19 @@ from tunetree.backends.device_graph import DeviceGraph, ShapeSetRunner
 from tunetree.signature.graph import GraphKey, Sample
 
 from .common import command_line, header
-from .runner_overhead import _output_tensors, bert2, device_graph_call, mlp, replay_call
-
-Capture = tuple[Any, list[torch.Tensor], list[torch.Tensor]]
+from .runner_overhead import CudaGraphsByHand, bert2, device_graph_call, mlp, replay_call
 
 
-def capture(model: nn.Module, sample: Sample, pool: Any = None, clear: bool = False) -> Capture:
-    """One capture by hand: static inputs, three warm-ups on a side stream, the capture."""
-    args = [a.clone() for a in sample.args]
-    kwargs = {k: v.clone() for k, v in sample.kwargs.items()}
-    if clear:
-        torch._C._cuda_clearCublasWorkspaces()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.no_grad():
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                model(*args, **kwargs)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph) if pool is None else torch.cuda.graph(graph, pool=pool):
-            out = model(*args, **kwargs)
-    if clear:
-        torch._C._cuda_clearCublasWorkspaces()
-    return graph, [*args, *kwargs.values()], _output_tensors(out)
-
-
-def by_hand(model: nn.Module, samples: list[Sample], target: int, **how: bool) -> Callable:
-    pool = torch.cuda.graph_pool_handle() if how.get("pool") else None
-    made = [capture(model, s, pool, how.get("clear", False)) for s in samples]
-    graph, static, outs = made[target]
-    values = [*samples[target].args, *samples[target].kwargs.values()]
+def by_hand(
+    model: nn.Module, samples: list[Sample], target: int, pool: bool = False, drop: bool = False
+) -> Callable:
+    """The pre-bound call on the by-hand capture of ``samples[target]``: captures sharing one
+    pool (``pool``), cuBLAS's workspaces dropped around each capture (``drop``)."""
+    shared = torch.cuda.graph_pool_handle() if pool else None
+    hand = CudaGraphsByHand(model, samples, pool=shared, drop_workspaces=drop)
+    want = samples[target]
+    values = [*want.args, *want.kwargs.values()]
+    graph, static, outs = hand.graphs[tuple(t.shape for t in values)]
     return replay_call(graph, list(zip(static, values, strict=True)), outs)
 
 
@@ -107,8 +88,8 @@ def main() -> None:
         calls = {
             "by hand": by_hand(work.model, samples, target),
             "by hand, shared pool": by_hand(work.model, samples, target, pool=True),
-            "by hand, workspaces dropped": by_hand(work.model, samples, target, clear=True),
-            "by hand, both": by_hand(work.model, samples, target, pool=True, clear=True),
+            "by hand, workspaces dropped": by_hand(work.model, samples, target, drop=True),
+            "by hand, both": by_hand(work.model, samples, target, pool=True, drop=True),
             "tunetree's capture": tunetree_capture(work.model, samples, target),
         }
         reference = calls["by hand"]()

@@ -253,8 +253,19 @@ class CudaGraphsByHand:
     and clones the outputs.
     """
 
-    def __init__(self, model: nn.Module, calls: list[Sample], warmup: int = 3) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        calls: list[Sample],
+        warmup: int = 3,
+        pool: Any = None,
+        drop_workspaces: bool = False,
+    ) -> None:
         self.model, self.warmup = model, warmup
+        self.pool = pool
+        """A memory pool every capture shares (``torch.cuda.graph_pool_handle()``), or None."""
+        self.drop_workspaces = drop_workspaces
+        """Drop cuBLAS's workspaces before and after each capture, as tunetree's runner does."""
         self.graphs: dict[tuple[Any, ...], tuple[Any, list[torch.Tensor], list[torch.Tensor]]] = {}
         for sample in calls:
             self(sample)
@@ -266,6 +277,8 @@ class CudaGraphsByHand:
     def _capture(self, sample: Sample) -> tuple[Any, list[torch.Tensor], list[torch.Tensor]]:
         args = [a.clone() for a in sample.args]
         kwargs = {k: v.clone() for k, v in sample.kwargs.items()}
+        if self.drop_workspaces:
+            torch._C._cuda_clearCublasWorkspaces()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.no_grad():
@@ -274,8 +287,10 @@ class CudaGraphsByHand:
                     self.model(*args, **kwargs)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self.pool):
                 out = self.model(*args, **kwargs)
+        if self.drop_workspaces:
+            torch._C._cuda_clearCublasWorkspaces()
         return graph, [*args, *kwargs.values()], _output_tensors(out)
 
     def __call__(self, sample: Sample) -> Any:
