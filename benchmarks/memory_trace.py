@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 _GIB = 2**30
+_MAX_ENTRIES = 8_000_000
+"""Allocator events the trace keeps (a ring buffer: the oldest go first)."""
 
 
 class _MemoryLog(logging.Handler):
@@ -34,7 +36,7 @@ class _MemoryLog(logging.Handler):
 
 
 @contextlib.contextmanager
-def traced(max_entries: int = 2_000_000) -> Iterator[dict[str, Any]]:
+def traced(max_entries: int = _MAX_ENTRIES) -> Iterator[dict[str, Any]]:
     """Record allocations and annotate tunetree's log with memory while the block runs.
 
     Yields a dict that holds the allocator's snapshot (``"snapshot"``) once the block ends;
@@ -58,12 +60,12 @@ def traced(max_entries: int = 2_000_000) -> Iterator[dict[str, Any]]:
 
 
 def _site(frames: list[dict[str, Any]]) -> tuple[str, str]:
-    """The innermost tunetree frame (else the innermost frame), and up to 3 tunetree callers."""
+    """The innermost tunetree frame (else the innermost frame), and up to 7 tunetree callers."""
     ours = [f for f in frames if "/tunetree/" in f.get("filename", "")]
     pick = ours[0] if ours else (frames[0] if frames else {})
     name = pick.get("filename", "?").split("/")[-1]
     where = f"{name}:{pick.get('line', '?')} {pick.get('name', '')}"
-    chain = " < ".join(f"{f['filename'].split('/')[-1]}:{f['line']}" for f in ours[1:4])
+    chain = " < ".join(f"{f['filename'].split('/')[-1]}:{f['line']}" for f in ours[1:8])
     return where, chain
 
 
@@ -102,9 +104,11 @@ def peak_breakdown(snapshot: dict[str, Any], base_bytes: int, top: int = 15) -> 
         group = groups[_site(event.get("frames", []))]
         group[0] += int(event.get("size", 0))
         group[1] += 1
+    full = " (ring buffer full: the earliest are missing)" if len(events) >= _MAX_ENTRIES else ""
     lines = [
-        f"memory trace: {len(events)} events; allocated when tuning began {base_bytes / _GIB:.2f} "
-        f"GiB; recorded peak {peak / _GIB:.2f} GiB above it (event {peak_at}); alive then, by site:"
+        f"memory trace: {len(events)} events{full}; allocated when tuning began "
+        f"{base_bytes / _GIB:.2f} GiB; recorded peak {peak / _GIB:.2f} GiB above it "
+        f"(event {peak_at}); alive then, by site:"
     ]
     ranked = sorted(groups.items(), key=lambda kv: -kv[1][0])
     for (where, chain), (size, count) in ranked[:top]:

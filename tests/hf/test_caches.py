@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 import torch
 
-from tunetree.hf import ObjectState, is_cache_object, to_data
+from tunetree.hf import ObjectState, cache_objects, is_cache_object, nested_cache_objects, to_data
 from tunetree.signature.compare import compare
 from tunetree.signature.graph import GraphKey, detach_clone, flatten, unflatten
 
@@ -103,3 +108,32 @@ def test_call_signatures_of_caches_follow_their_tensors_like_graph_keys() -> Non
     later = ((ids,), {"past_key_values": same[1], "use_cache": True})
     args, _ = plan.apply(*later)
     assert args[1] is same[1]  # the cache comes from the call, never from the learned one
+
+
+@pytest.fixture
+def no_cycle_collection() -> Iterator[None]:
+    """The cyclic garbage collector off: what only it would free stays alive, and shows."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("no_cycle_collection")
+@pytest.mark.parametrize(
+    "listing",
+    [nested_cache_objects, cache_objects, to_data, detach_clone],
+    ids=lambda f: f.__name__,
+)
+def test_walking_a_cache_keeps_nothing_alive_after_it(listing: Any) -> None:
+    """A device graph lists a call's cache objects on every call; a nested function that called
+    itself made each listing a reference cycle, which kept the call's whole cache (a copy made
+    for that call) alive until the cyclic collector ran: 0.17 GiB of Mistral-8L's peak while
+    tuning on the H200 (issue 28)."""
+    cache = dynamic_cache(2, 5)
+    alive = weakref.ref(cache.layers[0].keys)
+    listing((torch.ones(1), {"cache": cache}))
+    del cache
+    assert alive() is None

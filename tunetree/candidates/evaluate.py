@@ -414,6 +414,7 @@ class GraphSession:
             except Exception as exc:
                 return f"fails on {label}: {_short(exc, 200)}"
             wrong, _, _ = self.judge(runner.backend, [got], [expected])
+            del got, expected  # a decode step's output is its whole cache: one alive at a time
             if wrong:
                 return f"wrong on {label}: {wrong}"
         return None

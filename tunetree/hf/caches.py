@@ -225,22 +225,28 @@ def nested_cache_objects(tree: Any) -> list[Any]:
     Two trees of one structure list their objects in the same order.
     """
     found: list[Any] = []
-
-    def walk(value: Any) -> None:
-        if is_cache_object(value):
-            found.append(value)
-            for _, attribute in sorted(vars(value).items()):
-                walk(attribute)
-        elif isinstance(value, tuple | list):
-            for item in value:
-                walk(item)
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-
     for leaf in pytree.tree_leaves(tree, is_leaf=is_cache_object):
-        walk(leaf)
+        _walk_caches(leaf, found)
     return found
+
+
+def _walk_caches(value: Any, found: list[Any]) -> None:
+    """Append the cache objects in ``value`` to ``found``, depth first.
+
+    A module-level function, not a closure: a nested function that calls itself is a reference
+    cycle, which kept every list it filled (a decode step's whole cache, once per call) alive
+    until the cyclic garbage collector ran.
+    """
+    if is_cache_object(value):
+        found.append(value)
+        for _, attribute in sorted(vars(value).items()):
+            _walk_caches(attribute, found)
+    elif isinstance(value, tuple | list):
+        for item in value:
+            _walk_caches(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _walk_caches(item, found)
 
 
 def cache_objects(tree: Any) -> list[Any]:

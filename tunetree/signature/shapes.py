@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -71,30 +71,40 @@ def map_leaves(sample: Sample, fn: Callable[[int, torch.Tensor], torch.Tensor]) 
     """A copy of ``sample`` whose ``i``-th tensor (``tensor_specs`` order) is ``fn(i, t)``."""
     counter = iter(range(1 << 30))
     order = {where: next(counter) for where in tensor_locations(sample)}
-
-    def rebuild(value: Any, where: tuple[Any, ...]) -> Any:
-        if isinstance(value, torch.Tensor):
-            return fn(order[where], value)
-        if isinstance(value, tuple | list):
-            items = [rebuild(v, (*where, i)) for i, v in enumerate(value)]
-            return type(value)(items) if isinstance(value, list) else tuple(items)
-        if isinstance(value, Mapping):
-            return {k: rebuild(v, (*where, str(k))) for k, v in value.items()}
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            changes = {
-                f.name: rebuild(getattr(value, f.name), (*where, f.name))
-                for f in dataclasses.fields(value)
-            }
-            return dataclasses.replace(value, **changes)
-        if isinstance(value, ObjectState):
-            data = {k: rebuild(v, (*where, k)) for k, v in value.data.items()}
-            return ObjectState(value.cls, value.constants, data, value.mirrored)
-        return value
-
     state_args, state_kwargs = to_data((sample.args, sample.kwargs))
-    args = tuple(rebuild(a, ("args", i)) for i, a in enumerate(state_args))
-    kwargs = {k: rebuild(v, ("kwargs", k)) for k, v in state_kwargs.items()}
+    args = tuple(_rebuild(a, ("args", i), order, fn) for i, a in enumerate(state_args))
+    kwargs = {k: _rebuild(v, ("kwargs", k), order, fn) for k, v in state_kwargs.items()}
     return Sample(from_data(args), from_data(kwargs))
+
+
+def _rebuild(
+    value: Any,
+    where: tuple[Any, ...],
+    order: Mapping[tuple[Any, ...], int],
+    fn: Callable[[int, torch.Tensor], torch.Tensor],
+) -> Any:
+    """``value`` with each tensor ``t`` at location ``where`` replaced by ``fn(order[where], t)``.
+
+    Module-level (a nested function calling itself is a reference cycle that keeps what it
+    holds alive until the cyclic garbage collector runs).
+    """
+    if isinstance(value, torch.Tensor):
+        return fn(order[where], value)
+    if isinstance(value, tuple | list):
+        items = [_rebuild(v, (*where, i), order, fn) for i, v in enumerate(value)]
+        return type(value)(items) if isinstance(value, list) else tuple(items)
+    if isinstance(value, Mapping):
+        return {k: _rebuild(v, (*where, str(k)), order, fn) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {
+            f.name: _rebuild(getattr(value, f.name), (*where, f.name), order, fn)
+            for f in dataclasses.fields(value)
+        }
+        return dataclasses.replace(value, **changes)
+    if isinstance(value, ObjectState):
+        data = {k: _rebuild(v, (*where, k), order, fn) for k, v in value.data.items()}
+        return ObjectState(value.cls, value.constants, data, value.mirrored)
+    return value
 
 
 # --------------------------------------------------------------------------- inference
@@ -210,17 +220,18 @@ def _fresh_name(refs: list[AxisRef], taken: set[str]) -> str:
 
 def _with_dims(key: GraphKey, dims: Mapping[AxisRef, Dim]) -> GraphKey:
     counter = iter(range(1 << 30))
+    return GraphKey(_swap_dims(key.args, dims, counter), _swap_dims(key.kwargs, dims, counter))
 
-    def swap(sig: Any) -> Any:
-        if isinstance(sig, TensorSpec):
-            leaf = next(counter)
-            shape = tuple(dims.get((leaf, axis), size) for axis, size in enumerate(sig.shape))
-            return TensorSpec(sig.dtype, shape)
-        if isinstance(sig, tuple) and not (len(sig) == 3 and sig[0] in ("const", "object")):
-            return tuple(swap(part) for part in sig)
-        return sig
 
-    return GraphKey(swap(key.args), swap(key.kwargs))
+def _swap_dims(sig: Any, dims: Mapping[AxisRef, Dim], counter: Iterator[int]) -> Any:
+    """``sig`` with the sizes named in ``dims`` swapped in, tensors numbered by ``counter``."""
+    if isinstance(sig, TensorSpec):
+        leaf = next(counter)
+        shape = tuple(dims.get((leaf, axis), size) for axis, size in enumerate(sig.shape))
+        return TensorSpec(sig.dtype, shape)
+    if isinstance(sig, tuple) and not (len(sig) == 3 and sig[0] in ("const", "object")):
+        return tuple(_swap_dims(part, dims, counter) for part in sig)
+    return sig
 
 
 def group_graphs(
