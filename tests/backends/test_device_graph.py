@@ -448,9 +448,10 @@ def test_the_captures_of_a_ranged_graph_share_one_memory_pool() -> None:
 def test_every_capture_warms_up_and_captures_with_blas_workspaces_of_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """cuBLAS keeps a workspace per stream: dropped around each warm-up and capture, none of a
-    side stream outlives its build and the capture's lives in its own pool (tuning Mistral-8L
-    on the H200 held ten 32 MiB blocks from warm-ups at its peak)."""
+    """cuBLAS keeps a workspace per stream: dropped before the warm-ups, between them and the
+    capture, and after it, none of a side stream outlives its warm-ups and the capture's lives
+    in its own pool (tuning Mistral-8L on the H200 held ten 32 MiB blocks from warm-ups at its
+    peak, and later one held through a capture)."""
     events: list[str] = []
 
     @contextmanager
@@ -467,11 +468,11 @@ def test_every_capture_warms_up_and_captures_with_blas_workspaces_of_its_own(
     monkeypatch.setattr(device_graph, "_graph_api", lambda device: api)
     module, graph = _ranged_mlp(CPU, (1, 4))
     runner = DeviceGraph(max_shapes=3).build(module, graph, CUDA)
-    assert events == ["clear", "capture", "clear"] * 2  # one capture per recorded shape
+    assert events == ["clear", "clear", "capture", "clear"] * 2  # one per recorded shape
     with torch.no_grad():
         runner(torch.randn(7, 8))  # a new shape, captured on its first call
         runner(torch.randn(7, 8))  # replayed: nothing dropped per call
-    assert events == ["clear", "capture", "clear"] * 3
+    assert events == ["clear", "clear", "capture", "clear"] * 3
 
 
 def test_max_shapes_must_be_positive() -> None:

@@ -115,12 +115,13 @@ def test_probes_of_a_device_graph_wait_in_host_memory_and_are_used_on_the_device
         graph = Graph(samples[0].key, samples, [module(*s.args) for s in samples])
     used = list(checks(module, graph))
     assert used and graph.checks is not None
-    kept, _ = flatten([parked for _, parked, _ in graph.checks])
+    kept, _ = flatten([(inputs, expected) for _, inputs, expected in graph.checks])
     assert all(t.device.type == "cpu" for t in kept if isinstance(t, torch.Tensor))
-    for _, sample, expected in used:
-        assert sample.args[0].is_cuda and expected.is_cuda
+    for probe in used:
+        expected = probe.expected()
+        assert probe.private and probe.sample.args[0].is_cuda and expected.is_cuda
         with torch.no_grad():
-            assert torch.allclose(module(*sample.args), expected)
+            assert torch.allclose(probe.run(module), expected)
 
 
 def test_probes_of_a_host_graph_are_used_as_kept() -> None:
@@ -130,6 +131,9 @@ def test_probes_of_a_host_graph_are_used_as_kept() -> None:
         graph = Graph(samples[0].key, samples, [module(*s.args) for s in samples])
     used = list(checks(module, graph))
     assert used and graph.checks is not None
-    for (_, sample, expected), (_, parked, homes) in zip(used, graph.checks, strict=True):
-        assert homes is None  # nothing on an accelerator: nothing parked, no copies
-        assert sample.args is parked[0] and expected is parked[2]
+    for probe, (_, (inputs, input_homes), (expected, homes)) in zip(
+        used, graph.checks, strict=True
+    ):
+        assert input_homes is None and homes is None  # nothing parked, no copies
+        assert not probe.private  # a run copies state it could mutate
+        assert probe.sample.args is inputs[0] and probe.expected() is expected

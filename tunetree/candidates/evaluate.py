@@ -407,14 +407,17 @@ class GraphSession:
         """
         if runner.backend.kind == "eager":
             return None
-        for label, sample, expected in checks(self.module, self.graph):
+        for probe in checks(self.module, self.graph):
             try:
                 with torch.no_grad():
-                    got = sample.run(runner)
+                    got = probe.run(runner)
             except Exception as exc:
-                return f"fails on {label}: {_short(exc, 200)}"
-            wrong, _, _ = self.judge(runner.backend, [got], [expected])
-            del got, expected  # a decode step's output is its whole cache: one alive at a time
+                return f"fails on {probe.label}: {_short(exc, 200)}"
+            # Eager's output comes back only now, and each output goes before the next probe:
+            # a decode step's output is its whole cache.
+            wrong, _, _ = self.judge(runner.backend, [got], [probe.expected()])
+            label = probe.label
+            del got, probe
             if wrong:
                 return f"wrong on {label}: {wrong}"
         return None

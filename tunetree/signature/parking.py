@@ -54,6 +54,19 @@ def unpark(tree: Any, homes: Homes | None) -> Any:
     return unflatten(back, spec)
 
 
+def all_moved(tree: Any, homes: Homes) -> bool:
+    """Whether every tensor of the parked ``tree`` goes back to a device.
+
+    An unparked copy of such a tree shares no tensor with it: a run may mutate the copy.
+    """
+    leaves, _ = flatten(tree)
+    return all(
+        home is not None
+        for leaf, home in zip(leaves, homes, strict=True)
+        if isinstance(leaf, torch.Tensor)
+    )
+
+
 def _accelerator(leaf: Any) -> torch.device | None:
     if not isinstance(leaf, torch.Tensor) or leaf.device.type in ("cpu", "meta"):
         return None
