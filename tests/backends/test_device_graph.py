@@ -430,6 +430,25 @@ def test_ranged_graph_captures_a_bounded_set_of_shapes(tmp_path: Path) -> None:
 
 
 @pytest.mark.usefixtures("fake_graphs")
+def test_captures_made_for_probes_are_dropped_when_the_checks_end() -> None:
+    """Each capture holds a copy of its inputs (a decode step's whole cache): those of tuning's
+    probes held 0.69 GiB of Llama-0.5B's peak on the H200. Once the checks end only the recorded
+    shapes stay captured; a served call of a probe's shape captures it again."""
+    module, graph = _ranged_mlp(CPU, (1, 4))
+    runner = DeviceGraph(max_shapes=4).build(module, graph, CUDA)
+    assert isinstance(runner, device_graph.ShapeSetRunner)
+    probe = torch.randn(7, 8)
+    with torch.no_grad():
+        runner(probe)
+        assert runner.served_shapes == [((1, 8),), ((4, 8),), ((7, 8),)]
+        runner.end_checks()
+        assert runner.served_shapes == [((1, 8),), ((4, 8),)]
+        again = runner(probe)
+        assert torch.equal(again, module(probe))
+    assert runner.served_shapes == [((1, 8),), ((4, 8),), ((7, 8),)] and runner.eager_calls == 0
+
+
+@pytest.mark.usefixtures("fake_graphs")
 def test_the_captures_of_a_ranged_graph_share_one_memory_pool() -> None:
     module, graph = _ranged_mlp(CPU, (1, 4))
     shared = DeviceGraph(max_shapes=3).build(module, graph, CUDA)

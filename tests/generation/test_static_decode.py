@@ -15,6 +15,8 @@ from torch import nn
 import tunetree as tt
 from tests.fakes import Delayed
 from tests.replay_graphs import OpGraph, op_graphs  # noqa: F401 (a fixture)
+from tunetree.backends.device_graph import ShapeSetRunner
+from tunetree.candidates.evaluate import GraphSession
 from tunetree.generation import graph_step
 from tunetree.hf import cache_objects
 from tunetree.runtime.wrap import dispatcher_of
@@ -231,11 +233,24 @@ def test_a_device_graph_serves_every_decode_step_of_unseen_prompts() -> None:
 
 
 @pytest.mark.usefixtures("op_graphs")
-def test_a_device_graph_keeps_no_copy_of_the_cache_it_was_given() -> None:
+def test_a_device_graph_keeps_no_copy_of_the_cache_it_was_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Each measured or judged call gets a copy of the recorded cache; the runner copies it into
     its static inputs and must let it go when the call ends. A reference cycle made by listing
     the call's cache objects kept about seven such copies alive at once while tuning Mistral-8L
     on the H200 (0.17 GiB of its peak); the cyclic collector is off here, so one shows."""
+    probed: set[Any] = set()  # shapes first captured for a probe
+    real_probe = GraphSession.probe_failure
+
+    def probing(session: GraphSession, runner: Any) -> str | None:
+        before = set(getattr(runner, "captures", {}))
+        try:
+            return real_probe(session, runner)
+        finally:
+            probed.update(set(getattr(runner, "captures", {})) - before)
+
+    monkeypatch.setattr(GraphSession, "probe_failure", probing)
     model = mistral()
     result = tt.tune(
         model,
@@ -249,6 +264,9 @@ def test_a_device_graph_keeps_no_copy_of_the_cache_it_was_given() -> None:
     (decode,) = [g for g in result.graphs if g.graph.key.tensor_specs()[0].shape[-1] == 1]
     assert decode.winner is not None and decode.winner.runner is not None, result.table()
     runner, sample = decode.winner.runner, decode.graph.samples[0]
+    # The probes' captures, one more copy of a cache each, went when the checks ended.
+    assert isinstance(runner, ShapeSetRunner)
+    assert probed and not probed & set(runner.served_shapes)
     gc.collect()
     gc.disable()
     try:

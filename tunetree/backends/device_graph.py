@@ -528,6 +528,8 @@ class ShapeSetRunner(Runner):
             shapes = _shape_key(tuple(sample.args), sample.kwargs)
             if shapes not in self.captures and len(self.captures) < self.max_shapes:
                 self._add(shapes, self._runner(sample))
+        self.recorded = frozenset(self.captures)
+        """The shapes captured at build (the recorded calls'): :meth:`end_checks` keeps them."""
 
     def _runner(self, sample: Sample) -> DeviceGraphRunner:
         assert isinstance(self.backend, DeviceGraph)
@@ -544,6 +546,19 @@ class ShapeSetRunner(Runner):
     def owned_ids(self) -> frozenset[int]:
         """The cache objects every capture returns (a call passing one back skips the walk)."""
         return self._owned_ids
+
+    def end_checks(self) -> None:
+        """Drop the captures made for tuning's probes; a served call of such a shape captures again.
+
+        Safe with the shared pool: a dropped capture's memory there goes back to the pool (which
+        the other captures keep alive), where only a later capture can take it.
+        """
+        with self.lock:
+            for shapes in [s for s in self.captures if s not in self.recorded]:
+                capture = self.captures.pop(shapes)
+                for owned in capture.owned_ids():
+                    self._owners.pop(owned, None)
+            self._owned_ids = frozenset(self._owners)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Replay the capture for this call's shapes (captured now if there is room), else eager."""

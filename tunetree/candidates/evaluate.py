@@ -293,6 +293,7 @@ class GraphSession:
         reason, max_diff, error = verdict
         if not reason:
             reason = self.probe_failure(runner) or ""
+            runner.end_checks()  # what it built for the probes alone may go
         if reason:
             return CandidateRow(backend, Status.REJECTED, reason, build_s, max_diff, error=error)
         self.usable_built += 1
@@ -372,12 +373,14 @@ class GraphSession:
             raise ValueError(f"{len(samples)} samples but {len(self.graph.outputs)} outputs")
         reason, worst, error = "", 0.0, None
         for i, sample in enumerate(samples):
-            reference = parking.reference(self.graph, i)  # back from host memory, one at a time
             try:
                 with torch.no_grad():
                     output = sample.run(runner)
             except Exception as exc:
                 raise RunError(exc) from exc
+            # Back from host memory one at a time, and only once the run is over: alive during
+            # it, eager's output (a decode step's whole cache) was 0.1 GiB of Llama-0.5B's peak.
+            reference = parking.reference(self.graph, i)
             wrong, diff, err = self.judge(backend, [output], [reference])
             del output, reference
             worst = max(worst, diff)
