@@ -446,6 +446,13 @@ def test_captures_made_for_probes_are_dropped_when_the_checks_end() -> None:
         again = runner(probe)
         assert torch.equal(again, module(probe))
     assert runner.served_shapes == [((1, 8),), ((4, 8),), ((7, 8),)] and runner.eager_calls == 0
+    # A loaded runner has no recorded shape: it keeps its captures (and so its pool).
+    loaded = DeviceGraph(max_shapes=4).load(module, graph.key, Path("."), {}, CUDA)
+    assert isinstance(loaded, device_graph.ShapeSetRunner)
+    with torch.no_grad():
+        loaded(probe)
+    loaded.end_checks()
+    assert loaded.served_shapes == [((7, 8),)]
 
 
 @pytest.mark.usefixtures("fake_graphs")

@@ -551,8 +551,12 @@ class ShapeSetRunner(Runner):
         """Drop the captures made for tuning's probes; a served call of such a shape captures again.
 
         Safe with the shared pool: a dropped capture's memory there goes back to the pool (which
-        the other captures keep alive), where only a later capture can take it.
+        the recorded shapes' captures keep alive), where only a later capture can take it. A
+        runner with no recorded shape (loaded from a checkpoint) keeps everything, so its pool
+        is never released while it may capture into it again.
         """
+        if not self.recorded:
+            return
         with self.lock:
             for shapes in [s for s in self.captures if s not in self.recorded]:
                 capture = self.captures.pop(shapes)
