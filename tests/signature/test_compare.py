@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
 import torch
 
 from tunetree.signature.compare import Tolerances, compare, compare_all
@@ -59,3 +60,27 @@ def test_a_structure_difference_is_named_by_where_it_is_in_one_line() -> None:
     reason = compare(reference, candidate).reason
     assert reason.startswith("output structure differs at output.cache[19]: tuple")
     assert "vs eager tuple" in reason and len(reason) < 200 and "\n" not in reason
+
+
+def test_large_outputs_are_compared_chunk_by_chunk_with_the_same_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The float64 temporaries are bounded by comparing in chunks (a prefill's logits over a
+    large vocabulary are gigabytes in float64); NaNs, infinities and the largest difference are
+    judged across chunk boundaries exactly as over the whole tensor."""
+    from tunetree.signature import compare as compare_module
+
+    ref = torch.linspace(-3, 3, 50)
+    ref[5], ref[33] = math.nan, math.inf
+    near = ref.clone()
+    near[41] += 1e-7
+    far = near.clone()
+    far[47] += 0.5
+    whole = [compare(ref, c) for c in (ref.clone(), near, far)]
+    monkeypatch.setattr(compare_module, "_CHUNK", 7)
+    chunked = [compare(ref, c) for c in (ref.clone(), near, far)]
+    assert [c.ok for c in chunked] == [c.ok for c in whole] == [True, True, False]
+    assert [c.max_abs_diff for c in chunked] == [c.max_abs_diff for c in whole]
+    moved_nan = ref.clone()
+    moved_nan[5], moved_nan[6] = 0.0, math.nan
+    assert not compare(ref, moved_nan).ok
