@@ -78,15 +78,20 @@ def _own_workspaces(api: _GraphApi) -> Iterator[None]:
     the same stream reused it, so freeing that pool could leave the others' workspace in freed
     memory. Dropped before, a capture allocates its workspace in its own pool, which lives as
     long as the graph; dropped after, nothing outside that pool holds it. Inductor's CUDA graph
-    trees do the same. The cost: the next eager matmul allocates its workspace again.
+    trees do the same. The cost: the next eager matmul allocates its workspace again. Between
+    the warm-ups and the capture the runner drops them once more (:func:`_drop_workspaces`).
     """
-    if api.clear_workspaces is not None:
-        api.clear_workspaces()
+    _drop_workspaces(api)
     try:
         yield
     finally:
-        if api.clear_workspaces is not None:
-            api.clear_workspaces()
+        _drop_workspaces(api)
+
+
+def _drop_workspaces(api: _GraphApi) -> None:
+    """Drop the BLAS library's per-stream workspaces, where the device has any to drop."""
+    if api.clear_workspaces is not None:
+        api.clear_workspaces()
 
 
 def _graph_api(device: torch.device) -> _GraphApi:
@@ -256,11 +261,10 @@ class DeviceGraphRunner(Runner):
                             "replays fixed inputs only"
                         )
             api.current_stream().wait_stream(side)
-            if api.clear_workspaces is not None:
-                # The warm-ups' workspace (their side stream's) is not the capture's: without
-                # this it stayed allocated through the capture, 32 MiB of tuning's peak on
-                # the H200 (a capture of a probe's shape, Mistral-8L).
-                api.clear_workspaces()
+            # The warm-ups' workspace (their side stream's) is not the capture's: without this
+            # it stayed allocated through the capture, 32 MiB of tuning's peak on the H200 (a
+            # capture of a probe's shape, Mistral-8L).
+            _drop_workspaces(api)
             reset()
             before = positions_of(self.objects)
             self.graph = api.graph()
