@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -66,11 +66,12 @@ class Runner(ABC):
         """
         return frozenset()
 
-    def for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
-        """The runner that serves every call of exactly this call's signature.
+    def for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """What serves every call of exactly this call's signature.
 
-        ``self``, or the one part of this runner that does (a capture per shape), which a
-        dispatcher that remembers the signature then calls directly. Asked after the call ran.
+        ``self``, or the one part of this runner that does (a capture per shape, or that
+        capture's replay without the checks the signature makes needless), which a dispatcher
+        that remembers the signature then calls directly. Asked after the call ran.
         """
         return self
 

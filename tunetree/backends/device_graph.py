@@ -42,6 +42,7 @@ from ..signature.graph import (
 )
 from ..signature.graph import unflatten as unflatten_tree
 from .base import Backend, Runner
+from .direct_replay import DirectReplay
 from .inductor import compile_unavailable_reason, fresh_entry
 from .placeholders import sample_from_key
 from .ranges import check_placeholders
@@ -378,12 +379,37 @@ class DeviceGraphRunner(Runner):
         self.graph.replay()
         for obj, name, value in moved:
             obj.__dict__[name] = value
+        return self._output()
+
+    def _output(self) -> Any:
+        """The caller's outputs of the last replay: clones, or the updated input state."""
         out = self.static_out
         if not self.clone_outputs:
             return out
         if isinstance(out, torch.Tensor):
             return out if id(out) in self.in_place else out.clone()
         return pytree.tree_map(self._fresh, out, is_leaf=is_cache_object)
+
+    def for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """A :class:`DirectReplay` for calls of this call's signature, when one can serve them.
+
+        It can when the call passes tensors and constants at the top level, as the capture's
+        call did, no cache position moves and no cache is passed back: then the signature a
+        dispatcher keys by says everything the checks of :meth:`__call__` would find.
+        """
+        slots = self.top_slots
+        if (
+            slots is None
+            or self.advances
+            or self.owned_at is not None
+            or len(args) != self.n_args
+            or kwargs.keys() != self.kw_names
+        ):
+            return self
+        out = self.static_out
+        single = isinstance(out, torch.Tensor) and id(out) not in self.in_place
+        single = single and self.clone_outputs
+        return DirectReplay(self, slots, self.graph, out.clone if single else self._output)
 
     def _fresh(self, leaf: Any) -> Any:
         """One output leaf for the caller: a clone, or the updated input state itself."""
@@ -530,14 +556,16 @@ class ShapeSetRunner(Runner):
                 return self.forward(*args, **kwargs)
         return capture(*args, **kwargs)
 
-    def for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Runner:
-        """The capture for this call's shapes, once there is one and no capture owns state.
+    def for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
+        """The capture for this call's shapes (its direct replay where it has one), if any.
 
-        A call passing a cache back is routed by the object, call by call.
+        Self while no capture serves those shapes, or while a capture owns state (a call
+        passing a cache back is routed by the object, call by call).
         """
         if self._owners:
             return self
-        return self.captures.get(_shape_key(args, kwargs)) or self
+        capture = self.captures.get(_shape_key(args, kwargs))
+        return self if capture is None else capture.for_call(args, kwargs)
 
     def _passed_back(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The capture whose cache object the call passes back (its other inputs fitting)."""

@@ -12,7 +12,7 @@ import contextlib
 import copy
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch import nn
@@ -90,7 +90,7 @@ class Dispatcher:
         """The runners that may own state objects (the others own none: not asked per call)."""
         self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
         self._routes: dict[GraphKey, Runner | None] = {}
-        self._fast: dict[tuple[Any, ...], tuple[Runner | None, ArgumentPlan]] = {}
+        self._fast: dict[tuple[Any, ...], tuple[Callable[..., Any] | None, ArgumentPlan]] = {}
         self._ranged: dict[GraphKey, list[tuple[GraphKey, Runner]]] = {}
         for key, runner in self._runners.items():
             if key.is_dynamic:
@@ -113,7 +113,10 @@ class Dispatcher:
                 )
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
-        owned = self._owned() if self._owners else frozenset()
+        # Asked of the runners only when the call holds more than tensors (a cache object).
+        owned: Callable[[], frozenset[int]] | frozenset[int] = (
+            self._owned if self._owners else frozenset()
+        )
         fast = call_signature(args, kwargs, owned)
         memo = self._fast.get(fast) if fast is not None else None
         if memo is not None:  # a call of tensors and constants with a signature seen before

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -214,7 +215,9 @@ def _pick(source: Source, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 def call_signature(
-    args: tuple[Any, ...], kwargs: dict[str, Any], owned: frozenset[int] = frozenset()
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    owned: frozenset[int] | Callable[[], frozenset[int]] = frozenset(),
 ) -> tuple[Any, ...] | None:
     """A cheap hashable signature of a call, or None when it holds something else.
 
@@ -226,15 +229,26 @@ def call_signature(
     (which says the same things, in a form that is slower to build). An object whose id is in
     ``owned`` (state a runner returned and checks itself, see ``Runner.owned_ids``) is keyed by
     its identity: a decode step passing back the cache a device graph returned costs no walk
-    over the cache's layers.
+    over the cache's layers. ``owned`` may be a function giving those ids: it is called only
+    when the call holds something other than a tensor (a call of tensors alone asks nothing).
     """
     parts: list[Any] = []
     for value in args:
+        if type(value) is torch.Tensor:  # the common case, without a function call
+            parts.append((value.dtype, value.shape))
+            continue
+        if callable(owned):
+            owned = owned()
         part = _part(value, owned)
         if part is None:
             return None
         parts.append(part)
     for name, value in kwargs.items():
+        if type(value) is torch.Tensor:
+            parts.append((name, (value.dtype, value.shape)))
+            continue
+        if callable(owned):
+            owned = owned()
         part = _part(value, owned)
         if part is None:
             return None
