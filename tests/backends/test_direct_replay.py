@@ -112,3 +112,21 @@ def test_a_call_of_tensors_alone_never_asks_which_objects_runners_own() -> None:
     assert asked == []
     assert call_signature((x, 2.0), {"flag": True}, owned) is not None
     assert asked == [1]  # asked once, at the first value that is not a tensor
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_direct_replays_on_a_gpu_give_eagers_results_in_outputs_of_their_own() -> None:
+    cuda = torch.device("cuda")
+    model = mlp().to(cuda)
+    data = [torch.randn(b, 16, device=cuda) for b in (2, 8)]
+    result = tune(model, data, [tt.backends.DeviceGraph()], depth=0, device=cuda)
+    dispatcher = dispatcher_of(result.model)
+    assert dispatcher is not None
+    with torch.no_grad():
+        xs = [torch.randn(b, 16, device=cuda) for b in (2, 8, 2, 8, 2)]
+        outs = [result.model(x) for x in xs]  # each output must survive the later replays
+        for x, out in zip(xs, outs, strict=True):
+            torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    assert all(isinstance(s, DirectReplay) for s in _served(dispatcher))
+    assert dispatcher.fallback_calls == 0
