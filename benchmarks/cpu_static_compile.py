@@ -36,7 +36,7 @@ from . import common
 from .generate_models import configs
 from .interleave import rotations
 
-APPROACHES = ("eager", "eager static", "hf static", "compiled static")
+APPROACHES = ("eager", "eager static", "hf static", "compiled static", "compiled frozen static")
 
 
 def _generate(model: Any, ids: torch.Tensor, tokens: int, **extra: Any) -> torch.Tensor:
@@ -55,6 +55,9 @@ def _generate(model: Any, ids: torch.Tensor, tokens: int, **extra: Any) -> torch
 def _approaches(model: Any, tokens: int) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     eager_forward = model.forward
     compiled = torch.compile(model.forward, dynamic=False)
+    # Freezing folds the weights in as constants, so Inductor's CPU lowering prepacks the
+    # linear layers' weights for oneDNN (what benchmarks.packed_linear measures layer by layer).
+    frozen = torch.compile(model.forward, dynamic=False, options={"freezing": True})
     no_compile = {"cache_implementation": "static", "disable_compile": True}
 
     def with_forward(forward: Any, ids: torch.Tensor, **extra: Any) -> torch.Tensor:
@@ -69,6 +72,7 @@ def _approaches(model: Any, tokens: int) -> dict[str, Callable[[torch.Tensor], t
         "eager static": lambda ids: _generate(model, ids, tokens, **no_compile),
         "hf static": lambda ids: _generate(model, ids, tokens, cache_implementation="static"),
         "compiled static": lambda ids: with_forward(compiled, ids, **no_compile),
+        "compiled frozen static": lambda ids: with_forward(frozen, ids, **no_compile),
     }
 
 
