@@ -106,19 +106,7 @@ def _sdpa_as_eager(sdpa: Any, expand_gqa: bool, null_key: bool) -> Any:
     the attention, or with ``null_key`` by a zero-valued key that only they can see (see
     :func:`attention_as_eager` for why). With ``expand_gqa``, ``enable_gqa=True`` becomes
     attention over repeated key/value heads.
-
-    Which rows see nothing is worked out once per mask: a model passes one mask object to
-    every layer, and exporters do not merge the repeated reductions (one per layer cost an
-    ONNX Runtime BERT-2L 5.5% on a 2-core CPU; once per mask, nothing measurable). The mask is
-    kept beside its result, so its id cannot be reused while the export runs.
     """
-    visible_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def visible_of(mask: torch.Tensor) -> torch.Tensor:
-        known = visible_rows.get(id(mask))
-        if known is None or known[0] is not mask:
-            known = visible_rows[id(mask)] = (mask, mask.any(dim=-1, keepdim=True))
-        return known[1]
 
     @functools.wraps(sdpa)
     def attention(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
@@ -130,7 +118,7 @@ def _sdpa_as_eager(sdpa: Any, expand_gqa: bool, null_key: bool) -> Any:
         mask = kwargs.get("attn_mask", args[0] if args else None)
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             return sdpa(query, key, value, *args, **kwargs)
-        visible = visible_of(mask)
+        visible = mask.any(dim=-1, keepdim=True)
         if null_key and mask.shape[-1] == key.shape[-2]:
             key, value, mask = _hidden_rows_as_null_key(key, value, mask, visible)
             if "attn_mask" in kwargs:

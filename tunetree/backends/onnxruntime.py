@@ -562,33 +562,28 @@ def _export(flat: FlatGraph, module: nn.Module, directory: Path) -> None:
     path = str(directory / MODEL_FILE)
     output_names = [f"output_{i}" for i in range(len(flat.outputs.positions))]
     input_names = list(flat.inputs.names)
-    # Each attempt traces with a fresh attention_as_eager: it remembers values of its trace.
-    with exporting(module), quiet():
+    with exporting(module), attention_as_eager(), quiet():
         try:
-            with attention_as_eager():
-                torch.onnx.export(
-                    flat.module,
-                    flat.example,
-                    path,
-                    dynamo=True,
-                    external_data=True,
-                    verbose=False,
-                    report=False,
-                    artifacts_dir=str(directory),
-                    input_names=input_names,
-                    output_names=output_names,
-                    dynamic_shapes=export_dynamic_shapes(flat.key),
-                )
+            torch.onnx.export(
+                flat.module,
+                flat.example,
+                path,
+                dynamo=True,
+                external_data=True,
+                verbose=False,
+                report=False,
+                artifacts_dir=str(directory),
+                input_names=input_names,
+                output_names=output_names,
+                dynamic_shapes=export_dynamic_shapes(flat.key),
+            )
         except Exception as dynamo_error:
             reason = data_dependent_reason(dynamo_error)
             if reason is not None:
                 raise ValueDependentError(reason) from dynamo_error
             _empty(directory)
             try:
-                with (
-                    traced_values_checked("the TorchScript exporter's tracing"),
-                    attention_as_eager(),
-                ):
+                with traced_values_checked("the TorchScript exporter's tracing"):
                     torch.onnx.export(
                         flat.module,
                         flat.example,

@@ -505,14 +505,16 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
     import openvino
 
     example = tuple(t.cpu() for t in flat.example)
-    # Each attempt traces with a fresh attention_as_eager: it remembers values of its trace.
-    as_eager = functools.partial(attention_as_eager, expand_gqa=True, null_key=True)
-    with exporting(module), parameters_on_cpu(module), quiet():
+    with (
+        exporting(module),
+        parameters_on_cpu(module),
+        attention_as_eager(expand_gqa=True, null_key=True),
+        quiet(),
+    ):
         try:
-            with as_eager():
-                exported = torch.export.export(
-                    flat.module, example, dynamic_shapes=export_dynamic_shapes(flat.key)
-                )
+            exported = torch.export.export(
+                flat.module, example, dynamic_shapes=export_dynamic_shapes(flat.key)
+            )
             return openvino.convert_model(exported), exported
         except Exception as export_error:
             reason = data_dependent_reason(export_error)
@@ -520,7 +522,7 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
                 raise ValueDependentError(reason) from export_error
             log.debug("torch.export route failed, tracing instead: %r", export_error)
             try:
-                with traced_values_checked("tracing"), as_eager():
+                with traced_values_checked("tracing"):
                     model = openvino.convert_model(flat.module, example_input=example)
                 return model, None
             except ValueDependentError:
