@@ -300,6 +300,11 @@ class DeviceGraphRunner(Runner):
         }
         """Cache objects of the output whose every tensor is updated input state: returned as
         they are (no rebuild per call)."""
+        out = self.static_out
+        self.clone_only = (
+            self.clone_outputs and isinstance(out, torch.Tensor) and id(out) not in self.in_place
+        )
+        """The output is one tensor the caller gets a clone of (decided once, not per call)."""
         owned = [(where, v) for where, v in top if id(v) in self.kept_objects]
         self.owned_at: tuple[int | str, Any] | None = owned[0] if len(owned) == 1 else None
         """Where the call passes the cache object this runner returns (when it is one object at
@@ -384,10 +389,10 @@ class DeviceGraphRunner(Runner):
     def _output(self) -> Any:
         """The caller's outputs of the last replay: clones, or the updated input state."""
         out = self.static_out
-        if not self.clone_outputs:
+        if self.clone_only:
+            return out.clone()
+        if not self.clone_outputs or isinstance(out, torch.Tensor):  # static, or updated in place
             return out
-        if isinstance(out, torch.Tensor):
-            return out if id(out) in self.in_place else out.clone()
         return pytree.tree_map(self._fresh, out, is_leaf=is_cache_object)
 
     def for_call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
@@ -406,10 +411,8 @@ class DeviceGraphRunner(Runner):
             or kwargs.keys() != self.kw_names
         ):
             return self
-        out = self.static_out
-        single = isinstance(out, torch.Tensor) and id(out) not in self.in_place
-        single = single and self.clone_outputs
-        return DirectReplay(self, slots, self.graph, out.clone if single else self._output)
+        output = self.static_out.clone if self.clone_only else self._output
+        return DirectReplay(self, slots, self.graph, output)
 
     def _fresh(self, leaf: Any) -> Any:
         """One output leaf for the caller: a clone, or the updated input state itself."""
