@@ -24,10 +24,11 @@ FAST = sorted(name for name, family in FAMILIES.items() if family.fast)
 KNOWN_FALLBACKS = {
     "swin": "passes its feature map's (height, width) to its stages as Python ints, so at depth 1 "
     "every image size is a graph of its own: unseen sizes run the original forward (correctly)",
-    "gemma2-generate": "a sliding-window layer's position, once the window has filled, decides "
-    "where the mask starts (transformers reads it as a Python int), so every decode step past "
-    "the window is a graph of its own: past-window steps of unseen lengths run the original "
-    "forward (correctly)",
+    "gemma2-generate": "the one decode step that fills a sliding window (position window - 1) "
+    "is a graph of its own: it takes the layer's keys at their growing length but returns "
+    "them at the window's, with the position carried apart; only a tuning call that crosses "
+    "the window records it, so an unseen prompt that crosses it runs that one step in the "
+    "original forward (correctly). Every step past the window is one ranged graph.",
     "mamba-generate": "without the mamba_ssm kernels transformers scans the prompt in a Python "
     "loop, so an exported prefill holds the lengths it was traced at: a prefill at another "
     "length inside the range is refused by its runner and runs the original forward "

@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError
-from ..hf import spec_holds_state, to_data, updated_in_place
+from ..hf import carried_carrier, spec_holds_state, to_data, updated_in_place
 from ..signature.binding import original_forward
 from ..signature.fake_run import run_fake
 from ..signature.graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
@@ -75,10 +75,12 @@ class FlatInputs:
         root: Any = (args, kwargs)
         picked = []
         for path in self.paths:
-            obj = root
+            obj = parent = root
             try:
                 for kind, key in path:
-                    obj = getattr(obj, key) if kind == "a" else obj[key]
+                    parent, obj = obj, getattr(obj, key) if kind == "a" else obj[key]
+                if not isinstance(obj, torch.Tensor):  # a cache's position, carried as a size
+                    obj = carried_carrier(parent, path[-1][1]) if path[-1][0] == "a" else obj
             except (AttributeError, IndexError, KeyError, TypeError) as exc:
                 raise BackendError(
                     f"the runner's input path {list(path)!r:.120} does not fit this call "

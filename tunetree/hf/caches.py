@@ -23,7 +23,13 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from .positions import mirrored_names, mirrored_sizes
+from .positions import (
+    carried_position,
+    carried_value,
+    mirrored_names,
+    mirrored_sizes,
+    position_carrier,
+)
 
 _CACHE_BASES = frozenset(
     {
@@ -78,9 +84,11 @@ class ObjectState:
     context (two states compare equal in structure only when both agree). ``mirrored`` names
     the constants that repeat a tensor's size (:mod:`.positions`): a rebuilt object takes them
     from its new tensors, which may be of other sizes (a resized probe, a runner's outputs).
+    ``carried`` names the data entries that are position carriers: the rebuilt object's
+    attribute is the carrier's length, not the tensor.
     """
 
-    __slots__ = ("cls", "constants", "data", "mirrored")
+    __slots__ = ("carried", "cls", "constants", "data", "mirrored")
 
     def __init__(
         self,
@@ -88,24 +96,36 @@ class ObjectState:
         constants: tuple[tuple[str, Any], ...],
         data: dict[str, Any],
         mirrored: tuple[str, ...] = (),
+        carried: tuple[str, ...] = (),
     ):
         self.cls = cls
         self.constants = constants
         self.data = data
         self.mirrored = mirrored
+        self.carried = carried
 
     @classmethod
     def of(cls, obj: Any) -> ObjectState:
         """The state of ``obj`` (nested cache objects become states too)."""
         constants = []
         data = {}
-        for name, value in sorted(vars(obj).items()):  # by name: one order for every copy
+        carried = []
+        attributes = vars(obj)
+        for name, value in sorted(attributes.items()):  # by name: one order for every copy
+            if carried_position(attributes, name):
+                data[name] = position_carrier(value, attributes["keys"].device)
+                carried.append(name)
+                continue
             converted, holds = _as_data(value)
             if holds:
                 data[name] = converted
             else:
                 constants.append((name, value))
-        return cls(type(obj), tuple(constants), data, mirrored_names(vars(obj)))
+        return cls(type(obj), tuple(constants), data, mirrored_names(attributes), tuple(carried))
+
+    def with_data(self, data: dict[str, Any]) -> ObjectState:
+        """The same state around other data (same names, e.g. resized tensors)."""
+        return ObjectState(self.cls, self.constants, data, self.mirrored, self.carried)
 
     def build(self) -> Any:
         """A new object of the recorded class with these attributes (mutable constants copied)."""
@@ -113,7 +133,7 @@ class ObjectState:
         for name, value in self.constants:
             obj.__dict__[name] = value if isinstance(value, _IMMUTABLE) else copy.deepcopy(value)
         for name, value in self.data.items():
-            obj.__dict__[name] = from_data(value)
+            obj.__dict__[name] = carried_value(value) if name in self.carried else from_data(value)
         obj.__dict__.update(mirrored_sizes(self.mirrored, obj.__dict__))
         return obj
 
@@ -123,6 +143,18 @@ class ObjectState:
 
 _IMMUTABLE = (type(None), bool, int, float, str, type, torch.device, torch.dtype)
 """Constants a rebuilt cache may share with the original (others are deep-copied)."""
+
+
+def carried_carrier(obj: Any, name: str) -> Any:
+    """The carrier of ``obj``'s position ``name`` where the layer carries it, else the value.
+
+    What :meth:`ObjectState.of` puts in the position's place, for a runner that reads a
+    call's inputs by attribute path instead of flattening it.
+    """
+    value = getattr(obj, name)
+    if is_cache_object(obj) and carried_position(vars(obj), name):
+        return position_carrier(value, obj.keys.device)
+    return value
 
 
 def _as_data(value: Any) -> tuple[Any, bool]:
@@ -150,12 +182,13 @@ def _as_data(value: Any) -> tuple[Any, bool]:
 
 def _flatten_state(state: ObjectState) -> tuple[list[Any], Any]:
     names = tuple(state.data)
-    return [state.data[n] for n in names], (state.cls, names, state.constants, state.mirrored)
+    context = (state.cls, names, state.constants, state.mirrored, state.carried)
+    return [state.data[n] for n in names], context
 
 
 def _unflatten_state(values: Any, context: Any) -> ObjectState:
-    cls, names, constants, mirrored = context
-    return ObjectState(cls, constants, dict(zip(names, values, strict=True)), mirrored)
+    cls, names, constants, mirrored, carried = context
+    return ObjectState(cls, constants, dict(zip(names, values, strict=True)), mirrored, carried)
 
 
 def _flatten_state_with_keys(state: ObjectState) -> tuple[list[tuple[Any, Any]], Any]:

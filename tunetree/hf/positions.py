@@ -16,7 +16,14 @@ So a signature reads them as what they are:
 - a **position** below the layer's capacity is keyed as ``below capacity``: every step that
   writes inside the capacity takes the same branches of the layer's code, so one graph serves
   them all; the position itself is a value the step advances (:func:`positions_of`). A
-  position at or past the capacity (a sliding window that has filled) keeps its value.
+  position at or past the capacity (a sliding window that has filled) keeps its value;
+- a **carried position**: a dynamic sliding-window layer past its window keeps ``window - 1``
+  positions, so no tensor repeats how many were written, yet that count decides where the
+  attention mask starts (``get_mask_sizes``' offset). It travels as the length of an empty
+  tensor (:func:`position_carrier`, shape ``(0, position)``): the key gets a range over it
+  like over any axis, an exporter sees the position as a symbolic size and computes the
+  mask from it, and a runner's output carries the advanced position back the same way
+  (:func:`carried_position`). Without it each step past the window was a graph of its own.
 
 Nothing here imports ``transformers``; attributes are found by name on cache objects.
 """
@@ -65,8 +72,17 @@ class Derived:
 BELOW_CAPACITY = Derived("position", "below capacity")
 
 
+CARRIER_DTYPE = torch.uint8
+"""The dtype of a position carrier (it holds no element; the dtype only names it)."""
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_size(value: Any) -> bool:
+    """An int, or a symbolic int while an exporter traces (a carried position, a size)."""
+    return _is_int(value) or isinstance(value, torch.SymInt)
 
 
 def mirrored_axis(attributes: dict[str, Any], name: str) -> tuple[str, int] | None:
@@ -78,11 +94,47 @@ def mirrored_axis(attributes: dict[str, Any], name: str) -> tuple[str, int] | No
         return None
     value = attributes.get(name)
     tensor = attributes.get(where[0])
-    if not _is_int(value) or not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+    if not _is_size(value) or not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
         return None
     if -tensor.dim() > where[1] or where[1] >= tensor.dim():
         return None
-    return where if int(tensor.shape[where[1]]) == value else None
+    # While an exporter traces, both may be symbolic; equal expressions compare True without a
+    # guard, and the graph's ranges decide the others (as they do for the eager call).
+    return where if bool(tensor.shape[where[1]] == value) else None
+
+
+def carried_position(attributes: dict[str, Any], name: str) -> bool:
+    """Whether ``attributes[name]`` is a position that travels as a carrier (see module doc).
+
+    A position of a dynamic layer (no capacity) that holds tensors, when no tensor's size
+    repeats it: a sliding window that has filled.
+    """
+    if name not in POSITIONS or CAPACITY in attributes:
+        return False
+    value, keys = attributes.get(name), attributes.get("keys")
+    if not _is_size(value) or not isinstance(keys, torch.Tensor) or keys.dim() < 2:
+        return False
+    return mirrored_axis(attributes, name) is None
+
+
+def position_carrier(position: Any, device: torch.device) -> torch.Tensor:
+    """An empty tensor whose second axis is ``position`` long (no memory is allocated)."""
+    return torch.empty((0, position), dtype=CARRIER_DTYPE, device=device)
+
+
+def is_position_carrier(value: Any) -> bool:
+    """Whether ``value`` is shaped like a position carrier (a saved key's stand-in)."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.dtype == CARRIER_DTYPE
+        and value.dim() == 2
+        and value.shape[0] == 0
+    )
+
+
+def carried_value(carrier: torch.Tensor) -> Any:
+    """The position a carrier holds: an int, or a symbolic size while an exporter traces."""
+    return carrier.shape[1]
 
 
 def is_below_capacity(attributes: dict[str, Any], name: str) -> bool:
@@ -98,6 +150,8 @@ def key_value(attributes: dict[str, Any], name: str) -> Any:
     value = attributes[name]
     if not _is_int(value):
         return value
+    if carried_position(attributes, name):
+        return position_carrier(value, attributes["keys"].device)
     if is_below_capacity(attributes, name):
         return BELOW_CAPACITY
     where = mirrored_axis(attributes, name)

@@ -22,9 +22,12 @@ from ..hf import (
     CACHE_CLASSES_MODULE,
     INERT_CACHE_CLASSES,
     MAX_CACHE_ATTRIBUTES,
+    POSITIONS,
+    carried_value,
     check_attribute_name,
     config_size_limit,
     inert_cache_class,
+    is_position_carrier,
 )
 from .graph import GraphKey, Sample, TensorSpec
 
@@ -234,7 +237,10 @@ class _Maker:
                 check_attribute_name(attribute)
             except ValueError as exc:
                 raise BackendError(f"a saved {name}: {exc}") from None
-            obj.__dict__[attribute] = self.value(sig, in_cache=True)
+            value = self.value(sig, in_cache=True)
+            if attribute in POSITIONS and is_position_carrier(value):
+                value = self.constant("int", int(carried_value(value)), in_cache=True)
+            obj.__dict__[attribute] = value
         return obj
 
 
