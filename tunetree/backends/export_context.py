@@ -34,13 +34,14 @@ def exporting(module: nn.Module) -> Iterator[None]:
     The fused multi-head-attention fast path is off because ``nn.TransformerEncoder`` would
     otherwise trace to ``aten::_transformer_encoder_layer_fwd``, which exporters cannot
     translate. Experts run as :func:`experts_as_data` says. Restores the fast-path switch,
-    the experts' implementation and every submodule's training flag afterwards.
+    the experts' implementation, the exporter paths and every submodule's training flag
+    afterwards.
     """
     fastpath = torch.backends.mha.get_fastpath_enabled()
     modes = [(m, m.training) for m in module.modules()]
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad(), experts_as_data(module):
+        with torch.no_grad(), experts_as_data(module), exporter_paths(module):
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
@@ -79,6 +80,35 @@ def experts_as_data(module: nn.Module) -> Iterator[None]:
     finally:
         for config, value in saved:
             config._experts_implementation_internal = value
+
+
+EXPORTER_SWITCH = "onnx_export"
+"""A Hugging Face config flag that selects a model's own exportable code path."""
+
+
+@contextlib.contextmanager
+def exporter_paths(module: nn.Module) -> Iterator[None]:
+    """The code paths Hugging Face models keep for exporters, taken while one traces.
+
+    Longformer and LED read ``config.onnx_export`` when they cut a sequence into overlapping
+    chunks: by default with ``as_strided`` over a view whose sizes ``torch.div`` computes as
+    tensors (an exporter cannot trace a shape read from a tensor: "the graph depends on input
+    values"), with the flag by ``unfold``, the same windows of the same values. Only configs
+    that declare the flag are touched; each is put back afterwards.
+    """
+    configs: dict[int, Any] = {}
+    for m in module.modules():
+        config = getattr(m, "config", None)
+        if isinstance(getattr(config, EXPORTER_SWITCH, None), bool):
+            configs[id(config)] = config
+    saved = [(c, getattr(c, EXPORTER_SWITCH)) for c in configs.values()]
+    try:
+        for config, _ in saved:
+            setattr(config, EXPORTER_SWITCH, True)
+        yield
+    finally:
+        for config, value in saved:
+            setattr(config, EXPORTER_SWITCH, value)
 
 
 def _hidden_rows_as_null_key(
