@@ -24,7 +24,6 @@ import torch
 import torch.utils._pytree as pytree
 
 from .positions import (
-    carried_position,
     carried_value,
     mirrored_names,
     mirrored_sizes,
@@ -112,8 +111,9 @@ class ObjectState:
         carried = []
         attributes = vars(obj)
         for name, value in sorted(attributes.items()):  # by name: one order for every copy
-            if carried_position(attributes, name):
-                data[name] = position_carrier(value, attributes["keys"].device)
+            carrier = position_carrier(attributes, name)
+            if carrier is not None:
+                data[name] = carrier
                 carried.append(name)
                 continue
             converted, holds = _as_data(value)
@@ -151,10 +151,8 @@ def carried_carrier(obj: Any, name: str) -> Any:
     What :meth:`ObjectState.of` puts in the position's place, for a runner that reads a
     call's inputs by attribute path instead of flattening it.
     """
-    value = getattr(obj, name)
-    if is_cache_object(obj) and carried_position(vars(obj), name):
-        return position_carrier(value, obj.keys.device)
-    return value
+    carrier = position_carrier(vars(obj), name) if is_cache_object(obj) else None
+    return getattr(obj, name) if carrier is None else carrier
 
 
 def _as_data(value: Any) -> tuple[Any, bool]:

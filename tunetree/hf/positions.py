@@ -117,9 +117,17 @@ def carried_position(attributes: dict[str, Any], name: str) -> bool:
     return mirrored_axis(attributes, name) is None
 
 
-def position_carrier(position: Any, device: torch.device) -> torch.Tensor:
-    """An empty tensor whose second axis is ``position`` long (no memory is allocated)."""
-    return torch.empty((0, position), dtype=CARRIER_DTYPE, device=device)
+def position_carrier(attributes: dict[str, Any], name: str) -> torch.Tensor | None:
+    """The carrier of the position ``attributes[name]``, or None where it is not carried.
+
+    An empty tensor on the layer's device whose second axis is the position long (no memory
+    is allocated). What a key, a flattened state and a runner reading by path all put in the
+    position's place.
+    """
+    if not carried_position(attributes, name):
+        return None
+    position = attributes[name]
+    return torch.empty((0, position), dtype=CARRIER_DTYPE, device=attributes["keys"].device)
 
 
 def is_position_carrier(value: Any) -> bool:
@@ -150,8 +158,9 @@ def key_value(attributes: dict[str, Any], name: str) -> Any:
     value = attributes[name]
     if not _is_int(value):
         return value
-    if carried_position(attributes, name):
-        return position_carrier(value, attributes["keys"].device)
+    carrier = position_carrier(attributes, name)
+    if carrier is not None:
+        return carrier
     if is_below_capacity(attributes, name):
         return BELOW_CAPACITY
     where = mirrored_axis(attributes, name)
