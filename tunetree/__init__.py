@@ -36,6 +36,7 @@ from .runtime.plan import Plan, PlanEntry
 from .runtime.wrap import serve_alone, unwrap
 from .search.auto import auto_tune
 from .search.auto_result import AutoTuneResult, DepthRow, DepthStatus, SkippedWork
+from .search.config import TuneConfig
 from .search.tune import GraphResult, TuneResult, tune
 from .signature.compare import Tolerance, Tolerances
 from .signature.graph import Dim, Graph, GraphKey, Sample
@@ -80,6 +81,7 @@ __all__ = [
     "Timing",
     "Tolerance",
     "Tolerances",
+    "TuneConfig",
     "TuneResult",
     "TunetreeError",
     "TuningCache",

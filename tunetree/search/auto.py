@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -38,6 +39,7 @@ from ..candidates.measure import MeasureConfig, Timing
 from ..candidates.strategy import Strategy, accuracy_strategy, default_strategy, quick_strategy
 from ..errors import InvalidInputError
 from ..generation import is_generation
+from ..runtime.plan import Plan
 from ..runtime.wrap import wrap
 from ..signature.compare import Tolerances
 from ..signature.inspection import ModelInfo, inspect
@@ -50,7 +52,8 @@ from ..signature.state import (
     tensor_placement,
 )
 from .accuracy_check import EndToEndCheck
-from .auto_result import AutoTuneResult, DepthRow, DepthStatus
+from .auto_result import AutoTuneResult, DepthRow, DepthStatus, measured_plan_at, serve_plan
+from .config import UNSET, TuneConfig, Unset, settings
 from .decision import DepthDecisions
 from .depths import (
     DepthRun,
@@ -88,33 +91,51 @@ UNTUNED_SHARE = 0.1
 """The most of a budget the untuned model's first measurement may take."""
 
 
+@dataclass(frozen=True)
+class _DepthSearch:
+    """What only :func:`auto_tune` takes: the depths, how they are compared, its budgets."""
+
+    min_depth: int
+    max_depth: int | None
+    tie_tolerance: float
+    budget_s: float | None
+    quick: bool
+    accuracy: AccuracyBudget | None
+    reuse_decision: bool
+
+
 def auto_tune(
     model: Any,
     dataset: Iterable[Any],
     *,
     min_depth: int = 0,
     max_depth: int | None = None,
-    strategy: Strategy | None = None,
-    device: torch.device | str | None = None,
     tie_tolerance: float = 0.02,
     time_budget: float | Literal["default"] | None = "default",
     quick: bool = False,
-    dry_run: bool = False,
-    call: CallFn | None = None,
-    tolerances: Tolerances | None = None,
-    measure_config: MeasureConfig | None = None,
-    verbose: bool = True,
-    cache: GraphCache | str | os.PathLike[str] | bool | None = None,
-    dynamic_shapes: DynamicShapes = None,
-    allow_training: bool = False,
     accuracy: AccuracyBudget | None = None,
     reuse_decision: bool = True,
+    config: TuneConfig | None = None,
+    strategy: Strategy | Unset | None = UNSET,
+    device: torch.device | str | Unset | None = UNSET,
+    dry_run: bool | Unset = UNSET,
+    call: CallFn | Unset | None = UNSET,
+    tolerances: Tolerances | Unset | None = UNSET,
+    measure_config: MeasureConfig | Unset | None = UNSET,
+    verbose: bool | Unset = UNSET,
+    cache: GraphCache | str | os.PathLike[str] | bool | Unset | None = UNSET,
+    dynamic_shapes: DynamicShapes | Unset = UNSET,
+    allow_training: bool | Unset = UNSET,
 ) -> AutoTuneResult:
     """Tune every distinct cut from ``min_depth`` to ``max_depth`` and keep the fastest depth.
 
     Each depth is measured end to end side by side with the untuned model on ``dataset``; the best
     speed-up wins (the shallowest within ``tie_tolerance``), or the untuned model when no depth
     beats it.
+
+    The settings shared with :func:`tunetree.tune` (``strategy`` to ``allow_training``) are
+    those of :class:`tunetree.TuneConfig`: pass them as keywords or as ``config=``; a keyword
+    beside ``config=`` must agree with it (else :class:`~tunetree.errors.InvalidInputError`).
 
     ``strategy=None`` uses :func:`tunetree.default_strategy` for the device; every graph
     gets its own copy. A graph tuned at one depth is reused at every other depth that
@@ -156,41 +177,69 @@ def auto_tune(
     against eager, measures it once beside the untuned model and no other depth
     (:mod:`tunetree.search.decision`). False: every depth is measured.
     """
+    cfg = settings(
+        config,
+        strategy=strategy,
+        device=device,
+        dry_run=dry_run,
+        call=call,
+        tolerances=tolerances,
+        measure_config=measure_config,
+        verbose=verbose,
+        cache=cache,
+        dynamic_shapes=dynamic_shapes,
+        allow_training=allow_training,
+    )
     _check_arguments(min_depth, max_depth, tie_tolerance)
-    start = now()
-    clock = Stopwatch()
-    budget = _budget_s(time_budget, quick)
-    check_untuned(model)
-    if not allow_training:
-        check_eval_mode(model)
-    dev = check_device(model, device)
-    progress = Progress(verbose)
     if quick and max_depth is None:
         max_depth = max(min_depth, QUICK_MAX_DEPTH)
+    search = _DepthSearch(
+        min_depth,
+        max_depth,
+        tie_tolerance,
+        _budget_s(time_budget, quick),
+        quick,
+        accuracy,
+        reuse_decision,
+    )
+    return _auto_tune(model, dataset, cfg, search)
+
+
+def _auto_tune(
+    model: Any, dataset: Iterable[Any], cfg: TuneConfig, search: _DepthSearch
+) -> AutoTuneResult:
+    """:func:`auto_tune` with its settings resolved."""
+    start = now()
+    clock = Stopwatch()
+    check_untuned(model)
+    if not cfg.allow_training:
+        check_eval_mode(model)
+    dev = check_device(model, cfg.device)
+    progress = Progress(cfg.verbose)
     held: list[Any] = []
-    if accuracy is not None:
-        dataset, held = accuracy.split(list(dataset))
+    if search.accuracy is not None:
+        dataset, held = search.accuracy.split(list(dataset))
     with preserved_state(model), eval_mode(model):
         progress("inspecting the model")
         with clock.phase(INSPECTION):
             info = inspect(
                 model,
                 dataset,
-                call=call,
+                call=cfg.call,
                 device=dev,
-                dynamic_shapes=dynamic_shapes,
-                max_depth=MAX_DEFAULT_DEPTH if max_depth is None else max_depth,
+                dynamic_shapes=cfg.dynamic_shapes,
+                max_depth=MAX_DEFAULT_DEPTH if search.max_depth is None else search.max_depth,
             )
-        rows = _depth_rows(info, min_depth, max_depth)
+        rows = _depth_rows(info, search.min_depth, search.max_depth)
         if not rows:
             fused = f"; {info.fast_path_note()}" if info.fused else ""
             raise InvalidInputError(
-                f"no depth to try: min_depth={min_depth} is deeper than the model's deepest "
-                f"executed module (depth {info.max_depth}){fused}"
+                f"no depth to try: min_depth={search.min_depth} is deeper than the model's "
+                f"deepest executed module (depth {info.max_depth}){fused}"
             )
         if info.fused:
             log.warning("auto_tune: %s", info.fast_path_note())
-        if dry_run:
+        if cfg.dry_run:
             for row in rows:
                 row.status = DepthStatus.DRY_RUN
             return AutoTuneResult(model, None, rows, None, info=info, dry_run=True, original=model)
@@ -198,15 +247,16 @@ def auto_tune(
             run = DepthRun(
                 model=model,
                 info=info,
-                call=call,
-                config=measure_config or (MeasureConfig.first_look() if quick else MeasureConfig()),
+                call=cfg.call,
+                config=cfg.measure_config
+                or (MeasureConfig.first_look() if search.quick else MeasureConfig()),
                 # built once: log lines appear once
-                strategy=strategy or _strategy(dev, quick, accuracy),
-                tolerances=tolerances,
+                strategy=cfg.strategy or _strategy(dev, search.quick, search.accuracy),
+                tolerances=cfg.tolerances,
                 progress=progress,
-                cache=open_cache(cache),
+                cache=open_cache(cfg.cache),
                 devices=tensor_placement(model),
-                deadline=None if budget is None else Deadline.after(budget, start),
+                deadline=_deadline(search.budget_s, start),
                 clock=clock,
                 generation=is_generation(info, model),
             )
@@ -218,19 +268,21 @@ def auto_tune(
                 return AutoTuneResult(
                     model, None, rows, None, info=info, original=model, tuning_s=now() - start
                 )
-            if accuracy is not None:
+            if search.accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
-                run.accuracy = EndToEndCheck.prepare(accuracy, model, info, held, call)
-        decisions = DepthDecisions.open(run, rows, tie_tolerance, reuse_decision)
+                run.accuracy = EndToEndCheck.prepare(search.accuracy, model, info, held, cfg.call)
+        decisions = DepthDecisions.open(run, rows, search.tie_tolerance, search.reuse_decision)
         before = decisions.try_reuse()
         if before is None:
-            before = _search(run, rows, budget)
-        result = _finish(run, rows, before, tie_tolerance, start)  # measures: still in eval mode
-    decisions.finish(result)
-    result.breakdown = clock.breakdown()
-    result.time_budget = budget
-    result.accuracy = accuracy
+            before = _search(run, rows, search.budget_s)
+        # measures: still in eval mode
+        result = _finish(run, rows, before, search, start, decisions.note())
+    decisions.record(result)
     return result
+
+
+def _deadline(budget_s: float | None, start: float) -> Deadline | None:
+    return None if budget_s is None else Deadline.after(budget_s, start)
 
 
 def _nothing_to_try(strategy: Strategy, dev: torch.device) -> str:
@@ -320,9 +372,14 @@ def _budget_s(time_budget: float | Literal["default"] | None, quick: bool) -> fl
 
 
 def _finish(
-    run: DepthRun, rows: list[DepthRow], before: Timing, tie_tolerance: float, start: float
+    run: DepthRun,
+    rows: list[DepthRow],
+    before: Timing,
+    search: _DepthSearch,
+    start: float,
+    decision: str,
 ) -> AutoTuneResult:
-    """Pick the depth and wrap the model with its plan.
+    """Pick the depth, wrap the model with its plan, and return the whole result.
 
     ``untuned_after`` is the untuned timing taken beside the last measured depth.
     """
@@ -330,8 +387,8 @@ def _finish(
     after = measured[-1].untuned if measured else None
     untuned = min((t for t in (before, after) if t is not None), key=lambda t: t.median_s)
     against_fastest_untuned(measured, before)
-    selected = select_depth(rows, tie_tolerance)
-    final = _final_check(run, rows, selected, tie_tolerance, before)
+    selected = select_depth(rows, search.tie_tolerance)
+    final = _final_check(run, rows, selected, search.tie_tolerance, before)
     if final is not None and final.kept_rival:  # depth 0 now holds the rival, timed again
         selected = 0
         against_fastest_untuned([r for r in rows if r.untuned and r.same_as is None], before)
@@ -340,24 +397,30 @@ def _finish(
             measured_plan.accuracy = accuracy_record(
                 run.accuracy.budget, next(r for r in rows if r.depth == depth)
             )
-    result = AutoTuneResult(
-        run.model,
-        None,
+    model, plan = run.model, Plan()
+    if selected is not None:
+        plan = measured_plan_at(run.plans, selected)
+        model = serve_plan(run.model, plan, selected)
+    release_unplanned(run.graphs.values(), run.plans.values())  # result.use picks among those
+    return AutoTuneResult(
+        model,
+        selected,
         rows,
         untuned,
         before,
         after,
+        plan=plan,
         graphs=run.graphs,
         info=run.info,
         original=run.model,
         plans=dict(run.plans),
         final="" if final is None else str(final),
+        tuning_s=now() - start,
+        breakdown=run.clock.breakdown(),
+        time_budget=search.budget_s,
+        accuracy=search.accuracy,
+        decision=decision,
     )
-    if selected is not None:
-        result.use(selected)
-    release_unplanned(run.graphs.values(), run.plans.values())  # result.use picks among those
-    result.tuning_s = now() - start
-    return result
 
 
 def _final_check(

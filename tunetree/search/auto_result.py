@@ -225,15 +225,8 @@ class AutoTuneResult:
         ``depth`` and ``plan`` follow; :func:`auto_tune` installs the selected depth the same
         way. InvalidInputError for a depth that has no measured plan.
         """
-        if depth not in self.plans:
-            measured = ", ".join(str(d) for d in sorted(self.plans)) or "none"
-            raise InvalidInputError(
-                f"depth {depth} has no measured plan to use (measured depths: {measured}); "
-                "see print(result) for why"
-            )
-        unwrap(self.original)
-        plan = self.plans[depth]
-        self.model = wrap(self.original, plan.runners(), plan, in_place=depth != 0)
+        plan = measured_plan_at(self.plans, depth)
+        self.model = serve_plan(self.original, plan, depth)
         self.depth, self.plan = depth, plan
         return self.model
 
@@ -356,6 +349,23 @@ class AutoTuneResult:
         fig.savefig(out, dpi=100)
         plt.close(fig)
         return out
+
+
+def measured_plan_at(plans: dict[int, Plan], depth: int) -> Plan:
+    """The plan measured at ``depth``; InvalidInputError when there is none."""
+    if depth not in plans:
+        measured = ", ".join(str(d) for d in sorted(plans)) or "none"
+        raise InvalidInputError(
+            f"depth {depth} has no measured plan to use (measured depths: {measured}); "
+            "see print(result) for why"
+        )
+    return plans[depth]
+
+
+def serve_plan(original: Any, plan: Plan, depth: int) -> Any:
+    """``original`` served by ``plan`` (at depth 0 a new wrapper, deeper wrapped in place)."""
+    unwrap(original)
+    return wrap(original, plan.runners(), plan, in_place=depth != 0)
 
 
 def _error_text(value: float | None) -> str:

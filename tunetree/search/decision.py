@@ -231,20 +231,26 @@ class DepthDecisions:
 
     # ------------------------------------------------------------------ record
 
-    def finish(self, result: AutoTuneResult) -> None:
-        """Note a reused decision in ``result``, or record the full search's decision.
+    def note(self) -> str:
+        """How the depth was chosen when a recorded decision was reused ("" after a search)."""
+        if self.reused is None:
+            return ""
+        there = self.reused.outcome(self.reused.selected)
+        return (
+            f"depth {self.reused.selected} was {ELSEWHERE}{_there(there)} and re-checked "
+            "here (outputs against eager, one measurement beside the untuned model); the "
+            "other depths were not measured (auto_tune(..., reuse_decision=False) measures "
+            "them all)"
+        )
 
-        Not recorded when the time budget skipped work or a depth failed (the choice was not
-        made among every depth), nor without a tuning cache or under an accuracy budget.
+    def record(self, result: AutoTuneResult) -> None:
+        """Record the full search's decision in the tuning cache.
+
+        Not recorded after a reused decision, when the time budget skipped work or a depth
+        failed (the choice was not made among every depth), nor without a tuning cache or under
+        an accuracy budget.
         """
         if self.reused is not None:
-            there = self.reused.outcome(self.reused.selected)
-            result.decision = (
-                f"depth {self.reused.selected} was {ELSEWHERE}{_there(there)} and re-checked "
-                "here (outputs against eager, one measurement beside the untuned model); the "
-                "other depths were not measured (auto_tune(..., reuse_decision=False) measures "
-                "them all)"
-            )
             return
         if self.store is None or self.ident is None or result.skipped():
             return

@@ -42,6 +42,7 @@ from ..signature.inspection import ModelInfo, inspect
 from ..signature.modules import CallFn, find_module, resolve_device
 from ..signature.shapes import DynamicShapes
 from ..signature.state import check_eval_mode, eval_mode, preserved_state
+from .config import UNSET, TuneConfig, Unset, settings
 from .serving import mark_unserved, serve_once
 
 log = logging.getLogger(__name__)
@@ -460,17 +461,18 @@ def tune(
     dataset: Iterable[Any],
     *,
     depth: int = 0,
-    strategy: Strategy | None = None,
-    device: torch.device | str | None = None,
-    call: CallFn | None = None,
-    tolerances: Tolerances | None = None,
-    measure_config: MeasureConfig | None = None,
-    dry_run: bool = False,
-    verbose: bool = True,
+    config: TuneConfig | None = None,
+    strategy: Strategy | Unset | None = UNSET,
+    device: torch.device | str | Unset | None = UNSET,
+    call: CallFn | Unset | None = UNSET,
+    tolerances: Tolerances | Unset | None = UNSET,
+    measure_config: MeasureConfig | Unset | None = UNSET,
+    dry_run: bool | Unset = UNSET,
+    verbose: bool | Unset = UNSET,
     info: ModelInfo | None = None,
-    cache: GraphCache | str | os.PathLike[str] | bool | None = None,
-    dynamic_shapes: DynamicShapes = None,
-    allow_training: bool = False,
+    cache: GraphCache | str | os.PathLike[str] | bool | Unset | None = UNSET,
+    dynamic_shapes: DynamicShapes | Unset = UNSET,
+    allow_training: bool | Unset = UNSET,
 ) -> TuneResult:
     """Tune one cut: every executed module at ``depth`` plus executed leaves shallower than it.
 
@@ -483,6 +485,9 @@ def tune(
     is the outermost modules it calls (``print(tt.inspect(...))`` says which), and they are
     wrapped in shallow copies inside a shallow copy of the object. At deeper cuts the
     modules inside ``model`` are wrapped in place (``result.undo()`` reverts).
+
+    The settings (``strategy`` to ``allow_training``) are those of :class:`tunetree.TuneConfig`:
+    pass them as keywords or as ``config=``; a keyword beside ``config=`` must agree with it.
 
     A model with modules in training mode is refused (call ``model.eval()``), unless
     ``allow_training=True``: its eval behaviour is then tuned, and the runners serve eval
@@ -497,11 +502,31 @@ def tune(
     one runner), False (every exact shape is its own graph) or a torch.export-style nest
     of :class:`tunetree.Dim` for the model's inputs (see :func:`tunetree.inspect`).
     """
+    cfg = settings(
+        config,
+        strategy=strategy,
+        device=device,
+        call=call,
+        tolerances=tolerances,
+        measure_config=measure_config,
+        dry_run=dry_run,
+        verbose=verbose,
+        cache=cache,
+        dynamic_shapes=dynamic_shapes,
+        allow_training=allow_training,
+    )
+    return _tune(model, dataset, depth, cfg, info)
+
+
+def _tune(
+    model: Any, dataset: Iterable[Any], depth: int, cfg: TuneConfig, info: ModelInfo | None
+) -> TuneResult:
+    """:func:`tune` with its settings resolved."""
     check_untuned(model)
-    if not allow_training:
+    if not cfg.allow_training:
         check_eval_mode(model)
-    dev = check_device(model, device)
-    progress = Progress(verbose)
+    dev = check_device(model, cfg.device)
+    progress = Progress(cfg.verbose)
     clock = Stopwatch()
     with preserved_state(model), eval_mode(model):
         if info is None:
@@ -510,22 +535,22 @@ def tune(
                 info = inspect(
                     model,
                     dataset,
-                    call=call,
+                    call=cfg.call,
                     device=dev,
-                    dynamic_shapes=dynamic_shapes,
+                    dynamic_shapes=cfg.dynamic_shapes,
                     max_depth=depth,
                 )
-        if dry_run:
+        if cfg.dry_run:
             return TuneResult(model, depth, Plan([], depth), [], info, dry_run=True, original=model)
         graphs = tune_cut(
             model,
             info,
             depth,
-            strategy=strategy,
-            tolerances=tolerances or Tolerances(),
-            measure_config=measure_config or MeasureConfig(),
+            strategy=cfg.strategy,
+            tolerances=cfg.tolerances or Tolerances(),
+            measure_config=cfg.measure_config or MeasureConfig(),
             progress=progress,
-            cache=open_cache(cache),
+            cache=open_cache(cfg.cache),
             clock=clock,
             most_time_first=is_generation(info, model),
         )
@@ -534,6 +559,6 @@ def tune(
     tuned = wrap(model, plan.runners(), plan, in_place=depth > 0)
     if plan.runners():
         with preserved_state(model), clock.phase(END_TO_END_CHECK):
-            serve_once(tuned, info, call)
+            serve_once(tuned, info, cfg.call)
         mark_unserved(tuned, graphs)
     return TuneResult(tuned, depth, plan, graphs, info, original=model, breakdown=clock.breakdown())
