@@ -31,7 +31,7 @@ class TwoInputs(nn.Module):
 
 
 def _served(dispatcher: object) -> list[object]:
-    return [served for served, _ in dispatcher._fast.values()]  # type: ignore[attr-defined]
+    return [served for served, _ in dispatcher._by_signature.values()]  # type: ignore[attr-defined]
 
 
 @pytest.mark.usefixtures("op_graphs")

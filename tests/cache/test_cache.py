@@ -29,7 +29,7 @@ from tunetree.cache import keys as cache_keys
 from tunetree.cache.entry import EntryManifest
 from tunetree.cache.maintenance import entry_info
 from tunetree.cache.store import MANIFEST, CacheStore
-from tunetree.candidates import evaluate
+from tunetree.candidates import measuring
 from tunetree.candidates.evaluate import GraphSession
 from tunetree.search.tune import TuneResult
 from tunetree.signature.graph import Graph, Sample
@@ -588,14 +588,14 @@ def test_batch_size_search_measures_under_the_device_lock(
         finally:
             inside[0] = False
 
-    real_measure = evaluate.measure
+    real_measure = measuring.measure
 
     def spy(calls: Any, device: Any, config: Any, *rest: Any) -> Any:
         held.append(inside[0])
         return real_measure(calls, device, config, *rest)
 
     monkeypatch.setattr(TuningCache, "device_lock", recording_lock)
-    monkeypatch.setattr(evaluate, "measure", spy)
+    monkeypatch.setattr(measuring, "measure", spy)
     strategy = tt.HighestThroughputStrategy(
         [tt.backends.Eager()], search_max_batch_size=True, max_batch_size=8
     )

@@ -17,7 +17,7 @@ from torch import nn
 
 import tunetree as tt
 from tests.fakes import Busy, Delayed, spin
-from tunetree.candidates import budget, evaluate
+from tunetree.candidates import budget, measuring
 from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline
 from tunetree.candidates.build_costs import REFERENCE_SIZE, BuildCosts, module_size, scaled
 from tunetree.candidates.evaluate import GraphSession, Status
@@ -68,7 +68,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     def fake_measure(calls: Any, device: Any, config: Any, deadline: Any = None) -> Any:
         return {n: Timing(1 * MS, 0.9 * MS, 1.1 * MS, 0.0, 3, 1) for n in calls}
 
-    monkeypatch.setattr(evaluate, "measure", fake_measure)
+    monkeypatch.setattr(measuring, "measure", fake_measure)
     return CLOCK
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from tests.fakes import Delayed, Failing, _FnRunner
 from tunetree.backends.base import Backend, Runner
-from tunetree.candidates import evaluate
+from tunetree.candidates import measuring
 from tunetree.candidates.evaluate import CandidateRow, GraphSession, Status, close_race
 from tunetree.candidates.measure import MeasureConfig, Timing
 from tunetree.signature.binding import original_forward
@@ -58,7 +58,7 @@ def test_a_close_race_is_measured_again_with_more_trials(
             fn()
         return {n: Timing(medians[n], medians[n] * 0.9, medians[n] * 1.1, 0.0, 3, 1) for n in calls}
 
-    monkeypatch.setattr(evaluate, "measure", fake)
+    monkeypatch.setattr(measuring, "measure", fake)
     config = MeasureConfig(warmup_s=0.0, block_s=0.002, trials=3, min_trials=3, rematch=rematch)
     s = session(config)
     rows = [s.evaluate(b) for b in (Delayed(), Delayed(label="twin"), Delayed(label="slow"))]

@@ -183,7 +183,7 @@ def test_a_remembered_signature_goes_straight_to_its_capture() -> None:
         for batch in (4, 4, 6, 6):
             x = torch.randn(batch, 16)
             assert torch.allclose(result.model(x), model(x), atol=1e-6)
-    direct = {sig[0][1][0]: served for sig, (served, _) in dispatcher._fast.items()}
+    direct = {sig[0][1][0]: served for sig, (served, _) in dispatcher._by_signature.items()}
     # Each signature is served by its capture's replay with no checks around it: the signature
     # (dtype and shape) already says the tensor fits the capture's static buffer.
     assert isinstance(direct[4], DirectReplay) and isinstance(direct[6], DirectReplay)

@@ -15,7 +15,7 @@ import tunetree.search.auto
 from tests.cache.fakes import BUILDS, Saving
 from tests.clock import Disturbance, VirtualClock
 from tests.fakes import Busy, Delayed, Shortcut, spin
-from tunetree.candidates import budget, evaluate
+from tunetree.candidates import budget, evaluate, measuring
 from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline, Stopwatch
 from tunetree.candidates.evaluate import GraphSession, screen_out
 from tunetree.candidates.measure import MeasureConfig, Timing, measure
@@ -278,7 +278,7 @@ def test_screening_drops_a_candidate_that_cannot_win_and_keeps_one_that_can(
         seen.append(sorted(calls))
         return {n: Timing(*(v * MS for v in spreads[n]), 0.0, 3, 1) for n in calls}
 
-    monkeypatch.setattr(evaluate, "measure", fake)
+    monkeypatch.setattr(measuring, "measure", fake)
     s = _session(MeasureConfig(rematch=False))
     rows = [s.evaluate(b) for b in (Delayed(), Delayed(label="near"), Delayed(label="far"))]
     s.measure(rows, screen=True)
@@ -307,13 +307,13 @@ def test_strategy_screens_out_a_slow_candidate_and_never_picks_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     measured: list[set[str]] = []
-    real = evaluate.measure
+    real = measuring.measure
 
     def spy(calls: Any, *args: Any, **kwargs: Any) -> Any:
         measured.append(set(calls))
         return real(calls, *args, **kwargs)
 
-    monkeypatch.setattr(evaluate, "measure", spy)
+    monkeypatch.setattr(measuring, "measure", spy)
     strategy = tt.HighestThroughputStrategy(
         [Delayed(delay_s=20 * MS, label="slow"), Delayed(label="a"), tt.backends.Eager()]
     )

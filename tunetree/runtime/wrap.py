@@ -90,7 +90,11 @@ class Dispatcher:
         """The runners that may own state objects (the others own none: not asked per call)."""
         self._exact = {k: r for k, r in self._runners.items() if not k.is_dynamic}
         self._routes: dict[GraphKey, Runner | None] = {}
-        self._fast: dict[tuple[Any, ...], tuple[Callable[..., Any] | None, ArgumentPlan]] = {}
+        self._by_signature: dict[
+            tuple[Any, ...], tuple[Callable[..., Any] | None, ArgumentPlan]
+        ] = {}
+        """Per exact call signature: what serves it (None: the original forward) and how its
+        arguments bind."""
         self._ranged: dict[GraphKey, list[tuple[GraphKey, Runner]]] = {}
         for key, runner in self._runners.items():
             if key.is_dynamic:
@@ -117,14 +121,14 @@ class Dispatcher:
         owned: Callable[[], frozenset[int]] | frozenset[int] = (
             self._owned if self._owners else frozenset()
         )
-        fast = call_signature(args, kwargs, owned)
-        memo = self._fast.get(fast) if fast is not None else None
+        signature = call_signature(args, kwargs, owned)
+        memo = self._by_signature.get(signature) if signature is not None else None
         if memo is not None:  # a call of tensors and constants with a signature seen before
-            served, plan = memo
+            served, binding = memo
             if served is None:
                 self.fallback_calls += 1
                 return self.original(*args, **kwargs)
-            bound_args, bound_kwargs = plan.apply(args, kwargs)
+            bound_args, bound_kwargs = binding.apply(args, kwargs)
             return served(*bound_args, **bound_kwargs)
         # A fresh static cache is initialised before the call is keyed (so no signature of a
         # fresh cache is ever remembered: each such call comes this way, once per generate).
@@ -132,10 +136,12 @@ class Dispatcher:
         if fresh:
             if not self.static_layers.initialise_fresh(fresh, args, kwargs):
                 return self._learn_static_layers(args, kwargs)
-            fast = call_signature(args, kwargs, owned)
-        return self._route_call(args, kwargs, fast)
+            signature = call_signature(args, kwargs, owned)
+        return self._route_call(args, kwargs, signature)
 
-    def _route_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], fast: Any) -> Any:
+    def _route_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], signature: tuple[Any, ...] | None
+    ) -> Any:
         """Serve a call whose signature is not remembered yet, and remember it."""
         bound_args, bound_kwargs = self.binder.bind(args, kwargs)
         key = GraphKey.of(bound_args, bound_kwargs)
@@ -143,20 +149,20 @@ class Dispatcher:
         if runner is _MISS:
             runner = self.route(key)
         learned = None
-        if fast is not None:
+        if signature is not None:
             learned = ArgumentPlan.learn((args, kwargs), (bound_args, bound_kwargs))
             if learned is not None:
-                if len(self._fast) >= MEMO_LIMIT:
-                    self._fast.clear()
-                self._fast[fast] = (runner, learned)
+                if len(self._by_signature) >= MEMO_LIMIT:
+                    self._by_signature.clear()
+                self._by_signature[signature] = (runner, learned)
         if runner is None:  # exactly as the user called it: a decorator may read keywords
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
         output = runner(*bound_args, **bound_kwargs)
-        if learned is not None:  # the next call of this signature goes straight to its part
+        if signature is not None and learned is not None:  # next time: straight to its part
             direct = runner.for_call(bound_args, bound_kwargs)
             if direct is not runner:
-                self._fast[fast] = (direct, learned)
+                self._by_signature[signature] = (direct, learned)
         return output
 
     def _learn_static_layers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
