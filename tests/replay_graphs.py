@@ -21,6 +21,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tunetree.backends import device_graph
+from tunetree.backends.graph_api import GraphApi
 
 _HOST_READS = {"_local_scalar_dense", "is_nonzero", "item"}
 
@@ -74,7 +75,7 @@ def _capture(graph: OpGraph) -> Iterator[None]:
 @pytest.fixture
 def op_graphs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Device graphs on the CPU, replayed op by op (see the module's docstring)."""
-    api = device_graph._GraphApi(
+    api = GraphApi(
         graph=OpGraph,
         capture=_capture,
         stream=_Stream,
@@ -82,7 +83,7 @@ def op_graphs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         current_stream=_Stream,
         device_guard=lambda device: nullcontext(),
     )
-    monkeypatch.setattr(device_graph, "_graph_api", lambda device: api)
+    monkeypatch.setattr(device_graph, "graph_api", lambda device: api)
     monkeypatch.setattr(device_graph.DeviceGraph, "unavailable_reason", lambda self, dev: None)
     OpGraph.replays = 0
     yield

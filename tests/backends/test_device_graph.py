@@ -21,6 +21,7 @@ from tunetree.backends import (
     default_backends,
     device_graph,
 )
+from tunetree.backends.graph_api import GraphApi
 from tunetree.errors import BackendError, InvalidInputError
 from tunetree.signature.compare import Tolerances, compare_all
 from tunetree.signature.graph import Graph, Sample, flatten
@@ -120,7 +121,7 @@ def _fake_capture(graph: _FakeGraph, pool: Any = None) -> Iterator[None]:
 
 @pytest.fixture
 def fake_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
-    api = device_graph._GraphApi(
+    api = GraphApi(
         graph=_FakeGraph,
         capture=_fake_capture,
         stream=_FakeStream,
@@ -142,7 +143,7 @@ def fake_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
 
         return call
 
-    monkeypatch.setattr(device_graph, "_graph_api", lambda device: api)
+    monkeypatch.setattr(device_graph, "graph_api", lambda device: api)
     monkeypatch.setattr(device_graph, "original_forward", recording_forward)
 
 
@@ -458,11 +459,11 @@ def test_every_capture_warms_up_and_captures_with_blas_workspaces_of_its_own(
             yield
 
     api = dataclasses.replace(
-        device_graph._graph_api(CUDA),
+        device_graph.graph_api(CUDA),
         capture=capture,
         clear_workspaces=lambda: events.append("clear"),
     )
-    monkeypatch.setattr(device_graph, "_graph_api", lambda device: api)
+    monkeypatch.setattr(device_graph, "graph_api", lambda device: api)
     module, graph = _ranged_mlp(CPU, (1, 4))
     runner = DeviceGraph(max_shapes=3).build(module, graph, CUDA)
     assert events == ["clear", "clear", "capture", "clear"] * 2  # one per recorded shape

@@ -12,10 +12,9 @@ replay writes into the same output memory.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,14 +23,6 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..hf import (
-    cache_objects,
-    capacity_of,
-    is_cache_object,
-    nested_cache_objects,
-    positions_of,
-    to_data,
-)
 from ..signature.binding import original_forward
 from ..signature.graph import (
     Graph,
@@ -40,125 +31,29 @@ from ..signature.graph import (
     flatten,
     map_tensors,
 )
-from ..signature.graph import unflatten as unflatten_tree
+from ..signature.stateful import (
+    cache_objects,
+    capacity_of,
+    is_cache_object,
+    nested_cache_objects,
+)
 from .base import Backend, Runner
 from .direct_replay import DirectReplay
+from .graph_api import graph_api
+from .graph_capture import (
+    CONSTANT_TYPES,
+    StaticInputs,
+    capture,
+    copy_into,
+    pick,
+    static_objects,
+)
 from .inductor import compile_unavailable_reason, fresh_entry
 from .placeholders import sample_from_key
 from .ranges import check_placeholders
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """torch.compile modes that capture CUDA graphs themselves; nesting them in ours fails."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _GraphApi:
-    """The handful of per-device-type calls that capture needs (CUDA and XPU differ in name)."""
-
-    graph: Callable[[], Any]
-    capture: Callable[..., Any]
-    stream: Callable[..., Any]
-    use_stream: Callable[[Any], Any]
-    current_stream: Callable[..., Any]
-    device_guard: Callable[[Any], Any]
-    pool_handle: Callable[[], Any] | None = None
-    """A new memory pool that several captures can share (None: each capture keeps its own)."""
-    clear_workspaces: Callable[[], None] | None = None
-    """Drop the BLAS library's per-stream workspaces (None: nothing to drop; see
-    :func:`_own_workspaces`)."""
-
-
-@contextlib.contextmanager
-def _own_workspaces(api: _GraphApi) -> Iterator[None]:
-    """Warm up and capture with BLAS workspaces of their own, dropped again afterwards.
-
-    cuBLAS keeps a workspace per stream it ran on, allocated on first use and held for the life
-    of the process. Every capture's warm-up ran on a side stream of its own, so each kept one
-    (tuning Mistral-8L on the H200: ten 32 MiB blocks allocated inside warm-ups were alive at
-    its peak), and the capture's own went to the first capture's pool, where later captures on
-    the same stream reused it, so freeing that pool could leave the others' workspace in freed
-    memory. Dropped before, a capture allocates its workspace in its own pool, which lives as
-    long as the graph; dropped after, nothing outside that pool holds it. Inductor's CUDA graph
-    trees do the same. The cost: the next eager matmul allocates its workspace again. Between
-    the warm-ups and the capture the runner drops them once more (:func:`_drop_workspaces`).
-    """
-    _drop_workspaces(api)
-    try:
-        yield
-    finally:
-        _drop_workspaces(api)
-
-
-def _drop_workspaces(api: _GraphApi) -> None:
-    """Drop the BLAS library's per-stream workspaces, where the device has any to drop."""
-    if api.clear_workspaces is not None:
-        api.clear_workspaces()
-
-
-def _graph_api(device: torch.device) -> _GraphApi:
-    if device.type == "cuda":
-        return _GraphApi(
-            torch.cuda.CUDAGraph,
-            torch.cuda.graph,
-            torch.cuda.Stream,
-            torch.cuda.stream,
-            torch.cuda.current_stream,
-            torch.cuda.device,
-            getattr(torch.cuda, "graph_pool_handle", None),
-            getattr(torch._C, "_cuda_clearCublasWorkspaces", None),
-        )
-    if device.type == "xpu" and hasattr(torch, "xpu") and hasattr(torch.xpu, "XPUGraph"):
-        return _GraphApi(
-            torch.xpu.XPUGraph,
-            torch.xpu.graph,
-            torch.xpu.Stream,
-            torch.xpu.stream,
-            torch.xpu.current_stream,
-            torch.xpu.device,
-            getattr(torch.xpu, "graph_pool_handle", None),
-        )
-    raise BackendError(f"device graphs need a CUDA or XPU device, not {device}")
-
-
-_CONSTANT_TYPES = (type(None), bool, int, float, str, torch.dtype, torch.device)
-
-
-def _pick(root: Any, path: Sequence[Any]) -> Any:
-    """The value at a pytree key path inside a call's raw ``(args, kwargs)``."""
-    value = root
-    try:
-        for key in path:
-            if isinstance(value, torch.Tensor):  # a container was expected here
-                raise TypeError(f"a tensor where the captured call had a container at {key}")
-            if isinstance(key, pytree.GetAttrKey):
-                value = getattr(value, key.name)
-            else:
-                value = value[key.idx if isinstance(key, pytree.SequenceKey) else key.key]
-    except (AttributeError, IndexError, KeyError, TypeError) as exc:
-        raise BackendError(
-            "a device graph replays one input structure only; this call's arguments are "
-            f"structured differently from the captured call ({exc!r}; tune with this input)"
-        ) from exc
-    return value
-
-
-def _copy_into(static: torch.Tensor, value: Any, where: int | str) -> None:
-    """Copy one call's input into its static buffer, refusing another dtype or shape."""
-    if not isinstance(value, torch.Tensor):
-        raise BackendError(f"input {where!r}: expected a tensor, got {type(value).__name__}")
-    if value is static or (
-        value.data_ptr() == static.data_ptr()
-        and value.shape == static.shape
-        and value.dtype == static.dtype
-    ):
-        return  # the static buffer itself, handed back by the previous replay (a cache)
-    if value.shape != static.shape or value.dtype != static.dtype:
-        raise BackendError(
-            f"input {where!r} is {value.dtype}{list(value.shape)} but the device graph was "
-            f"captured for {static.dtype}{list(static.shape)}: device graphs have static "
-            "shapes; tune with this input shape too"
-        )
-    static.copy_(value)
 
 
 class DeviceGraphRunner(Runner):
@@ -191,107 +86,44 @@ class DeviceGraphRunner(Runner):
     ) -> None:
         super().__init__(backend)
         self.clone_outputs = backend.clone_outputs
-        api = _graph_api(device)
-        forward: Callable[..., Any] = original_forward(module)
-        eager = forward
+        eager: Callable[..., Any] = original_forward(module)
+        forward = eager
         if backend.compile:
             forward = compiled or torch.compile(
-                fresh_entry(forward), mode=backend.compile_mode, dynamic=False
+                fresh_entry(eager), mode=backend.compile_mode, dynamic=False
             )
-
-        # Keyword arguments in name order: a call may pass them in any order (and a sample
-        # rebuilt from a GraphKey has them sorted), the graph does not care.
-        leaves, self.spec = flatten((sample.args, dict(sorted(sample.kwargs.items()))))
-        self.static_leaves: list[Any] = [
-            leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves
-        ]
-        self.tensor_slots = [
-            (i, leaf) for i, leaf in enumerate(self.static_leaves) if isinstance(leaf, torch.Tensor)
-        ]
-        # Where each tensor input sits (through cache objects' attributes too): a nested call
-        # is served by picking its tensors, without flattening it again.
-        with_paths, _ = pytree.tree_flatten_with_path(
-            to_data((sample.args, dict(sorted(sample.kwargs.items()))))
+        inputs = StaticInputs.of(sample)
+        self.spec, self.static_leaves = inputs.spec, inputs.leaves
+        self.tensor_slots, self.paths = inputs.tensor_slots, inputs.paths
+        self.n_args, self.kw_names = len(inputs.args), frozenset(inputs.kwargs)
+        self.top_slots = inputs.top_slots
+        """Where a top-level call passes each tensor (None: arguments are nested)."""
+        self.objects = static_objects(inputs)
+        captured = capture(
+            graph_api(device),
+            device,
+            inputs,
+            self.objects,
+            (eager if backend.compile else forward, forward),
+            warmup,
+            pool,
         )
-        self.paths = [path for path, leaf in with_paths if isinstance(leaf, torch.Tensor)]
-        args, kwargs = unflatten_tree(self.static_leaves, self.spec)
-        # Fast path for the common call, model(x, ...) or model(**batch) with tensors and
-        # constants at the top level: no flattening per call. None when arguments are nested.
-        self.n_args = len(args)
-        self.kw_names = frozenset(kwargs)
-        top = [*enumerate(args), *kwargs.items()]
-        self.top_slots: list[tuple[int | str, torch.Tensor]] | None = (
-            [(where, v) for where, v in top if isinstance(v, torch.Tensor)]
-            if all(isinstance(v, (torch.Tensor, *_CONSTANT_TYPES)) for _, v in top)
-            else None
-        )
-
-        # A call that updates its inputs (a decode step appends to its cache) starts every
-        # warm-up and the capture from the sample's values again, its cache objects' ints too
-        # (a sliding-window layer's position decides which branch of its code runs).
-        first = [(static, leaves[i].detach()) for i, static in self.tensor_slots]
-        self.objects = nested_cache_objects((args, kwargs))
-        ints = [
-            (obj, {k: v for k, v in vars(obj).items() if isinstance(v, _CONSTANT_TYPES)})
-            for obj in self.objects
-        ]
-
-        def reset() -> None:
-            for static, value in first:
-                static.copy_(value)
-            for obj, values in ints:
-                obj.__dict__.update(values)
-
-        # The call's structure, cache positions read as values (tunetree.hf.positions).
-        structure = GraphKey.of(args, kwargs)
-        with api.device_guard(device), torch.no_grad(), _own_workspaces(api):
-            # Warm up on a side stream: lazy initialisation (cuBLAS handles, Inductor's first
-            # compile, autotuning) must not happen inside the capture.
-            side = api.stream()
-            side.wait_stream(api.current_stream())
-            with api.use_stream(side):
-                # The first warm-up runs eager's forward: a call that changes its own structure
-                # is refused before anything is compiled for it.
-                for step in range(warmup):
-                    reset()
-                    (forward if step or not backend.compile else eager)(*args, **kwargs)
-                    if GraphKey.of(args, kwargs) != structure:
-                        raise BackendError(
-                            "the call changes the structure of its own arguments (a cache "
-                            "initialised on first use, as in a prefill step): a device graph "
-                            "replays fixed inputs only"
-                        )
-            api.current_stream().wait_stream(side)
-            # The warm-ups' workspace (their side stream's) is not the capture's: without this
-            # it stayed allocated through the capture, 32 MiB of tuning's peak on the H200 (a
-            # capture of a probe's shape, Mistral-8L).
-            _drop_workspaces(api)
-            reset()
-            before = positions_of(self.objects)
-            self.graph = api.graph()
-            try:
-                capturing = (
-                    api.capture(self.graph) if pool is None else api.capture(self.graph, pool=pool)
-                )
-                with capturing:
-                    self.static_out = forward(*args, **kwargs)
-            except Exception as exc:
-                raise BackendError(
-                    f"could not capture a device graph: {type(exc).__name__}: {exc}. "
-                    "The forward must not synchronise with the CPU (.item(), .tolist(), "
-                    "printing tensors, data-dependent shapes); use another backend for it"
-                ) from exc
-        self.advances = [
-            (i, name, vars(self.objects[i])[name] - value) for i, name, value in before
-        ]
+        self.graph, self.static_out = captured.graph, captured.output
+        self.advances = captured.advances
         """Positions the step advances (``(object index, attribute, by how much)``): a replay
         runs no Python, so the runner moves them as eager's code did during the capture."""
         self.fallback = original_forward(module)
         self.eager_calls = 0
         """Calls served by the original forward: their positions would cross the capacity."""
-        # Outputs that are inputs updated in place (a static cache's key/value tensors, which
-        # eager returns in the very cache object it was given) are handed back as they are, as
-        # eager does; a caller that passes them back in is then served without a copy.
+        self._own(inputs.top)
+
+    def _own(self, top: list[tuple[int | str, Any]]) -> None:
+        """Decide, once, which outputs are the inputs' state and which the caller gets copies of.
+
+        Outputs that are inputs updated in place (a static cache's key/value tensors, which
+        eager returns in the very cache object it was given) are handed back as they are, as
+        eager does; a caller that passes them back in is then served without a copy.
+        """
         self.in_place = {id(static) for _, static in self.tensor_slots}
         self.kept_objects = {
             id(obj)
@@ -340,7 +172,7 @@ class DeviceGraphRunner(Runner):
         root = (args, kwargs)
         try:
             for static, path in self.outside:
-                value = _pick(root, path)
+                value = pick(root, path)
                 if (
                     not isinstance(value, torch.Tensor)
                     or value.shape != static.shape
@@ -372,15 +204,15 @@ class DeviceGraphRunner(Runner):
         slots = self.top_slots
         if slots is not None and len(args) == self.n_args and kwargs.keys() == self.kw_names:
             for where, static in slots:
-                _copy_into(static, args[where] if isinstance(where, int) else kwargs[where], where)
+                copy_into(static, args[where] if isinstance(where, int) else kwargs[where], where)
         elif passed_back:  # the cache's tensors are the static inputs: copy only the others
             root = (args, kwargs)
             for static, path in self.outside:
-                _copy_into(static, _pick(root, path), "input")
+                copy_into(static, pick(root, path), "input")
         else:
             root = (args, kwargs)
             for (i, static), path in zip(self.tensor_slots, self.paths, strict=True):
-                _copy_into(static, _pick(root, path), i)
+                copy_into(static, pick(root, path), i)
         self.graph.replay()
         for obj, name, value in moved:
             obj.__dict__[name] = value
@@ -441,7 +273,7 @@ def _shape_key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> ShapeKey:
     Nested inputs go through a full flatten.
     """
     top = [*args, *(kwargs[k] for k in sorted(kwargs))]
-    if all(isinstance(v, (torch.Tensor, *_CONSTANT_TYPES)) for v in top):
+    if all(isinstance(v, (torch.Tensor, *CONSTANT_TYPES)) for v in top):
         return tuple(tuple(v.shape) for v in top if isinstance(v, torch.Tensor))
     leaves, _ = flatten((args, dict(sorted(kwargs.items()))))
     return tuple(tuple(v.shape) for v in leaves if isinstance(v, torch.Tensor))
@@ -455,7 +287,7 @@ def _shared_pool(backend: DeviceGraph, device: torch.device) -> Any:
     """
     if not backend.clone_outputs:
         return None
-    handle = _graph_api(device).pool_handle
+    handle = graph_api(device).pool_handle
     return handle() if handle is not None else None
 
 

@@ -13,6 +13,7 @@ rebuilt.
   environment): the entry is marked invalid (never deleted by a reader) and the graph tuned
   again. A winner that fails to load (its backend no longer imports) gives way to the next
   recorded candidate; a winner whose outputs no longer match eager re-tunes the graph.
+* Reading an entry (validation, the winner's load, re-measuring): :mod:`.entry_reader`.
 * Concurrency: see :mod:`tunetree.cache.locks`. On a miss the session's measurements hold
   the device lock through :attr:`GraphSession.measure_lock`.
 * Remote tier (``remote=`` or ``$TUNETREE_CACHE_REMOTE``, :mod:`tunetree.cache.remote`): a
@@ -28,25 +29,23 @@ import contextlib
 import logging
 import os
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import filelock
 import torch
 
-from ..candidates.evaluate import GraphSession, Status
+from ..candidates.evaluate import GraphSession
 from ..candidates.results import GraphCache, GraphResult
 from ..candidates.strategy import Strategy
 from ..errors import CacheError, MissingDependencyError
-from ..signature.graph import GraphKey
 from . import keys, maintenance, selection, sync
 from .decisions import DecisionStore
-from .entry import ArtifactRecord, EntryFault, EntryManifest, EntryMissing
+from .entry import EntryFault
+from .entry_reader import CacheStats, EntryReader, compatible_with
 from .locks import WriterLocks, device_lock
 from .maintenance import EntryInfo, GcReport
 from .remote import ENV_REMOTE, RemoteTier, open_remote
-from .reuse import Unusable, load_candidate, ranking, recorded_rows, select
 from .store import CacheStore
 from .sync import SyncReport
 from .writer import write_entry
@@ -64,21 +63,6 @@ def default_directory() -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
     return Path(base).expanduser() / "tunetree"
-
-
-@dataclass
-class CacheStats:
-    """What this cache object did in this process (hits, misses, faults, stores)."""
-
-    hits: int = 0
-    misses: int = 0
-    invalid: int = 0
-    stored: int = 0
-    remeasured: int = 0
-    remote_hits: int = 0
-    """Hits served from entries the remote tier materialized (counted in ``hits`` too)."""
-    remote_stored: int = 0
-    """Entries this process published on the remote tier."""
 
 
 class TuningCache:
@@ -105,6 +89,9 @@ class TuningCache:
         self.stats = CacheStats()
         self._writers = WriterLocks(self.disk.locks, lock_timeout_s)
         self._identities: dict[int, keys.EntryIdentity] = {}
+        self._reader = EntryReader(
+            self.disk, self.stats, self._writers, lambda device: self.device_lock(device)
+        )
         self.decisions = DecisionStore(self.disk.root, self.remote)
         """``auto_tune``'s depth decisions (:mod:`tunetree.cache.decisions`)."""
 
@@ -134,14 +121,14 @@ class TuningCache:
             log.warning("tuning cache: cannot key %s: %s", session.path or "<model>", exc)
             return None
         self._identities[id(session)] = ident
-        result, missing = self._lookup(session, strategy, ident)
+        result, missing = self._reader.read(session, strategy, ident)
         if result is None and self._pull(ident):
             # The remote's entry is local now: it is served, and validated, as a local hit.
-            result, missing = self._lookup(session, strategy, ident)
+            result, missing = self._reader.read(session, strategy, ident)
             self.stats.remote_hits += result is not None
         if result is None and self._writers.acquire(ident.key, session) and missing:
             # Another process may have published the entry since we looked: look again.
-            result, _ = self._lookup(session, strategy, ident)
+            result, _ = self._reader.read(session, strategy, ident)
         if result is not None:
             self._writers.release(ident.key)
             self._identities.pop(id(session), None)
@@ -162,7 +149,7 @@ class TuningCache:
             write_entry(self.disk, session, ident, result, reused={})
             self.stats.stored += 1
             if self.remote is not None and self.remote.push(
-                ident.key, self.disk, _compatible_with(ident)
+                ident.key, self.disk, compatible_with(ident)
             ):
                 self.stats.remote_stored += 1
         except Exception as exc:
@@ -233,209 +220,11 @@ class TuningCache:
         """Release any writer lock still held (a tune that stopped between lookup and store)."""
         self._writers.release_all()
 
-    # ------------------------------------------------------------------ lookup internals
-
     def _pull(self, ident: keys.EntryIdentity) -> bool:
         """Ask the remote tier for this key's entry; True when it put one into this cache."""
         if self.remote is None:
             return False
-        return self.remote.pull(ident.key, self.disk, _compatible_with(ident))
-
-    def _lookup(
-        self, session: GraphSession, strategy: Strategy, ident: keys.EntryIdentity
-    ) -> tuple[GraphResult | None, bool]:
-        """The validated result, or None; and whether the entry was missing.
-
-        Missing is a plain miss, as opposed to an entry that exists but cannot serve.
-        """
-        key = ident.key
-        manifest: EntryManifest | None = None
-        try:
-            manifest = self.disk.read_manifest(key)
-            if self.disk.markers.is_marked_invalid(key, manifest.entry_id):
-                log.debug("tuning cache: entry %s is marked invalid; tuning again", key[:12])
-                return None, False
-            _check_manifest(manifest, ident)
-            if manifest.soft != ident.environment.soft:
-                result = self._remeasure(session, strategy, ident, manifest)
-            else:
-                result = self._load_winner(session, strategy, manifest)
-        except EntryMissing:
-            wider = self._lookup_wider(session, strategy, ident)
-            return wider, wider is None
-        except (EntryFault, Unusable) as exc:
-            mark = not isinstance(exc, Unusable) or exc.mark
-            self._fault(session, key, manifest, str(exc), mark)
-            return None, False
-        except Exception as exc:
-            self._fault(session, key, manifest, f"{type(exc).__name__}: {exc}", mark=True)
-            log.debug("%s", traceback.format_exc())
-            return None, False
-        self.disk.markers.record_hit(key)
-        self.stats.hits += 1
-        session.progress(session.path or "<model>", session.graph, "cache hit")
-        return result, False
-
-    def _lookup_wider(
-        self, session: GraphSession, strategy: Strategy, ident: keys.EntryIdentity
-    ) -> GraphResult | None:
-        """A result borrowed from an entry tuned for a wider range that covers this graph.
-
-        The entry's winner is loaded, checked against eager on this graph's samples and on its
-        own probes (the narrower range's ends, value probes) like every hit, and serves this
-        graph; nothing is written.
-        Entries of another environment (soft fields included) are not borrowed from.
-        """
-        for key in self.disk.markers.family_members(ident.family):
-            if key == ident.key:
-                continue
-            try:
-                manifest = self.disk.read_manifest(key)
-                if not _covers(manifest, ident, session) or self.disk.markers.is_marked_invalid(
-                    key, manifest.entry_id
-                ):
-                    continue
-                result = self._load_winner(session, strategy, manifest)
-            except Exception as exc:  # a borrowed entry never breaks the lookup
-                log.debug("tuning cache: wider entry %s not used: %s", key[:12], exc)
-                continue
-            winner = result.winner
-            if winner is None or winner.runner is None:
-                continue
-            result.strategy = f"{strategy.describe()} (cached for {manifest.graph_text})"
-            self.disk.markers.record_hit(key)
-            self.stats.hits += 1
-            session.progress(session.path or "<model>", session.graph, "cache hit (wider range)")
-            return result
-        return None
-
-    def _fault(
-        self,
-        session: GraphSession,
-        key: str,
-        manifest: EntryManifest | None,
-        reason: str,
-        mark: bool,
-    ) -> None:
-        where = session.path or "<model>"
-        log.warning(
-            "tuning cache: entry %s for %s skipped (%s); tuning again", key[:12], where, reason
-        )
-        self.stats.invalid += 1
-        if mark:
-            entry_id = manifest.entry_id if manifest is not None else None
-            self.disk.markers.mark_invalid(key, entry_id, reason)
-
-    def _load_winner(
-        self, session: GraphSession, strategy: Strategy, manifest: EntryManifest
-    ) -> GraphResult:
-        """Load and validate only the recorded winner.
-
-        The next recorded candidate is used when the winner can no longer be loaded.
-        """
-        rows = recorded_rows(strategy, manifest)
-        winner = None
-        if manifest.winner is not None:
-            for i in ranking(strategy, rows, manifest.winner):
-                runner = load_candidate(self.disk, session, rows[i], manifest.candidates[i])
-                if runner is not None:
-                    rows[i].runner, winner = runner, rows[i]
-                    break
-            if winner is None:
-                raise Unusable("no recorded candidate could be loaded", mark=False)
-        return GraphResult(
-            session.path, session.graph, rows, winner, strategy.describe() + " (cached)"
-        )
-
-    def _remeasure(
-        self,
-        session: GraphSession,
-        strategy: Strategy,
-        ident: keys.EntryIdentity,
-        manifest: EntryManifest,
-    ) -> GraphResult:
-        """Soft fields changed: reload and re-measure the recorded candidates and replace the entry.
-
-        Every recorded usable candidate is loaded (no rebuild) and measured again, the strategy
-        chooses, and the entry is replaced with the new numbers.
-        """
-        session.progress(
-            session.path or "<model>", session.graph, "cache: environment changed, re-measuring"
-        )
-        rows = recorded_rows(strategy, manifest)
-        reused: dict[int, ArtifactRecord] = {}
-        for i, (row, record) in enumerate(zip(rows, manifest.candidates, strict=True)):
-            if row.status is not Status.OK:
-                continue
-            row.timing = None
-            runner = load_candidate(self.disk, session, row, record)
-            if runner is not None and record.artifact is not None:
-                row.runner = runner
-                reused[i] = record.artifact
-        if any(r.status is Status.OK for r in rows) and not reused:
-            raise Unusable("no recorded candidate could be loaded", mark=False)
-        with self.device_lock(session.device):
-            session.measure(rows)
-        measured = [r for r in rows if r.usable and r.timing is not None]
-        winner = select(strategy, measured) if measured else None
-        text = strategy.describe() + " (re-measured)"
-        result = GraphResult(session.path, session.graph, rows, winner, text)
-        if self._writers.acquire(ident.key, session, wait=False):
-            try:
-                write_entry(self.disk, session, ident, result, reused=reused, replace=True)
-            except Exception as exc:
-                log.warning("tuning cache: could not update %s: %s", ident.key[:12], exc)
-            finally:
-                self._writers.release(ident.key)
-        self.stats.remeasured += 1
-        return result
-
-
-def _incompatibility(
-    manifest: EntryManifest, ident: keys.EntryIdentity, key: str | None = None
-) -> str | None:
-    """Why the entry cannot serve ``ident`` (whatever its graph, unless ``key`` is given), or None.
-
-    Checks the schema, the entry's key when ``key`` is given, the hard environment and the
-    strategy's candidates, in that order.
-    """
-    if manifest.schema != keys.SCHEMA:
-        return f"written by cache schema {manifest.schema}, not {keys.SCHEMA}"
-    if key is not None and manifest.key != key:
-        return f"manifest is for key {manifest.key[:12]}"
-    if manifest.hard != ident.environment.hard:
-        return "tuned in another environment (library versions or device)"
-    if [c.backend.to_json() for c in manifest.candidates] != ident.strategy["backends"]:
-        return "its candidates differ from the strategy's"
-    return None
-
-
-def _compatible_with(ident: keys.EntryIdentity) -> Any:
-    """The remote tier's check of an entry for ``ident`` (before anything is downloaded)."""
-    return lambda manifest: _incompatibility(manifest, ident, ident.key)
-
-
-def _check_manifest(manifest: EntryManifest, ident: keys.EntryIdentity) -> None:
-    """The manifest belongs to this key, schema, environment and strategy."""
-    reason = _incompatibility(manifest, ident, ident.key)
-    if reason is not None:
-        raise EntryFault(reason)
-
-
-def _covers(manifest: EntryManifest, ident: keys.EntryIdentity, session: GraphSession) -> bool:
-    """The entry is of this graph's family, environment and strategy, for a range covering it."""
-    if (
-        manifest.family != ident.family
-        or manifest.graph_key is None
-        or manifest.soft != ident.environment.soft
-        or _incompatibility(manifest, ident) is not None
-    ):
-        return False
-    try:
-        recorded = GraphKey.from_json(manifest.graph_key)
-    except ValueError:
-        return False
-    return recorded.covers(session.graph.key)
+        return self.remote.pull(ident.key, self.disk, compatible_with(ident))
 
 
 def open_cache(cache: Any = None) -> GraphCache | None:

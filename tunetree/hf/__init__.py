@@ -36,7 +36,7 @@ from .positions import (
     key_value,
     positions_of,
 )
-from .static_init import StaticLayers, batch_of
+from .static_init import FreshStaticCaches, StaticLayers, batch_of
 
 __all__ = [
     "BELOW_CAPACITY",
@@ -46,6 +46,7 @@ __all__ = [
     "MAX_CACHE_ATTRIBUTES",
     "POSITIONS",
     "Derived",
+    "FreshStaticCaches",
     "ObjectState",
     "StaticLayers",
     "batch_of",

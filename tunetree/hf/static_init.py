@@ -163,3 +163,27 @@ class StaticLayers:
             assert sizes is not None
             sizes.initialise(layer, batch)
         return True
+
+
+class FreshStaticCaches:
+    """Fresh static cache layers readied before a call is keyed (a dispatcher's call state).
+
+    Implements :class:`tunetree.signature.stateful.CallState`: a call on a fresh cache whose
+    layers' sizes are known gets them initialised first (its prefill is then keyed like the
+    tuning's); one whose sizes are not known yet runs the original forward once, and the
+    sizes are learned from it.
+    """
+
+    def __init__(self) -> None:
+        self.layers = StaticLayers()
+
+    def prepare(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool | None:
+        """Initialise the call's fresh static layers; see ``CallState.prepare``."""
+        fresh = self.layers.uninitialised(args, kwargs)
+        if not fresh:
+            return None
+        return self.layers.initialise_fresh(fresh, args, kwargs)
+
+    def learn(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], output: Any) -> None:
+        """Learn the static layers' sizes from a call the original forward served."""
+        self.layers.learn((args, kwargs, output))
