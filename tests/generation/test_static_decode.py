@@ -194,7 +194,7 @@ def test_a_dispatcher_learns_the_sizes_from_its_first_fresh_cache() -> None:
     result = _tuned_at_batch_1(model, call)
     dispatcher = dispatcher_of(result.model)
     assert dispatcher is not None
-    dispatcher.static_layers = type(dispatcher.static_layers)()  # as a fresh dispatcher
+    dispatcher.call_state = type(dispatcher.call_state)()  # as a fresh dispatcher
     fallbacks = dispatcher.fallback_calls
     call(result.model, **prompt(1, 11, 7))
     assert dispatcher.fallback_calls == fallbacks + 1

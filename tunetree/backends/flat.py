@@ -23,10 +23,10 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError
-from ..hf import carried_carrier, spec_holds_state, to_data, updated_in_place
 from ..signature.binding import original_forward
 from ..signature.fake_run import run_fake
 from ..signature.graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
+from ..signature.stateful import carried_carrier, spec_holds_state, to_data, updated_in_place
 from ..signature.synthetic import call_from_key, check_key_names, size_limit, zeros
 from . import structure
 from .dtypes import check_numpy_dtypes, dtype_from_name, dtype_from_short_name, dtype_to_name

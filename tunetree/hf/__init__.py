@@ -1,7 +1,9 @@
 """Hugging Face conventions that tunetree handles as data: cache objects in inputs and outputs.
 
 Nothing here imports ``transformers``: objects are recognised by their classes, so a model
-that does not use transformers pays nothing.
+that does not use transformers pays nothing. Only :mod:`tunetree.signature` and
+:mod:`tunetree.generation` import this room; the dispatcher and the backends see it through
+:mod:`tunetree.signature.stateful` (:class:`FreshStaticCaches` is the dispatcher's call state).
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from torch import nn
 
 from ..backends.base import Runner
 from ..errors import InvalidInputError
-from ..hf import StaticLayers
 from ..signature.binding import ArgumentPlan, Binder, call_signature
 from ..signature.graph import GraphKey
 from ..signature.modules import find_module, module_paths, root_modules, set_root
+from ..signature.stateful import CallState, call_state
 from .plan import Plan
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,9 @@ class Dispatcher:
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
         self._warned_training = False
-        self.static_layers = StaticLayers()
-        """Sizes of static cache layers, learned from the first call on a fresh cache: later
-        fresh caches are initialised before the call, so their prefill is keyed like the
-        tuning's (:mod:`tunetree.hf.static_init`)."""
+        self.call_state: CallState = call_state()
+        """Readies the state objects a call passes (a fresh cache) before the call is keyed,
+        learning from the first such call what that takes (:mod:`tunetree.signature.stateful`)."""
 
     @property
     def runners(self) -> dict[GraphKey, Runner]:
@@ -130,12 +129,12 @@ class Dispatcher:
                 return self.original(*args, **kwargs)
             bound_args, bound_kwargs = binding.apply(args, kwargs)
             return served(*bound_args, **bound_kwargs)
-        # A fresh static cache is initialised before the call is keyed (so no signature of a
-        # fresh cache is ever remembered: each such call comes this way, once per generate).
-        fresh = self.static_layers.uninitialised(args, kwargs)
-        if fresh:
-            if not self.static_layers.initialise_fresh(fresh, args, kwargs):
-                return self._learn_static_layers(args, kwargs)
+        # State objects the call passes are readied before it is keyed (no signature of an
+        # unready object is remembered: each such call comes this way).
+        ready = self.call_state.prepare(args, kwargs)
+        if ready is False:
+            return self._learn_call_state(args, kwargs)
+        if ready:
             signature = call_signature(args, kwargs, owned)
         return self._route_call(args, kwargs, signature)
 
@@ -165,19 +164,20 @@ class Dispatcher:
                 self._by_signature[signature] = (direct, learned)
         return output
 
-    def _learn_static_layers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Run the original forward on a fresh static cache of unknown sizes, learning them.
+    def _learn_call_state(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the original forward on state objects not ready yet, learning from the call.
 
-        Once per dispatcher: the tuning's own calls taught the inspection, not this dispatcher.
+        Once per dispatcher and kind of object: the tuning's own calls taught the inspection,
+        not this dispatcher.
         """
         log.debug(
-            "%s: the first call on a fresh static cache runs the original forward once, to "
-            "learn its layers' sizes",
+            "%s: a call's state objects cannot be readied yet: the original forward serves it "
+            "and teaches the dispatcher",
             self.path or "<model>",
         )
         self.fallback_calls += 1
         output = self.original(*args, **kwargs)
-        self.static_layers.learn((args, kwargs, output))
+        self.call_state.learn(args, kwargs, output)
         return output
 
     def _owned(self) -> frozenset[int]:

@@ -9,6 +9,9 @@
 * :mod:`.modules`: walking the model (roots, paths, running it); :mod:`.state`: keeping the
   model's and the process's state unchanged.
 * :mod:`.inspection`: :func:`inspect`, the module tree with depths, time shares and samples.
+* :mod:`.stateful`: objects that carry state between calls (cache objects) as the dispatcher
+  (the :class:`~.stateful.CallState` protocol) and the backends see them; the rest of the
+  package reaches :mod:`tunetree.hf` only through it.
 
 Imports only :mod:`tunetree.hf`, :mod:`tunetree._util` and :mod:`tunetree.errors`.
 """
