@@ -1,4 +1,4 @@
-"""The house keeps its shape (issue 27): entry points at the top, rooms below, no grab-bags."""
+"""The house keeps its shape: entry points at the top, rooms below, no grab-bags."""
 
 from __future__ import annotations
 

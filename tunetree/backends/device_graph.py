@@ -330,8 +330,8 @@ class ShapeSetRunner(Runner):
             else None
         )
         """With ``compile=True``, one compiled forward for every capture: the second shape
-        compiles it with dynamic sizes, which serve every later shape (one compile per shape
-        took minutes on a 24-layer model)."""
+        compiles it with dynamic sizes, which serve every later shape (a compile per shape
+        would multiply the build time by the number of shapes)."""
         self.pool = _shared_pool(backend, device)
         """One memory pool for every capture's working memory (None: one pool each). Replays
         run one after another, and every output that lives in the pool is cloned right after

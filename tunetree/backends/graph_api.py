@@ -34,9 +34,9 @@ def own_workspaces(api: GraphApi) -> Iterator[None]:
     """Warm up and capture with BLAS workspaces of their own, dropped again afterwards.
 
     cuBLAS keeps a workspace per stream it ran on, allocated on first use and held for the life
-    of the process. Every capture's warm-up ran on a side stream of its own, so each kept one
-    (tuning Mistral-8L on the H200: ten 32 MiB blocks allocated inside warm-ups were alive at
-    its peak), and the capture's own went to the first capture's pool, where later captures on
+    of the process. Every capture's warm-up runs on a side stream of its own, so each would keep
+    one (a block per capture, alive at tuning's peak), and the capture's own would go to the
+    first capture's pool, where later captures on
     the same stream reused it, so freeing that pool could leave the others' workspace in freed
     memory. Dropped before, a capture allocates its workspace in its own pool, which lives as
     long as the graph; dropped after, nothing outside that pool holds it. Inductor's CUDA graph

@@ -75,7 +75,7 @@ class Checking(SessionState):
             except Exception as exc:
                 raise RunError(exc) from exc
             # Back from host memory one at a time, and only once the run is over: alive during
-            # it, eager's output (a decode step's whole cache) was 0.1 GiB of Llama-0.5B's peak.
+            # it, eager's output (a decode step's whole cache) would add to the peak.
             reference = parking.reference(self.graph, i)
             wrong, diff, err = self.judge(backend, [output], [reference])
             del output, reference

@@ -113,8 +113,8 @@ class Measuring(SessionState):
         """For a ranged graph, time ``rows`` on each recorded shape apart (``per_shape``).
 
         The mean over the mix stays in ``timing``, and decided the winner: these figures only
-        inform, so they are timed as briefly as screening (:meth:`.MeasureConfig.screening`).
-        At full length they took 37 % of a Llama's tuning on the H200 (43 s of 118 s).
+        inform, so they are timed as briefly as screening (:meth:`.MeasureConfig.screening`):
+        at full length they would be a large part of a ranged graph's tuning time.
         """
         shapes: dict[str, list[Sample]] = {}
         for sample in self.graph.samples:

@@ -336,7 +336,7 @@ INERT_CACHE_CLASSES = frozenset(
         "LinearAttentionAndStaticSlidingWindowAttentionLayer",
     }
 )
-"""Cache classes a graph key read from a file may name (issue 29): transformers' plain
+"""Cache classes a graph key read from a file may name: transformers' plain
 containers of tensors, whose methods only index, concatenate and allocate with torch. Anything
 else is refused: a quantized layer (``QuantoQuantizedLayer``'s ``update`` imports its
 quantization package, found on ``sys.path``), a model's own cache class, or a class a file

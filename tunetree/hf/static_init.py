@@ -4,8 +4,8 @@ A static cache layer (transformers' ``StaticLayer`` and ``StaticSlidingWindowLay
 its key and value tensors in the first call that writes to it: until then it holds no tensors and
 its capacity is a plain int. The first prefill of a fresh cache therefore has another structure
 than a call on an initialised cache, and each capacity is a graph of its own, since no tensor's
-axis carries it (issue 28: ``generate`` makes a fresh cache per call, so an unseen prompt's
-prefill ran the original forward).
+axis carries it (``generate`` makes a fresh cache per call, so an unseen prompt's prefill
+would run the original forward).
 
 :class:`StaticLayers` learns, per layer, what the layer's first write would allocate (head count,
 key and value head sizes, dtype, device) from layers it has seen initialised, and then gives a

@@ -298,15 +298,13 @@ def serve_alone(model: Any) -> int:
     """Tell the runners that serve the whole ``model`` that nothing runs between their calls.
 
     For a dedicated serving process whose only work is this model: a runner may then trade
-    idle CPU for latency (ONNX Runtime lets its threads spin between calls, measured 14%
-    faster on BERT-2L alone). Off by default, because in a process that does anything else
-    between calls (a tokenizer, post-processing, another model, the web server) spinning
-    threads take the cores from that work: eager work right after a spinning depth-0 ONNX
-    Runtime call took 2.2x its time alone on a 2-core CPU. Only runners of the root module
-    (depth 0) are told, and not those serving generation steps (a graph taking a cache): the
-    generate loop runs torch code between them (spinning made Mixtral's generate 0.90x eager,
-    1.37x idle). Returns how many were told. The runners are shared with every model they
-    serve.
+    idle CPU for latency (ONNX Runtime lets its threads spin between calls). Off by default,
+    because in a process that does anything else between calls (a tokenizer,
+    post-processing, another model, the web server) spinning threads take the cores from that
+    work. Only runners of the root module (depth 0) are told, and not those serving
+    generation steps (a graph taking a cache): the generate loop runs torch code between
+    them, which spinning threads would slow down. Returns how many were told. The runners
+    are shared with every model they serve.
     """
     if not isinstance(model, nn.Module):
         return 0
