@@ -1,10 +1,11 @@
 """Run placed jobs as Ray actors, hold each to its time limit, gather one row per job.
 
 Every job gets its own actor (:class:`~tunetree.fleet.worker.JobWorker`, one process on its
-node). Its clock starts when the actor answers that it has started, so waiting for a free
-node is not counted. A job past its limit becomes a ``timed out`` row and its actor is
-killed (its process ends, whatever it was doing); every other job's row still comes back.
-Each actor is killed once its row is in, so it holds neither its CPUs nor its threads.
+node). Its clock starts when the actor answers that it is ready, so waiting for a free node
+and starting the worker are not counted. A job past its limit becomes a ``timed out`` row
+and its actor is killed (its process ends, whatever it was doing); every other job's row
+still comes back. Each actor is killed once its row is in, so it holds neither its CPUs nor
+its threads.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def submit(ray: Any, worker: Any, index: int, job: Job, cpus: float, *args: Any)
     """Start ``job``'s actor (``worker`` is the Ray actor class) and queue its run."""
     actor = worker.options(**job.ray_options(cpus)).remote()
     running = RunningJob(
-        index, job, actor, actor.node.remote(), actor.run.remote(job, *args), job.limit_s()
+        index, job, actor, actor.ready.remote(job), actor.run.remote(job, *args), job.limit_s()
     )
     running.waiting = {running.started_ref, running.row_ref}
     return running

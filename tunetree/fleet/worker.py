@@ -21,7 +21,7 @@ from ..search.auto import auto_tune
 from .hardware import hardware_class
 from .job import Job, resolve
 from .report import FleetRow
-from .threads import tuning_threads
+from .threads import default_threads, tuning_threads
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,16 @@ def _tune(job: Job, remote: str | None, cache_dir: str | None, row: FleetRow) ->
 
 
 class JobWorker:
-    """One job's process on a node (a Ray actor): where it is, then the job."""
+    """One job's process on a node (a Ray actor): ready, then the job."""
 
-    def node(self) -> str:
-        """This node's host name (answers once the worker has started)."""
+    def ready(self, job: Job) -> str:
+        """This node's host name, once the worker is set up for ``job``.
+
+        Its default thread count is measured here when the job uses it, so the job's time
+        limit, which starts when this answers, counts the job alone.
+        """
+        if job.threads is None:
+            default_threads()
         return socket.gethostname()
 
     def run(self, job: Job, remote: str | None, cache_dir: str | None) -> FleetRow:
