@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import math
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import tunetree as tt
+from tunetree.candidates.budget import BUILD
 from tunetree.fleet import FleetReport, FleetRow, Job
+from tunetree.fleet.job import LIMIT_MARGIN_S
+from tunetree.fleet.placement import place
 
 from . import jobs
 
@@ -28,11 +35,11 @@ def test_a_job_names_importable_callables_only() -> None:
         "tree", build=jobs.tree, data="tests.fleet.jobs:data", resources={"GPU": 1, "xeon": 1}
     )
     assert job.build == "tests.fleet.jobs:tree"
-    assert job.ray_options() == {
-        "num_cpus": 1,
+    assert job.ray_options(8) == {
+        "num_cpus": 8,
         "num_gpus": 1,
         "resources": {"xeon": 1},
-        "max_retries": 0,
+        "max_restarts": 0,
     }
     with pytest.raises(tt.InvalidInputError, match="lambda"):
         Job("x", build=lambda: None, data=jobs.data)
@@ -42,6 +49,35 @@ def test_a_job_names_importable_callables_only() -> None:
         Job("x", build=jobs.tree, data=jobs.data, auto_tune={"cache": False})
     with pytest.raises(tt.InvalidInputError, match="resource"):
         Job("x", build=jobs.tree, data=jobs.data, resources={"CPU": -1})
+    for bad in (0, -1, math.nan, "10", True):
+        with pytest.raises(tt.InvalidInputError, match="time_limit"):
+            Job("x", build=jobs.tree, data=jobs.data, time_limit=bad)  # type: ignore[arg-type]
+
+
+def test_a_job_takes_a_whole_node_and_its_threads_unless_it_names_its_cpus() -> None:
+    """By default a job reserves every CPU of the smallest node that can run it and tunes with
+    the node's default threads (None); ``{"CPU": n}`` reserves n and tunes with n threads."""
+    nodes = [{"CPU": 16.0, "xeon": 1.0}, {"CPU": 8.0, "xeon": 1.0}, {"CPU": 64.0, "GPU": 1.0}]
+    whole = Job("a", build=jobs.tree, data=jobs.data, resources={"xeon": 1})
+    assert place(whole, nodes).cpus == 8.0 and whole.threads is None
+    assert place(Job("g", build=jobs.tree, data=jobs.data), nodes).cpus == 8.0
+    four = Job("b", build=jobs.tree, data=jobs.data, resources={"xeon": 1, "CPU": 4})
+    assert place(four, nodes).cpus == 4 and four.threads == 4
+    greedy = Job("c", build=jobs.tree, data=jobs.data, resources={"xeon": 1, "CPU": 32})
+    assert "no node" in (place(greedy, nodes).problem or "")
+    assert place(Job("d", build=jobs.tree, data=jobs.data, resources={"GPU": 1}), nodes).cpus == 64
+
+
+def test_a_jobs_time_limit_follows_its_time_budget_unless_given() -> None:
+    def limit(**kw: object) -> float | None:
+        return Job("x", build=jobs.tree, data=jobs.data, **kw).limit_s()  # type: ignore[arg-type]
+
+    assert limit(auto_tune={"time_budget": 120}) == 2 * 120 + LIMIT_MARGIN_S
+    assert limit() == 2 * 300 + LIMIT_MARGIN_S  # auto_tune's default budget
+    assert limit(auto_tune={"quick": True}) == 2 * 60 + LIMIT_MARGIN_S
+    assert limit(auto_tune={"time_budget": None}) is None
+    assert limit(auto_tune={"time_budget": 120}, time_limit=5) == 5
+    assert limit(time_limit=math.inf) is None
 
 
 def test_the_report_groups_rows_by_hardware_class_and_never_merges_them() -> None:
@@ -58,6 +94,7 @@ def test_the_report_groups_rows_by_hardware_class_and_never_merges_them() -> Non
     }
     assert [r.job for r in report.failed()] == ["b"]
     assert "failed: RuntimeError: no" in str(report) and "2.00x" in str(report)
+    assert "threads" in str(report)
     assert tt.fleet.hardware_class().startswith("cpu: ")
 
 
@@ -76,9 +113,66 @@ def test_fleet_tunes_jobs_over_ray_into_the_remote_and_a_new_host_builds_nothing
     for name in ("tree", "wide"):
         row = report[name]
         assert row.ok and row.builds > 0 and row.remote_stored > 0, row
+        assert row.threads == torch.get_num_threads()  # the node's default, not Ray's one
         assert row.hardware == tt.fleet.hardware_class() and row.node
     assert report["broken"].error == "RuntimeError: this model cannot be built here"
     assert "no node" in (report["nowhere"].error or "")
     again = tt.fleet.tune(fleet[:2], remote=remote, cache_dir=str(tmp_path / "node-2"))
     for row in again.rows:
         assert row.ok and row.builds == 0 and row.remote_hits == row.cache_hits > 0, row
+
+
+def test_after_a_fleet_tune_a_fresh_host_of_the_kind_builds_nothing_and_serves_eagers_numbers(
+    tmp_path: Path, remote: str, ray_local
+) -> None:
+    """Default job resources, a real strategy, real timings: the host (this process, a fresh
+    local cache, its default threads) gets the fleet's winners as they were measured, with no
+    build and no re-measurement. Before, the job ran with Ray's one CPU and OMP_NUM_THREADS=1,
+    so every entry was re-measured here (and a changed winner made its twins build)."""
+    options = {"max_depth": 1, "time_budget": 120}
+    mlp = Job("mlp", build=jobs.mlp, data=jobs.mlp_data, auto_tune=options)
+    report = tt.fleet.tune([mlp], remote=remote, cache_dir=str(tmp_path / "node"))
+    row = report["mlp"]
+    assert row.ok and row.builds > 0 and row.remote_stored > 0, report
+    assert row.threads == torch.get_num_threads(), report
+
+    model = jobs.mlp()
+    cache = tt.TuningCache(tmp_path / "fresh-host", remote=remote)
+    result = tt.auto_tune(model, jobs.mlp_data(), cache=cache, verbose=False, **options)
+    assert result.breakdown is not None
+    builds = sum(p.count for p in result.breakdown.phases if p.phase == BUILD)
+    assert builds == 0 and cache.stats.remeasured == 0, (cache.stats, result)
+    assert not result.skipped(), str(result)
+    assert cache.stats.remote_hits > 0 and cache.stats.misses == 0, (cache.stats, str(result))
+    unseen = torch.randn(5, 256, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        torch.testing.assert_close(result.model(unseen), model(unseen), rtol=1e-4, atol=1e-5)
+
+
+def test_a_job_past_its_time_limit_is_a_row_its_worker_is_stopped_and_the_others_come_back(
+    tmp_path: Path, remote: str, ray_local
+) -> None:
+    jobs.HANGS_PID.unlink(missing_ok=True)
+    options = jobs.options()
+    fleet = [
+        Job("hangs", build=jobs.hangs, data=jobs.data, auto_tune=options, time_limit=8),
+        Job("tree", build=jobs.tree, data=jobs.data, auto_tune=options),
+    ]
+    start = time.monotonic()
+    report = tt.fleet.tune(fleet, remote=remote, cache_dir=str(tmp_path / "node"))
+    assert time.monotonic() - start < 300
+    hung = report["hangs"]
+    assert hung.status == "timed out" and not hung.ok and report.failed() == [hung]
+    assert "time limit of 8 s" in (hung.error or "") and "stopped" in (hung.error or "")
+    assert 8 <= hung.wall_s < 60 and hung.node
+    assert report["tree"].ok and report["tree"].builds > 0, report
+    pid = int(jobs.HANGS_PID.read_text())
+    for _ in range(100):  # the kill is asynchronous
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the timed-out job's worker (pid {pid}) is still running")
+    assert "timed out: ran past its time limit" in str(report)

@@ -233,6 +233,12 @@ def test_the_key_covers_what_the_decision_depends_on(monkeypatch: pytest.MonkeyP
         key(measure_config=tt.MeasureConfig.quick()),
         key(call=lambda m, x: m(x)),
     ]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)  # depths ranked with other threads: another decision
+    try:
+        changed.append(key())
+    finally:
+        torch.set_num_threads(threads)
     real = keys.environment
 
     def other_cpu(device, kinds):

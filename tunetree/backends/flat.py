@@ -348,7 +348,7 @@ def _step(sig: Any, kind: str, step: Any) -> Any:
         items = sig[1]
         return items[step] if isinstance(step, int) and 0 <= step < len(items) else None
     if kind == "k" and head == "dict" and len(sig) == 2:
-        return next((v for k, v in sig[1] if k == str(step)), None)
+        return next((v for k, v in sig[1] if k == step or k == str(step)), None)
     if kind == "a" and head == "data" and len(sig) == 3:
         return next((v for k, v in sig[2] if k == step), None)
     plain_heads = ("tuple", "list", "dict", "const", "object", "data")
@@ -525,7 +525,12 @@ def saved_list(data: dict[str, Any], field: str) -> list[Any]:
 
 
 def saved_path(path: Any) -> tuple[PathEntry, ...]:
-    """One input path: ``("i", index)``, ``("k", key)`` or ``("a", public attribute)``."""
+    """One input path: ``("i", index)``, ``("k", key)`` or ``("a", attribute)``.
+
+    An attribute may be private (a cache layer keeps tensors such as
+    ``_sliding_window_tensor``), never a dunder name; :meth:`FlatInputs.check_against` then
+    requires every path to lead to a tensor of the graph's own key.
+    """
     if not isinstance(path, list) or not 2 <= len(path) <= 64:
         raise BackendError("saved runner record has an input path that is not a short list")
     entries = []
@@ -539,7 +544,7 @@ def saved_path(path: Any) -> tuple[PathEntry, ...]:
             or (kind == "k" and (plain_index or (isinstance(key, str) and len(key) <= 256)))
             or (kind == "a" and isinstance(key, str) and key.isidentifier())
         )
-        if not ok or (kind == "a" and key.startswith("_")):
+        if not ok or (kind == "a" and key.startswith("__")):
             raise BackendError(f"saved runner record has a bad input path entry {entry!r:.80}")
         entries.append((kind, key))
     return tuple(entries)

@@ -9,8 +9,13 @@ that finds it can skip measuring every depth again (:mod:`tunetree.search.decisi
 of each of the model's roots (:func:`~tunetree.cache.keys.structure_digest`: code, attributes,
 parameter shapes, every child), the dataset's signatures (the depth-0 modules' graph keys,
 ranges included), the ``call`` function, the strategy record, the tolerances, the accuracy
-budget (or none), the depths tried, the tie tolerance, the measurement configuration, and
-the hard environment fields (as entries: library versions, device, CPU model and flags).
+budget (or none), the depths tried, the tie tolerance, the measurement configuration, the
+hard environment fields (as entries: library versions, device, CPU model and flags), and the
+number of threads torch runs with. An entry re-measures its candidates when the threads
+differ (a soft field); a decision is keyed by them instead, since it ranks end-to-end timings
+of whole depths that the thread count reorders and that only the full search measures: a
+host with other threads runs the full search (its graphs from the cache, re-measured, not
+rebuilt) and records its own decision beside the first, which hosts like it then reuse.
 
 **Record**: small JSON, content-checked and bounded, in the sealed envelope of
 :mod:`.sealing` under its own first line (``tunetree-depth-decision 1``): signed with
@@ -297,7 +302,8 @@ def decision_identity(
 ) -> DecisionIdentity:
     """The key of the decision an auto_tune with these arguments makes (see the module doc)."""
     strat = keys.strategy_record(strategy)
-    hard = keys.environment(info.device, [b["kind"] for b in strat["backends"]]).hard
+    env = keys.environment(info.device, [b["kind"] for b in strat["backends"]])
+    hard = env.hard
     roots = [[p, keys.structure_digest(m)] for p, m in sorted(root_modules(model).items())]
     signatures = sorted(
         [m.path, sorted(_digest_text(repr(k)) for k in m.graphs)]
@@ -319,6 +325,7 @@ def decision_identity(
         "measure": keys.stable(measure_config),
         "device_type": info.device.type,
         "environment": hard,
+        "threads": env.soft.get("threads"),
     }
     return DecisionIdentity(keys.digest(record)[:40], hard, type(model).__qualname__)
 

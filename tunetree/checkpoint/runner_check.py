@@ -6,7 +6,10 @@ never spanned, and the manifest resealed; a record can claim a precision its con
 have. ``tt.load`` has the model, so every runner it rebuilds is run beside eager on calls
 made from its graph key (:mod:`tunetree.signature.synthetic`: floats drawn from N(0, 1),
 integers one) and on their probes: the floats negated and drawn afresh (as a fresh build's
-value probes), and the integers drawn below the model's smallest embedding table. A runner
+value probes), and the integers drawn below the model's smallest embedding table, except in
+masks (arguments named ``*mask*``), which hold 0 and 1 by contract: a model may take another
+branch on a mask of other values (Mamba skips masking when every value is nonzero), which no
+call it serves makes. A runner
 that keeps results must match eager within its backend's tolerances, as at tuning; one that
 changes results is measured, and must hold the accuracy budget the file records (its module
 limit), else its backend's own tolerances. A runner that fails, or raises, is refused.
@@ -19,6 +22,7 @@ anything of that size is made.
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -151,8 +155,30 @@ def _check_calls(
                 return drawn.to(t.device)
             return t
 
-        calls.append(("integer probe", Sample(*map_tensors(redraw, (base.args, base.kwargs)))))
+        names = _argument_names(original_forward(module), len(base.args))
+        args = tuple(
+            arg if _is_mask(name) else map_tensors(redraw, arg)
+            for name, arg in zip(names, base.args, strict=True)
+        )
+        kwargs = {k: v if _is_mask(k) else map_tensors(redraw, v) for k, v in base.kwargs.items()}
+        calls.append(("integer probe", Sample(args, kwargs)))
     return calls
+
+
+def _argument_names(forward: Any, count: int) -> list[str]:
+    """The names of ``forward``'s first ``count`` positional parameters ("" where unknown)."""
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return [""] * count
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in parameters if p.kind in positional]
+    return (names + [""] * count)[:count]
+
+
+def _is_mask(name: str) -> bool:
+    """Whether an argument is a mask (its integers are 0 and 1, kept by the integer probe)."""
+    return "mask" in name.lower()
 
 
 def _eager(forward: Any, sample: Sample) -> Any:

@@ -1,10 +1,11 @@
-"""``tunetree.fleet.tune``: run jobs as Ray tasks, gather one row per job and node.
+"""``tunetree.fleet.tune``: run jobs on Ray, gather one row per job and node.
 
 Ray is imported only here, when a fleet tune runs (``pip install 'tunetree[fleet]'``).
 ``address=None`` joins the Ray this process already runs, else starts a local one (bound to
 the loopback, its workers importing this process's code), which is shut down afterwards;
-``"auto"`` or ``"ray://host:10001"`` joins that cluster. Jobs whose resources no node offers
-fail at once with that reason, instead of waiting forever.
+``"auto"`` or ``"ray://host:10001"`` joins that cluster. Jobs are placed by
+:mod:`~tunetree.fleet.placement` (by default a whole node each) and run and held to their time
+limits by :mod:`~tunetree.fleet.running`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from ..cache.remote import ENV_REMOTE
 from ..cache.s3 import S3Location
 from ..errors import InvalidInputError, MissingDependencyError
 from .job import Job
+from .placement import place
 from .report import FleetReport, FleetRow
-from .worker import run_job
+from .running import gather, submit
+from .worker import JobWorker
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,13 @@ def tune(
     need the S3 endpoint and credentials (and ``$TUNETREE_CACHE_KEY`` when entries are
     signed) in their own environment. ``cache_dir``: each node's local cache (default its
     ``$TUNETREE_CACHE_DIR`` or ``~/.cache/tunetree``). Returns one row per job, in order; a
-    job that fails is a row with its error.
+    job that fails, or runs past its time limit (:meth:`Job.limit_s`; its worker is then
+    stopped), is a row with the reason. Each job tunes with the threads hosts of its kind
+    serve with (:class:`Job`); its row says how many.
+
+    Raises:
+        InvalidInputError: not a list of jobs, two jobs of one name, or a malformed remote.
+        MissingDependencyError: Ray is not installed.
     """
     jobs = list(jobs)
     if not all(isinstance(j, Job) for j in jobs):
@@ -87,28 +96,15 @@ def _connect(ray: Any, address: str | None, runtime_env: dict[str, Any] | None) 
 
 
 def _run(ray: Any, jobs: list[Job], remote: str | None, cache_dir: str | None) -> FleetReport:
-    offered = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    task = ray.remote(run_job)
-    pending: dict[int, Any] = {}
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    worker = ray.remote(JobWorker)
     rows: list[FleetRow | None] = [None] * len(jobs)
+    submitted = []
     for i, job in enumerate(jobs):
-        missing = _unplaceable(job, offered)
-        if missing is not None:
-            rows[i] = FleetRow(job.name, status="failed", error=missing)
+        placement = place(job, nodes)
+        if placement.problem is not None:
+            rows[i] = FleetRow(job.name, status="failed", error=placement.problem)
             continue
-        pending[i] = task.options(**job.ray_options()).remote(job, remote, cache_dir)
-    for i, ref in pending.items():
-        try:
-            rows[i] = ray.get(ref)
-        except Exception as exc:  # the worker died, or Ray could not run the task
-            rows[i] = FleetRow(jobs[i].name, status="failed", error=f"{type(exc).__name__}: {exc}")
+        submitted.append(submit(ray, worker, i, job, placement.cpus, remote, cache_dir))
+    gather(ray, submitted, rows)
     return FleetReport([r for r in rows if r is not None])
-
-
-def _unplaceable(job: Job, offered: list[dict[str, float]]) -> str | None:
-    """Why no alive node can run the job (None when one can)."""
-    wanted = {"CPU": 1.0, **job.resources}
-    for node in offered:
-        if all(node.get(name, 0.0) >= amount for name, amount in wanted.items()):
-            return None
-    return f"no node of the cluster offers {wanted}"

@@ -13,11 +13,13 @@ class FleetRow:
 
     job: str
     status: str = "ok"
-    """``ok`` or ``failed``."""
+    """``ok``, ``failed``, or ``timed out`` (past its time limit: its worker was stopped)."""
     node: str = ""
     """The node's host name."""
     hardware: str = ""
     """The node's hardware class (:func:`tunetree.fleet.hardware.hardware_class`)."""
+    threads: int = 0
+    """torch threads the job tuned with (what hosts of its kind serve with; 0: not started)."""
     depth: int | None = None
     """The selected depth (None: the untuned model was kept)."""
     speedup: float | None = None
@@ -68,7 +70,8 @@ class FleetReport:
                 r.job,
                 r.node,
                 r.hardware,
-                r.status if r.ok else f"failed: {r.error}",
+                r.status if r.ok else f"{r.status}: {r.error}",
+                r.threads or "-",
                 "-" if r.depth is None else r.depth,
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
                 r.builds,
@@ -78,7 +81,18 @@ class FleetReport:
             for r in self.rows
         ]
         table = format_table(
-            ["job", "node", "hardware", "status", "depth", "speed-up", "builds", "hits", "wall"],
+            [
+                "job",
+                "node",
+                "hardware",
+                "status",
+                "threads",
+                "depth",
+                "speed-up",
+                "builds",
+                "hits",
+                "wall",
+            ],
             [[escape_controls(c) if isinstance(c, str) else c for c in row] for row in rows],
             title=f"fleet tune: {len(self.rows)} jobs, {len(self.failed())} failed",
         )

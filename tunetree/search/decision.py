@@ -3,8 +3,9 @@
 A fresh host of a fleet finds every graph in the shared cache, yet measuring the untuned model
 and each depth end to end to choose the depth again took most of its time. The first host's
 choice is recorded in the tuning cache (:mod:`tunetree.cache.decisions`, keyed by the model's
-structure, the dataset's signatures, the strategy, tolerances, depths, tie tolerance and the
-hard environment). With the same key, :meth:`DepthDecisions.try_reuse`:
+structure, the dataset's signatures, the strategy, tolerances, depths, tie tolerance, the
+hard environment and torch's thread count). With the same key,
+:meth:`DepthDecisions.try_reuse`:
 
 1. tunes only the recorded depth's cut, through a cache view that stops at the first miss:
    nothing is built; every graph must be a cache hit (its winner loaded from its artifacts

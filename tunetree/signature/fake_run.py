@@ -67,6 +67,44 @@ class _PeakBytes(TorchDispatchMode):
         self.alive.discard(handle)
 
 
+class _CpuShapes(TorchDispatchMode):
+    """Shapes of CPU kernels whose fake (meta) kernels accept less than the kernels do.
+
+    ``aten._grouped_mm``'s meta kernel accepts bfloat16 only (the CUDA kernel's rule), while
+    the CPU kernel, which transformers' mixture-of-experts layers call on CPU, takes float32
+    too: the output is made here from the shapes, as the meta kernel would.
+    """
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is _GROUPED_MM and args[0].dtype != torch.bfloat16:
+            return _grouped_mm_output(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+_GROUPED_MM = getattr(getattr(torch.ops.aten, "_grouped_mm", None), "default", None)
+
+
+def _grouped_mm_output(
+    mat_a: torch.Tensor,
+    mat_b: torch.Tensor,
+    offs: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """The output of ``aten._grouped_mm`` (2-D or 3-D operands), shaped as its meta kernel."""
+    groups = offs.size(0) if offs is not None else mat_a.size(0)
+    if mat_a.dim() == 2 and mat_b.dim() == 2:
+        size = [groups, mat_a.size(0), mat_b.size(1)]
+    elif mat_a.dim() == 2:
+        size = [mat_a.size(0), mat_b.size(-1)]
+    elif mat_b.dim() == 2:
+        size = [mat_a.size(1), mat_b.size(1)]
+    else:
+        size = [mat_a.size(0), mat_a.size(1), mat_b.size(-1)]
+    return torch.empty(size, dtype=out_dtype or mat_a.dtype, device=mat_a.device)
+
+
 def run_fake(fn: Callable[..., Any], make_call: Callable[[], Sample]) -> FakeRun:
     """``fn`` called on ``make_call()``'s call, every tensor a fake one (no real memory).
 
@@ -77,7 +115,7 @@ def run_fake(fn: Callable[..., Any], make_call: Callable[[], Sample]) -> FakeRun
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     counter = _PeakBytes()
-    with FakeTensorMode(allow_non_fake_inputs=True), counter, torch.no_grad():
+    with FakeTensorMode(allow_non_fake_inputs=True), _CpuShapes(), counter, torch.no_grad():
         sample = make_call()
         output = sample.run(fn)
     return FakeRun(output, counter.peak)

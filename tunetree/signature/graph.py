@@ -154,6 +154,15 @@ def _step_marked(sig: Any) -> Any:
     return _strip_sizes(sig)
 
 
+def _dict_key(key: Any) -> str | int:
+    """A dict key as a signature holds it: an int stays an int, anything else is its text.
+
+    A recurrent cache layer keys its states by index, and a call rebuilt from the key must
+    find them there.
+    """
+    return key if type(key) is int else str(key)
+
+
 def _leaf_signature(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return TensorSpec(dtype_name(value.dtype), tuple(value.shape))
@@ -171,7 +180,7 @@ def _leaf_signature(value: Any) -> Any:
     if isinstance(value, tuple | list):
         return (type(value).__name__, tuple(_leaf_signature(v) for v in value))
     if isinstance(value, Mapping):
-        return ("dict", tuple((str(k), _leaf_signature(v)) for k, v in value.items()))
+        return ("dict", tuple((_dict_key(k), _leaf_signature(v)) for k, v in value.items()))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = tuple(
             (f.name, _leaf_signature(getattr(value, f.name))) for f in dataclasses.fields(value)

@@ -187,7 +187,9 @@ class _Maker:
             "containers and the allow-listed cache classes are rebuilt from a saved key"
         )
 
-    def dict_key(self, key: Any) -> str:
+    def dict_key(self, key: Any) -> str | int:
+        if type(key) is int and 0 <= key <= MAX_CACHE_ATTRIBUTES:
+            return key  # a state's index (a recurrent cache layer's dicts)
         if not isinstance(key, str) or len(key) > 256:
             raise BackendError("a saved key holds a dict key that is not a short string")
         return key
