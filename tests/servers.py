@@ -24,6 +24,8 @@ CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
+FLEET_KEY = {"TUNETREE_CACHE_KEY": "tunetree-test-fleet-key"}
+"""The fleet's signing key in tests with a remote: a remote tier reads only signed entries."""
 BUCKET = "tunetree-test"
 READY_KEY = "_ready/probe"
 """Stored and deleted once at start-up, outside every prefix a test uses."""

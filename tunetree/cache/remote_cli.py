@@ -55,7 +55,7 @@ def remote_ls(args: argparse.Namespace) -> int:
             i.graph,
             i.winner,
             format_size(i.size),
-            "yes" if i.signed else "no",
+            ("yes" if tier.secret is not None else "unchecked (no key)") if i.signed else "no",
             datetime.datetime.fromtimestamp(i.modified).strftime("%Y-%m-%d %H:%M"),
             "ok" if i.problem is None else f"unusable: {i.problem}",
         ]

@@ -87,7 +87,9 @@ class TuningCache:
     ``directory`` defaults to :func:`default_directory`. ``remote``: an ``s3://BUCKET/PREFIX``
     shared by the hosts of a fleet (a :class:`~tunetree.cache.remote.RemoteTier` for other
     timeouts or a signing key; default ``$TUNETREE_CACHE_REMOTE``; False: none), needs
-    ``tunetree[remote]``. ``lock_timeout_s`` bounds how long a miss waits for another process
+    ``tunetree[remote]``; only entries signed with ``$TUNETREE_CACHE_KEY`` are read from it,
+    unless ``trust_unsigned`` (see :class:`~tunetree.cache.remote.RemoteTier`).
+    ``lock_timeout_s`` bounds how long a miss waits for another process
     tuning the same graph, and a measurement for the device lock; after it, work goes on
     without the lock.
     """
@@ -98,8 +100,9 @@ class TuningCache:
         *,
         remote: str | RemoteTier | bool | None = None,
         lock_timeout_s: float = 1800.0,
+        trust_unsigned: bool | None = None,
     ):
-        self.remote: RemoteTier | None = open_remote(remote)
+        self.remote: RemoteTier | None = open_remote(remote, trust_unsigned)
         self.disk = CacheStore(Path(default_directory() if directory is None else directory))
         self.lock_timeout_s = lock_timeout_s
         self.stats = CacheStats()
