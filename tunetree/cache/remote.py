@@ -54,14 +54,7 @@ from .s3 import (
     S3Location,
     Timeouts,
 )
-from .sealing import (
-    KEY_ENV,
-    TRUST_UNSIGNED_ENV,
-    seal,
-    secret_from_env,
-    trust_unsigned_from_env,
-    unseal,
-)
+from .sealing import seal, secret_from_env, trust_unsigned_from_env, unseal, why_unreadable
 from .store import JOURNAL, CacheStore, decode_manifest, encode_manifest
 
 log = logging.getLogger(__name__)
@@ -132,10 +125,9 @@ class RemoteTier:
 
     ``secret``: the shared signing key (default ``$TUNETREE_CACHE_KEY``; ``b""`` for none):
     entries are signed with it, and only entries signed with it are read.
-    ``trust_unsigned``: without a key, read unsigned entries anyway (default
-    ``$TUNETREE_CACHE_TRUST_UNSIGNED``; otherwise a tier without a key reads nothing). Only
-    for a bucket that nobody untrusted can write to: no check can see a runner altered to
-    differ only on inputs outside the samples it is checked on.
+    ``trust_unsigned``: without a key, read unsigned entries (default
+    ``$TUNETREE_CACHE_TRUST_UNSIGNED``; else a tier without a key reads nothing); only for a
+    bucket no untrusted writer can change (see the module docstring).
     ``endpoint_url``: the S3 endpoint (default: boto3's own, e.g. ``$AWS_ENDPOINT_URL``).
     """
 
@@ -152,10 +144,8 @@ class RemoteTier:
         self.location = S3Location.parse(url)
         self.client = S3Client(self.location, timeouts, endpoint_url)
         self.secret = secret_from_env() if secret is None else (secret or None)
-        self.trust_unsigned = (
-            trust_unsigned_from_env() if trust_unsigned is None else bool(trust_unsigned)
-        )
-        self._said_unreadable = False
+        trust = trust_unsigned_from_env() if trust_unsigned is None else trust_unsigned
+        self.trust_unsigned = bool(trust)
         self.breaker = Breaker(str(self.location), cooldown_s)
         self.stats = RemoteStats()
         self._unusable: dict[str, str] = {}
@@ -176,20 +166,14 @@ class RemoteTier:
     @property
     def unreadable(self) -> str | None:
         """Why this tier reads no entry (no key, unsigned entries not trusted), or None."""
-        if self.secret is not None or self.trust_unsigned:
-            return None
-        return (
-            f"{KEY_ENV} is not set, so no entry can be checked for the fleet's signature; set "
-            f"the fleet's key, or {TRUST_UNSIGNED_ENV}=1 (trust_unsigned=True) to read "
-            "unsigned entries from a bucket only trusted writers can change"
-        )
+        return why_unreadable(self.secret, self.trust_unsigned)
 
     def readable(self) -> bool:
         """Whether entries may be read here; warns once when they may not."""
         why = self.unreadable
-        if why is not None and not self._said_unreadable:
-            self._said_unreadable = True
-            log.warning(
+        if why is not None:
+            self.breaker.warn_once(
+                "unreadable",
                 "tuning cache: the remote %s is not read (%s); entries tuned here are still "
                 "published, unsigned",
                 self.url,
@@ -229,6 +213,16 @@ class RemoteTier:
             return False
         except RemoteError as exc:
             self.breaker.failed(exc)
+            return False
+        except OSError as exc:  # the local cache cannot take it (read-only, full): a miss
+            self.breaker.warn_once(
+                "local",
+                "tuning cache: the local cache %s cannot take entries from the remote %s (%s); "
+                "going on without them",
+                store.root,
+                self.url,
+                exc,
+            )
             return False
         finally:
             self.stats.seconds += time.perf_counter() - start

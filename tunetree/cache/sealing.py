@@ -55,6 +55,17 @@ def trust_unsigned_from_env() -> bool:
     return os.environ.get(TRUST_UNSIGNED_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def why_unreadable(secret: bytes | None, trust_unsigned: bool) -> str | None:
+    """Why remote records are not read with this key and trust (None when they are)."""
+    if secret is not None or trust_unsigned:
+        return None
+    return (
+        f"{KEY_ENV} is not set, so no record can be checked for the fleet's signature; set "
+        f"the fleet's key, or {TRUST_UNSIGNED_ENV}=1 (trust_unsigned=True) to read unsigned "
+        "records from a bucket only trusted writers can change"
+    )
+
+
 def _mac(secret: bytes, key: str, manifest: bytes, magic: bytes) -> str:
     message = magic + b"\nkey " + key.encode() + b"\n" + manifest
     return hmac.new(secret, message, hashlib.sha256).hexdigest()

@@ -108,6 +108,7 @@ class TuningCache:
         self.stats = CacheStats()
         self._writers = WriterLocks(self.disk.locks, lock_timeout_s)
         self._identities: dict[int, keys.EntryIdentity] = {}
+        self._refused = False  # a store failed for the file system's reasons (warned once)
         self.decisions = DecisionStore(self.disk.root, self.remote)
         """``auto_tune``'s depth decisions (:mod:`tunetree.cache.decisions`)."""
 
@@ -168,8 +169,10 @@ class TuningCache:
                 ident.key, self.disk, _compatible_with(ident)
             ):
                 self.stats.remote_stored += 1
-        except Exception as exc:
-            log.warning("tuning cache: could not store %s: %s", session.path or "<model>", exc)
+        except Exception as exc:  # a local cache refusing writes warns once, not per graph
+            level = logging.INFO if isinstance(exc, OSError) and self._refused else logging.WARNING
+            self._refused = self._refused or isinstance(exc, OSError)
+            log.log(level, "tuning cache: could not store %s: %s", session.path or "<model>", exc)
             log.debug("%s", traceback.format_exc())
         finally:
             if ident is not None:
