@@ -18,7 +18,10 @@ import math
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import tempfile
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from tunetree.cache.store import CacheStore
 from tunetree.cli import main as cli_main
 
 NOBODY = 65534
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -176,3 +180,44 @@ def test_ls_shows_a_question_mark_for_a_hit_counter_touched_far_in_the_future(
     out = capsys.readouterr().out
     assert " ? " in out and "Traceback" not in out, out
     assert cli_main(["cache", "--dir", str(cache), "gc", "--max-size", "1"]) == 0
+
+
+def _cli_in_bounded_memory(cache: Path, *args: str, limit_gib: int = 2) -> tuple[int, str]:
+    """``tunetree cache ARGS`` in a child process whose address space is limited (a runaway
+    allocation shows as MemoryError, not as a machine out of memory)."""
+    script = textwrap.dedent(
+        f"""
+        import resource, sys
+        from tunetree.cli import main
+        limit = {limit_gib} << 30
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        sys.exit(main(["cache", "--dir", {str(cache)!r}, *{list(args)!r}]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_a_40_mib_manifest_is_reported_and_cleaned_in_bounded_memory(
+    fixture_cache: Path,
+) -> None:
+    """Before, ls, verify and gc all died of MemoryError on it, so gc could not clean it up."""
+    (key,) = CacheStore(fixture_cache).entry_keys()
+    path = fixture_cache / "entries" / key / "manifest.json"
+    body = json.loads(path.read_bytes().partition(b"\n")[2])
+    body["graph_text"] = "x" * (40 << 20)
+    data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    path.write_bytes(hashlib.sha256(data).hexdigest().encode() + b"\n" + data)
+    status, out = _cli_in_bounded_memory(fixture_cache, "ls")
+    assert status == 0 and "unusable" in out and "larger than" in out, out
+    status, out = _cli_in_bounded_memory(fixture_cache, "verify")
+    assert status == 1 and "1 unusable" in out, out
+    status, out = _cli_in_bounded_memory(fixture_cache, "gc")
+    assert status == 0 and "1 invalid entries" in out, out
+    assert CacheStore(fixture_cache).entry_keys() == []

@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import tracemalloc
 from pathlib import Path
 
 import pytest
 import torch
 
 import tunetree as tt
+from tunetree.cache.remote import RemoteTier
 from tunetree.cache.sealing import KEY_ENV, TRUST_UNSIGNED_ENV
 
 from .remote_helpers import new_cache, objects, put, tune_tree
@@ -139,3 +141,28 @@ def test_unsigned_entries_are_read_only_when_trusted_explicitly(
     monkeypatch.setenv(TRUST_UNSIGNED_ENV, "1")
     from_env = tune_tree(new_cache(tmp_path, "from-env", remote), depths=(0,))
     assert from_env["remote_hits"] == 1 and from_env["builds"] == []
+
+
+def test_a_15_mib_field_in_an_unsigned_envelope_is_read_in_bounded_memory(
+    tmp_path: Path, remote: str, s3_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the reader of such an envelope (trusting unsigned entries) peaked at 2.2 GB."""
+    monkeypatch.delenv(KEY_ENV)
+    tune_tree(new_cache(tmp_path, "writer", remote), depths=(0,))
+    ((key, envelope),) = objects(s3_server, remote, "entries").items()
+    magic, key_line, signature, manifest = envelope.split(b"\n", 3)
+    body = json.loads(manifest.split(b"\n", 1)[1])
+    body["graph_text"] = "x" * (15 << 20)
+    data = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    checksum = hashlib.sha256(data).hexdigest().encode()
+    put(s3_server, remote, "entries", key, b"\n".join([magic, key_line, signature, checksum, data]))
+    tier = RemoteTier(remote, trust_unsigned=True)
+    tier.client._s3()  # the boto3 client is not the record's cost
+    tracemalloc.start()
+    try:
+        entry = tier.fetch_manifest(key)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(entry.manifest.graph_text) == 15 << 20
+    assert peak < 8 * len(data), f"{peak / len(data):.1f} bytes per byte"
