@@ -24,6 +24,7 @@ import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,7 +124,7 @@ def _set_created(cache: Path, created: float) -> None:
     (cache / "hits" / key).unlink(missing_ok=True)  # never used: ls shows when it was made
 
 
-def _strict_json(text: str) -> object:
+def _strict_json(text: str) -> Any:
     def refuse(constant: str) -> None:
         raise ValueError(f"{constant} is not JSON")
 
@@ -140,8 +141,9 @@ def test_ls_shows_a_question_mark_for_a_creation_time_no_date_can_show(
     (row,) = [line for line in out.splitlines() if line.startswith(tuple("0123456789abcdef"))]
     assert "  ?  " in row and "Traceback" not in out, out
     assert cli_main(["cache", "--dir", str(fixture_cache), "ls", "--json"]) == 0
-    (listed,) = _strict_json(capsys.readouterr().out)  # type: ignore[misc]
-    assert listed["last_used"] == (created if math.isfinite(created) else None)
+    listed = _strict_json(capsys.readouterr().out)
+    assert isinstance(listed, list) and len(listed) == 1
+    assert listed[0]["last_used"] == (created if math.isfinite(created) else None)
     assert cli_main(["cache", "--dir", str(fixture_cache), "verify"]) == 0
     assert cli_main(["cache", "--dir", str(fixture_cache), "gc", "--max-size", "1"]) == 0
 
