@@ -37,3 +37,16 @@ def test_a_local_cache_whose_tmp_refuses_writes_warns_and_tuning_goes_on(
     assert len(warnings) == 2, warnings
     assert "cannot take entries from the remote" in warnings[0]
     assert str(cache.disk.root) in warnings[0] and "could not store" in warnings[1]
+
+
+def test_local_entries_are_not_marked_invalid_while_tmp_refuses_writes(tmp_path: Path) -> None:
+    """A hit stages its artifacts under tmp/: when it cannot, the entry is not at fault."""
+    cache_dir = tmp_path / "local"
+    tune_tree(tt.TuningCache(cache_dir, remote=False), depths=(0, 1))
+    cache = tt.TuningCache(cache_dir, remote=False)
+    with unwritable(cache.disk.tmp):
+        during = tune_tree(cache, depths=(0, 1))
+    assert during["ok"] and during["hits"] == 0  # tuned again, results preserved
+    assert list(cache.disk.invalid.iterdir()) == [], "sound entries were marked invalid"
+    after = tune_tree(tt.TuningCache(cache_dir, remote=False), depths=(0, 1))
+    assert after["builds"] == [] and after["hits"] == 3 and after["ok"]
