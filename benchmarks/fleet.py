@@ -239,9 +239,15 @@ def fanout(args: argparse.Namespace, server: Any, tmp: Path) -> dict[str, Any]:
     import ray
 
     import tunetree as tt
+    from tests.servers import FLEET_KEY
 
     path = os.pathsep.join([str(ROOT), *(p for p in sys.path if p and os.path.isdir(p))])
-    env = {"PYTHONPATH": path, **server.env(), "TUNETREE_CACHE_DIR": str(tmp / "unused")}
+    env = {
+        "PYTHONPATH": path,
+        **server.env(),
+        **FLEET_KEY,
+        "TUNETREE_CACHE_DIR": str(tmp / "unused"),
+    }
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -340,7 +346,7 @@ def main() -> None:
         host(args)
         return
     sys.path.insert(0, str(ROOT))
-    from tests.servers import SeaweedS3
+    from tests.servers import FLEET_KEY, SeaweedS3
 
     print(f"# fleet benchmark: {os.cpu_count()} CPUs, load average {_load():.2f}", flush=True)
     results: dict[str, Any] = {"command": " ".join(sys.argv), "load_start": _load()}
@@ -349,7 +355,8 @@ def main() -> None:
         server = SeaweedS3(tmp / "seaweedfs")
         server.start()
         server.client().create_bucket(Bucket=BUCKET)
-        env = {**os.environ, **server.env(), "PYTHONPATH": str(ROOT)}
+        # The fleet's key, as on a real fleet: the remote tier reads only signed entries.
+        env = {**os.environ, **server.env(), **FLEET_KEY, "PYTHONPATH": str(ROOT)}
         try:
             results["hosts"] = _hosts(args, tmp, env)
             if args.fanout:

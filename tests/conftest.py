@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from .clock import VirtualClock
-from .servers import BUCKET, SeaweedS3
+from .servers import BUCKET, FLEET_KEY, SeaweedS3
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,8 +51,11 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
 
 @pytest.fixture
 def remote(s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``s3://BUCKET/<fresh prefix>`` on the session's server; boto3's variables point at it."""
-    for name, value in s3_server.env().items():
+    """``s3://BUCKET/<fresh prefix>`` on the session's server; boto3's variables point at it.
+
+    The fleet's key (:data:`FLEET_KEY`) is set too; a test of a host without it unsets it.
+    """
+    for name, value in {**s3_server.env(), **FLEET_KEY}.items():
         monkeypatch.setenv(name, value)
     return f"s3://{BUCKET}/test-{uuid.uuid4().hex[:12]}"
 
@@ -61,7 +64,8 @@ def remote(s3_server: SeaweedS3, monkeypatch: pytest.MonkeyPatch) -> str:
 def ray_local(s3_server: SeaweedS3) -> Iterator[object]:
     """A local Ray (2 CPUs, loopback only) whose workers import this checkout's code.
 
-    Its workers reach the session's S3 server (boto3's variables are set for them).
+    Its workers reach the session's S3 server (boto3's variables and the fleet's key are set
+    for them).
     """
     import ray
 
@@ -70,7 +74,7 @@ def ray_local(s3_server: SeaweedS3) -> Iterator[object]:
         num_cpus=2,
         include_dashboard=False,
         _node_ip_address="127.0.0.1",
-        runtime_env={"env_vars": {"PYTHONPATH": path, **s3_server.env()}},
+        runtime_env={"env_vars": {"PYTHONPATH": path, **s3_server.env(), **FLEET_KEY}},
         log_to_driver=False,
     )
     try:

@@ -24,6 +24,8 @@ CREDENTIALS = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
+FLEET_KEY = {"TUNETREE_CACHE_KEY": "tunetree-test-fleet-key"}
+"""The fleet's signing key in tests with a remote: a remote tier reads only signed entries."""
 BUCKET = "tunetree-test"
 READY_KEY = "_ready/probe"
 """Stored and deleted once at start-up, outside every prefix a test uses."""
@@ -186,4 +188,69 @@ class HangingServer:
         self._thread.join(timeout=5)
         for conn in self.accepted:
             conn.close()
+        self.socket.close()
+
+
+class DrippingServer:
+    """A loopback HTTP server that answers every request 200 with ``Content-Length: length``
+    and then sends its body one byte every ``interval_s`` seconds (a hostile or broken S3
+    front that never times a read out)."""
+
+    def __init__(self, length: int = 4000, interval_s: float = 2.0) -> None:
+        self.length = length
+        self.interval_s = interval_s
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.listen(64)
+        self.port = self.socket.getsockname()[1]
+        self.requests = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._accept = threading.Thread(target=self._serve, daemon=True)
+        self._accept.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        self.socket.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.socket.accept()
+            except (TimeoutError, OSError):
+                continue
+            thread = threading.Thread(target=self._drip, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5.0)
+            request = b""
+            with contextlib.suppress(OSError):
+                while b"\r\n\r\n" not in request:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    request += data
+            self.requests += 1
+            head = (
+                "HTTP/1.1 200 OK\r\n"
+                f"Content-Length: {self.length}\r\n"
+                'ETag: "0123456789abcdef0123456789abcdef"\r\n'
+                "Content-Type: application/octet-stream\r\n\r\n"
+            )
+            with contextlib.suppress(OSError):
+                conn.sendall(head.encode())
+                for _ in range(self.length):
+                    if self._stop.wait(self.interval_s):
+                        return
+                    conn.sendall(b"x")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._accept.join(timeout=5)
+        for thread in self._threads:
+            thread.join(timeout=5)
         self.socket.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import tunetree as tt
-from tunetree.cache.sealing import seal
+from tunetree.cache.sealing import seal, secret_from_env
 from tunetree.cache.store import decode_manifest, encode_manifest
 from tunetree.cli import main
 
@@ -37,7 +37,7 @@ def test_push_a_model_then_pull_it_on_another_host(
     status, out = _run(capsys, "ls", "--remote", remote, "--json")
     listed = json.loads(out)
     assert status == 0 and sorted(i["path"] for i in listed) == ["", "a", "a.lin", "b", "b.lin"]
-    assert all(i["problem"] is None and not i["signed"] for i in listed)
+    assert all(i["problem"] is None and i["signed"] for i in listed)  # with the fleet's key
     status, out = _run(capsys, "--dir", str(tmp_path / "b"), "pull", "--all", "--remote", remote)
     assert status == 0 and out.startswith("5 of 5 selected entries copied"), out
     offline = tune_tree(tt.TuningCache(tmp_path / "b", remote=False))
@@ -81,7 +81,7 @@ def test_pull_leaves_entries_of_another_kind_of_machine_where_they_are(
     ((key, envelope),) = objects(s3_server, remote, "entries").items()
     manifest = decode_manifest(envelope.split(b"\n", 3)[3], key)
     manifest.hard = {**manifest.hard, "cpu.model": "A CPU of another kind"}
-    put(s3_server, remote, "entries", key, seal(key, encode_manifest(manifest), None))
+    put(s3_server, remote, "entries", key, seal(key, encode_manifest(manifest), secret_from_env()))
     report = tt.TuningCache(tmp_path / "b", remote=remote).pull()
     assert (report.selected, report.copied) == (1, 0)
     assert "another kind of machine (cpu.model differ)" in report.skipped[0][1]

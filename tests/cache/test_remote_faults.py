@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tunetree.cache.sealing import KEY_ENV
+from tunetree.cache.sealing import KEY_ENV, TRUST_UNSIGNED_ENV
 
 from .remote_helpers import new_cache, objects, put, tune_tree
 
@@ -74,8 +74,11 @@ def _entries_by_path(server, remote: str) -> dict[str, tuple[str, bytes]]:
 
 
 def test_an_entry_of_another_graph_copied_under_this_key_is_never_served(
-    tmp_path: Path, remote: str, s3_server
+    tmp_path: Path, remote: str, s3_server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # Without the key, and trusting unsigned entries: what is left is the check against eager.
+    monkeypatch.delenv(KEY_ENV)
+    monkeypatch.setenv(TRUST_UNSIGNED_ENV, "1")
     tune_tree(new_cache(tmp_path, "a", remote), depths=(1,))  # a and b: same structure
     entries = _entries_by_path(s3_server, remote)
     (_, envelope_a), (key_b, _) = entries["a"], entries["b"]
@@ -104,6 +107,7 @@ def test_an_entry_of_another_graph_copied_under_this_key_is_never_served(
 def test_with_the_key_set_an_entry_written_without_it_is_refused(
     tmp_path: Path, remote: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv(KEY_ENV)
     unsigned = tune_tree(new_cache(tmp_path, "writer-without-key", remote), depths=(0,))
     assert unsigned["remote_stored"] == 1
     monkeypatch.setenv(KEY_ENV, "fleet secret")

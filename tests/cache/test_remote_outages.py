@@ -16,7 +16,7 @@ import tunetree as tt
 from tunetree.cache.remote import RemoteTier
 from tunetree.cache.s3 import Timeouts
 
-from ..servers import BUCKET, HangingServer, SeaweedS3, free_ports
+from ..servers import BUCKET, FLEET_KEY, HangingServer, SeaweedS3, free_ports
 from . import fakes
 from .remote_helpers import DATA, objects, tune_tree
 
@@ -43,7 +43,7 @@ def test_auto_tune_completes_with_one_warning_when_the_remote(
     hanging = HangingServer() if kind == "hangs" else None
     endpoint = hanging.endpoint if hanging else f"http://127.0.0.1:{free_ports(1)[0]}"
     try:
-        tier = RemoteTier(f"s3://{BUCKET}/x", endpoint_url=endpoint, timeouts=FAST)
+        tier = RemoteTier(f"s3://{BUCKET}/x", secret=b"k", endpoint_url=endpoint, timeouts=FAST)
         cache = tt.TuningCache(tmp_path / "local", remote=tier)
         model = fakes.tree()
         start = time.monotonic()
@@ -72,7 +72,7 @@ def test_auto_tune_completes_with_one_warning_when_the_remote(
 def private_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     server = SeaweedS3(tmp_path / "seaweedfs")
     server.start()
-    for name, value in server.env().items():
+    for name, value in {**server.env(), **FLEET_KEY}.items():
         monkeypatch.setenv(name, value)
     try:
         yield server

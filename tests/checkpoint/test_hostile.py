@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import stat
+import struct
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ import pytest
 
 import tunetree as tt
 from tests.checkpoint.fixtures.make_fixtures import model
-from tests.checkpoint.hostile import as_recorded, patch_zip_member, rewrite
+from tests.checkpoint.hostile import SOURCE, as_recorded, parts, patch_zip_member, rewrite
 from tunetree.cli import main as cli_main
 
 pytestmark = pytest.mark.skipif(
@@ -325,6 +326,25 @@ def test_huge_saved_output_shapes_are_refused(
     path = rewrite(tmp_path / "a.tt", manifest=edit)
     with pytest.raises(tt.BackendError, match="elements"):
         _load(path, monkeypatch)
+
+
+def _weights_with_metadata(text: str) -> bytes:
+    """The fixture's weights member with ``text`` as a ``__metadata__`` value."""
+    _, members, _ = parts(SOURCE)
+    weights = members["weights.safetensors"]
+    (length,) = struct.unpack("<Q", weights[:8])
+    header = json.loads(weights[8 : 8 + length])
+    header["__metadata__"] = {**header.get("__metadata__", {}), "note": text}
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + weights[8 + length :]
+
+
+def test_50_mib_of_weights_metadata_is_refused_typed_in_bounded_memory(tmp_path: Path) -> None:
+    """Before, reading the header took about 140 bytes per byte: MemoryError, untyped."""
+    members = {"weights.safetensors": _weights_with_metadata("x" * (50 << 20))}
+    path = rewrite(tmp_path / "a.tt", members=members)
+    out = _under_memory_limit(path)
+    assert out.startswith("typed: CheckpointError") and "metadata" in out, out
 
 
 @pytest.mark.parametrize("method", [zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import math
 import unicodedata
 from collections.abc import Sequence
 
@@ -53,3 +55,22 @@ def format_size(size: float) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} GiB"
+
+
+def format_time(timestamp: float | None) -> str:
+    """A local date and time (``2026-12-05 14:03``) for seconds since the epoch.
+
+    ``-`` for none (0 or None); ``?`` for what no date can show (NaN, infinite, out of range),
+    as a hostile or damaged record may hold.
+    """
+    if not timestamp:
+        return "-"
+    try:
+        return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
+    except (OverflowError, ValueError, OSError, TypeError):
+        return "?"
+
+
+def finite_or_none(value: float) -> float | None:
+    """``value``, or None where JSON cannot hold it (NaN, infinite)."""
+    return value if isinstance(value, int | float) and math.isfinite(value) else None

@@ -25,6 +25,7 @@ class Breaker:
         self.writes_refused: str | None = None
         """Why writes stopped (None while they go on)."""
         self.failures = 0
+        self._said: set[str] = set()
 
     def available(self) -> bool:
         """False during an outage's cool-down."""
@@ -65,3 +66,9 @@ class Breaker:
         if self._down:
             self._down = False
             log.info("tuning cache: the remote %s answers again", self.where)
+
+    def warn_once(self, topic: str, message: str, *args: object) -> None:
+        """Log ``message % args`` as a warning the first time ``topic`` comes up, else at debug."""
+        level = logging.DEBUG if topic in self._said else logging.WARNING
+        self._said.add(topic)
+        log.log(level, message, *args)

@@ -8,14 +8,19 @@ Exit status: 0 fine, 1 ``verify`` found unusable entries, 2 the cache cannot be 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .._util.table import escape_controls, format_size, format_table
+from .._util.table import (
+    escape_controls,
+    finite_or_none,
+    format_size,
+    format_table,
+    format_time,
+)
 from .remote_cli import (
     add_remote_argument,
     add_sync_commands,
@@ -37,12 +42,6 @@ def parse_size(text: str) -> int:
     return int(float(number) * scale)
 
 
-def _when(timestamp: float) -> str:
-    if not timestamp:
-        return "-"
-    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d %H:%M")
-
-
 def _open(args: argparse.Namespace) -> Any:
     from .tuning import TuningCache, default_directory
 
@@ -54,9 +53,9 @@ def ls_command(args: argparse.Namespace) -> int:
     if args.remote is not None:
         return remote_ls(args)
     cache = _open(args)
-    infos = sorted(cache.entries(), key=lambda i: i.last_used, reverse=True)
+    infos = sorted(cache.entries(), key=lambda i: finite_or_none(i.last_used) or 0.0, reverse=True)
     if args.json:
-        print(json.dumps([vars(i) for i in infos], indent=2))
+        print(json.dumps([_json_info(vars(i)) for i in infos], indent=2))
         return 0
     rows = [
         [
@@ -67,7 +66,7 @@ def ls_command(args: argparse.Namespace) -> int:
             i.candidates,
             format_size(i.size),
             i.hits,
-            _when(i.last_used),
+            format_time(i.last_used),
             "ok" if i.problem is None else f"unusable: {i.problem}",
         ]
         for i in infos
@@ -83,6 +82,15 @@ def ls_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _json_info(info: dict[str, Any]) -> dict[str, Any]:
+    """An entry's summary as JSON can hold it: times no date can show are null."""
+    return {
+        **info,
+        "created": finite_or_none(info["created"]),
+        "last_used": finite_or_none(info["last_used"]),
+    }
+
+
 def verify_command(args: argparse.Namespace) -> int:
     """Check every manifest and artifact checksum; unusable entries are marked invalid."""
     if args.remote is not None:
@@ -91,7 +99,8 @@ def verify_command(args: argparse.Namespace) -> int:
     checked = len(cache.disk.entry_keys())
     bad = cache.verify()
     if args.json:
-        print(json.dumps({"entries": checked, "bad": [vars(i) for i in bad]}, indent=2))
+        bad_json = [_json_info(vars(i)) for i in bad]
+        print(json.dumps({"entries": checked, "bad": bad_json}, indent=2))
     else:
         for info in bad:
             line = f"CORRUPT {info.key[:12]} {info.path or '<model>'} {info.graph}: {info.problem}"

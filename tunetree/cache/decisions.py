@@ -441,9 +441,12 @@ class DecisionStore:
     # ------------------------------------------------------------------ remote
 
     def _pull(self, key: str) -> bytes | None:
-        """The remote record's bytes, or None (none there, or the remote cannot be used)."""
+        """The remote record's bytes, or None: none there, or the remote cannot be used.
+
+        A tier without the fleet's key reads nothing (:attr:`RemoteTier.unreadable`).
+        """
         tier = self.remote
-        if tier is None or not tier.breaker.available():
+        if tier is None or not tier.breaker.available() or not tier.readable():
             return None
         start = time.perf_counter()
         try:

@@ -7,6 +7,7 @@ these walk the whole cache; every function is safe with concurrent processes.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import uuid
@@ -197,7 +198,7 @@ def _evict(store: CacheStore, infos: dict[str, EntryInfo], max_size: int) -> int
     sizes = {sha: store.artifact_size(sha) for i in infos.values() for sha in i.artifacts}
     total = sum(store.entry_dir_size(k) for k in infos) + sum(sizes.values())
     evicted = 0
-    for key, _info in sorted(infos.items(), key=lambda kv: kv[1].last_used):
+    for key, _info in sorted(infos.items(), key=lambda kv: _when_used(kv[1])):
         if total <= max_size:
             break
         remove_entry(store, key)
@@ -208,6 +209,11 @@ def _evict(store: CacheStore, infos: dict[str, EntryInfo], max_size: int) -> int
             size for sha, size in sizes.items() if sha in still
         )
     return evicted
+
+
+def _when_used(info: EntryInfo) -> float:
+    """Its last use for eviction: a time no clock shows (NaN, infinite) counts as the oldest."""
+    return info.last_used if math.isfinite(info.last_used) else float("-inf")
 
 
 def _sweep_artifacts(store: CacheStore, referenced: set[str], start: float) -> int:

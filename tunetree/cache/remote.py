@@ -12,8 +12,16 @@ or one whose artifacts are all there. A writer that loses keeps the remote entry
 process found that entry unusable (then it is replaced with ``If-Match`` on the ETag it found
 unusable, so a good entry that another writer put meanwhile is never overwritten).
 
+**Only signed entries are read.** Checks against eager on samples and probes cannot see a
+runner altered to differ only on inputs outside them (a trigger), so the remote's entries are
+trusted only when they carry the fleet's signature (``$TUNETREE_CACHE_KEY``, :mod:`.sealing`).
+A tier without a key reads nothing (one warning; every lookup is a miss and entries tuned
+here are still published, unsigned), unless ``trust_unsigned=True`` (or
+``$TUNETREE_CACHE_TRUST_UNSIGNED=1``) accepts unsigned entries from a bucket whose writers
+are all trusted.
+
 **Read-through** (:meth:`RemoteTier.pull`): the envelope is read within a size bound, its
-signature checked when ``$TUNETREE_CACHE_KEY`` is set, its manifest checked like a local one
+signature checked (see above), its manifest checked like a local one
 (checksum, bounded JSON, typed fields, the key, the caller's compatibility check), then each
 artifact is downloaded within its recorded size and its sha256 compared, into a staging
 directory of the local cache, and the entry is published there by rename. The lookup then
@@ -46,7 +54,7 @@ from .s3 import (
     S3Location,
     Timeouts,
 )
-from .sealing import seal, secret_from_env, unseal
+from .sealing import seal, secret_from_env, trust_unsigned_from_env, unseal, why_unreadable
 from .store import JOURNAL, CacheStore, decode_manifest, encode_manifest
 
 log = logging.getLogger(__name__)
@@ -115,7 +123,11 @@ class RemoteStats:
 class RemoteTier:
     """One ``s3://BUCKET/PREFIX`` remote (see the module docstring).
 
-    ``secret``: the shared signing key (default ``$TUNETREE_CACHE_KEY``; ``b""`` for none).
+    ``secret``: the shared signing key (default ``$TUNETREE_CACHE_KEY``; ``b""`` for none):
+    entries are signed with it, and only entries signed with it are read.
+    ``trust_unsigned``: without a key, read unsigned entries (default
+    ``$TUNETREE_CACHE_TRUST_UNSIGNED``; else a tier without a key reads nothing); only for a
+    bucket no untrusted writer can change (see the module docstring).
     ``endpoint_url``: the S3 endpoint (default: boto3's own, e.g. ``$AWS_ENDPOINT_URL``).
     """
 
@@ -124,6 +136,7 @@ class RemoteTier:
         url: str,
         *,
         secret: bytes | None = None,
+        trust_unsigned: bool | None = None,
         timeouts: Timeouts | None = None,
         endpoint_url: str | None = None,
         cooldown_s: float = 300.0,
@@ -131,6 +144,8 @@ class RemoteTier:
         self.location = S3Location.parse(url)
         self.client = S3Client(self.location, timeouts, endpoint_url)
         self.secret = secret_from_env() if secret is None else (secret or None)
+        trust = trust_unsigned_from_env() if trust_unsigned is None else trust_unsigned
+        self.trust_unsigned = bool(trust)
         self.breaker = Breaker(str(self.location), cooldown_s)
         self.stats = RemoteStats()
         self._unusable: dict[str, str] = {}
@@ -148,13 +163,32 @@ class RemoteTier:
 
     # ------------------------------------------------------------------ read-through
 
+    @property
+    def unreadable(self) -> str | None:
+        """Why this tier reads no entry (no key, unsigned entries not trusted), or None."""
+        return why_unreadable(self.secret, self.trust_unsigned)
+
+    def readable(self) -> bool:
+        """Whether entries may be read here; warns once when they may not."""
+        why = self.unreadable
+        if why is not None:
+            self.breaker.warn_once(
+                "unreadable",
+                "tuning cache: the remote %s is not read (%s); entries tuned here are still "
+                "published, unsigned",
+                self.url,
+                why,
+            )
+        return why is None
+
     def pull(self, key: str, store: CacheStore, check: Check) -> bool:
         """Materialize the remote entry of ``key`` into ``store``; True when one is there now.
 
         False when there is none, it is unusable (logged, remembered for writers), it is the
-        entry the local cache already has, or the remote fails (the breaker warns once).
+        entry the local cache already has, the tier reads nothing (:attr:`unreadable`, warned
+        once), or the remote fails (the breaker warns once).
         """
-        if not is_key(key) or not self.breaker.available():
+        if not is_key(key) or not self.breaker.available() or not self.readable():
             return False
         start = time.perf_counter()
         etag = ""
@@ -179,6 +213,16 @@ class RemoteTier:
             return False
         except RemoteError as exc:
             self.breaker.failed(exc)
+            return False
+        except OSError as exc:  # the local cache cannot take it (read-only, full): a miss
+            self.breaker.warn_once(
+                "local",
+                "tuning cache: the local cache %s cannot take entries from the remote %s (%s); "
+                "going on without them",
+                store.root,
+                self.url,
+                exc,
+            )
             return False
         finally:
             self.stats.seconds += time.perf_counter() - start
@@ -361,11 +405,12 @@ def _is_dynamic(manifest: EntryManifest) -> bool:
         return False
 
 
-def open_remote(remote: object) -> RemoteTier | None:
+def open_remote(remote: object, trust_unsigned: bool | None = None) -> RemoteTier | None:
     """Resolve a ``remote=`` argument: None → ``$TUNETREE_CACHE_REMOTE`` (if set), False → none.
 
-    A URL → a :class:`RemoteTier` there, a RemoteTier → itself. A bad URL raises CacheError;
-    a missing boto3 raises MissingDependencyError (for the variable too: it asked for it).
+    A URL → a :class:`RemoteTier` there (with ``trust_unsigned``), a RemoteTier → itself. A
+    bad URL raises CacheError; a missing boto3 raises MissingDependencyError (for the variable
+    too: it asked for it).
     """
     if remote is False:
         return None
@@ -376,7 +421,7 @@ def open_remote(remote: object) -> RemoteTier | None:
     if isinstance(remote, RemoteTier):
         return remote
     if isinstance(remote, str):
-        return RemoteTier(remote)
+        return RemoteTier(remote, trust_unsigned=trust_unsigned)
     raise CacheError(
         f"remote= takes an s3://BUCKET/PREFIX URL, a RemoteTier or False, not "
         f"{type(remote).__name__}"

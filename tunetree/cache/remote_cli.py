@@ -10,12 +10,11 @@ be used (no URL, boto3 missing, unreachable).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 from typing import Any
 
-from .._util.table import escape_controls, format_size, format_table
+from .._util.table import escape_controls, format_size, format_table, format_time
 
 
 def add_remote_argument(parser: argparse.ArgumentParser) -> None:
@@ -55,8 +54,8 @@ def remote_ls(args: argparse.Namespace) -> int:
             i.graph,
             i.winner,
             format_size(i.size),
-            "yes" if i.signed else "no",
-            datetime.datetime.fromtimestamp(i.modified).strftime("%Y-%m-%d %H:%M"),
+            ("yes" if tier.secret is not None else "unchecked (no key)") if i.signed else "no",
+            format_time(i.modified),
             "ok" if i.problem is None else f"unusable: {i.problem}",
         ]
         for i in infos

@@ -24,7 +24,7 @@ from ..runtime.artifacts import (
     remove_with,
 )
 from ..signature.compare import Comparison
-from .entry import CandidateRecord, EntryManifest
+from .entry import CandidateRecord, EntryFault, EntryManifest
 from .store import CacheStore
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,12 @@ def load_candidate(
     if artifact is None or not artifact.saved:
         row.status, row.reason = Status.FAILED, "cache: its runner was not saved"
         return None
-    directory = store.materialize(artifact.files)
+    try:
+        directory = store.materialize(artifact.files)
+    except EntryFault:
+        raise
+    except OSError as exc:  # the local cache cannot stage files (tmp/ read-only, disk full)
+        raise Unusable(f"the local cache cannot stage its files: {exc}", mark=False) from exc
     saved = SavedRunner(record.backend, artifact.description or {}, artifact.files)
     stored = sum(f.size for f in artifact.files) + parameter_bytes(session.module)
     try:

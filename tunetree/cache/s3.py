@@ -83,7 +83,8 @@ class Timeouts:
     connect_s: float = 2.0
     read_s: float = 5.0
     transfer_s: float = 120.0
-    """Wall-clock limit of one object's download (a server trickling bytes is cut off)."""
+    """Wall-clock limit of one object's download, from its request to its last byte: every
+    read waits at most the time left, so a server trickling bytes is cut off at it."""
     attempts: int = 2
 
 
@@ -149,21 +150,27 @@ class S3Client:
     # ------------------------------------------------------------------ requests
 
     def get(self, name: str, max_bytes: int) -> tuple[bytes, str]:
-        """The object's bytes (at most ``max_bytes``, else RemoteRefused) and its ETag."""
+        """The object's bytes (at most ``max_bytes``, else RemoteRefused) and its ETag.
+
+        RemoteUnavailable when it takes longer than the transfer limit.
+        """
+        deadline = time.monotonic() + self.timeouts.transfer_s
         response = self._call("get_object", name)
         declared = int(response.get("ContentLength") or 0)
         if declared > max_bytes:
             response["Body"].close()
             raise RemoteRefused(f"{name} holds {declared} bytes, more than {max_bytes}")
         data = bytearray()
-        self._stream(response["Body"], name, max_bytes, data.extend)
+        self._stream(response["Body"], name, max_bytes, data.extend, deadline)
         return bytes(data), str(response.get("ETag", ""))
 
     def download(self, name: str, target: Path, size: int) -> str:
         """Write the object to ``target``; it must hold exactly ``size`` bytes.
 
-        Returns the sha256 of what was written; RemoteRefused for another size.
+        Returns the sha256 of what was written; RemoteRefused for another size,
+        RemoteUnavailable when it takes longer than the transfer limit.
         """
+        deadline = time.monotonic() + self.timeouts.transfer_s
         response = self._call("get_object", name)
         declared = int(response.get("ContentLength") or 0)
         if declared != size:
@@ -176,7 +183,7 @@ class S3Client:
                 sha.update(chunk)
                 f.write(chunk)
 
-            got = self._stream(response["Body"], name, size, write)
+            got = self._stream(response["Body"], name, size, write, deadline)
         if got != size:
             raise RemoteRefused(f"{name} ended after {got} of {size} bytes")
         return sha.hexdigest()
@@ -258,28 +265,54 @@ class S3Client:
         except (exceptions.BotoCoreError, OSError) as exc:
             raise RemoteUnavailable(f"{operation} {name}: {type(exc).__name__}: {exc}") from exc
 
-    def _stream(self, body: Any, name: str, limit: int, sink: Any) -> int:
-        """Copy ``body`` to ``sink`` in chunks, within ``limit`` bytes and the transfer time."""
-        deadline = time.monotonic() + self.timeouts.transfer_s
-        exceptions = self._botocore.exceptions
+    def _stream(self, body: Any, name: str, limit: int, sink: Any, deadline: float) -> int:
+        """Copy ``body`` to ``sink`` within ``limit`` bytes and by ``deadline`` (monotonic).
+
+        Each read returns what has arrived (at most :data:`CHUNK`) and the socket's timeout is
+        the time left, so a server that trickles bytes, each within the read timeout, is cut
+        off at the deadline, not after its whole answer.
+        """
+        raw = getattr(body, "_raw_stream", None)
+        read = getattr(raw, "read1", None) or body.read
+        sock = getattr(getattr(raw, "connection", None), "sock", None)
+        errors = (self._botocore.exceptions.BotoCoreError, OSError, *_urllib3_errors())
         got = 0
         try:
             while True:
-                chunk = body.read(CHUNK)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RemoteUnavailable(
+                        f"{name}: transfer slower than {self.timeouts.transfer_s:.0f} s; cut off"
+                    )
+                if sock is not None:
+                    sock.settimeout(min(self.timeouts.read_s, left))
+                try:
+                    chunk = read(CHUNK)
+                except errors as exc:
+                    if time.monotonic() >= deadline:
+                        raise RemoteUnavailable(
+                            f"{name}: transfer slower than {self.timeouts.transfer_s:.0f} s; "
+                            "cut off"
+                        ) from exc
+                    raise RemoteUnavailable(f"reading {name}: {type(exc).__name__}: {exc}") from exc
                 if not chunk:
                     return got
                 got += len(chunk)
                 if got > limit:
                     raise RemoteRefused(f"{name} is larger than {limit} bytes")
-                if time.monotonic() > deadline:
-                    raise RemoteUnavailable(
-                        f"{name}: transfer slower than {self.timeouts.transfer_s:.0f} s; cut off"
-                    )
                 sink(chunk)
-        except (exceptions.BotoCoreError, OSError) as exc:
-            raise RemoteUnavailable(f"reading {name}: {type(exc).__name__}: {exc}") from exc
         finally:
-            body.close()
+            with contextlib.suppress(*errors):
+                body.close()
+
+
+def _urllib3_errors() -> tuple[type[Exception], ...]:
+    """urllib3's own failures (a read timeout raised by a raw read is not an OSError)."""
+    try:
+        from urllib3.exceptions import HTTPError
+    except ImportError:
+        return ()
+    return (HTTPError,)
 
 
 def _custom_endpoint(explicit: str | None) -> bool:

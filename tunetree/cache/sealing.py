@@ -11,8 +11,11 @@ The envelope is three header lines and the manifest exactly as the local cache s
 The HMAC (SHA-256, keyed by ``$TUNETREE_CACHE_KEY``) covers the first two lines and the
 manifest, so a signed entry cannot be moved under another key or altered. With a key set,
 an unsigned envelope, or one signed with another key, is refused: a writer without the key
-cannot poison the fleet. The manifest's artifacts are named by their sha256, so the
-signature covers them too. Nothing here parses the manifest's JSON; the local store does.
+cannot poison the fleet. Without a key no envelope can be checked, signed or not, so the
+remote tier reads none unless unsigned records are trusted explicitly
+(``$TUNETREE_CACHE_TRUST_UNSIGNED``, :func:`trust_unsigned_from_env`). The manifest's
+artifacts are named by their sha256, so the signature covers them too. Nothing here parses
+the manifest's JSON; the local store does.
 
 Other records travel in the same envelope under their own first line (``magic``): an
 auto-tune depth decision (:mod:`.decisions`) is ``tunetree-depth-decision 1``, so one kind
@@ -30,6 +33,9 @@ from .entry import EntryFault
 KEY_ENV = "TUNETREE_CACHE_KEY"
 """Environment variable holding the fleet's shared secret (any string)."""
 
+TRUST_UNSIGNED_ENV = "TUNETREE_CACHE_TRUST_UNSIGNED"
+"""Environment variable: ``1`` lets a host without the key read unsigned remote records."""
+
 MAGIC = b"tunetree-remote-entry 1"
 UNSIGNED = b"unsigned"
 
@@ -42,6 +48,22 @@ def secret_from_env() -> bytes | None:
     """The shared secret from ``$TUNETREE_CACHE_KEY`` (None when unset or empty)."""
     value = os.environ.get(KEY_ENV, "")
     return value.encode() if value else None
+
+
+def trust_unsigned_from_env() -> bool:
+    """Whether ``$TUNETREE_CACHE_TRUST_UNSIGNED`` is ``1``, ``true`` or ``yes``."""
+    return os.environ.get(TRUST_UNSIGNED_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def why_unreadable(secret: bytes | None, trust_unsigned: bool) -> str | None:
+    """Why remote records are not read with this key and trust (None when they are)."""
+    if secret is not None or trust_unsigned:
+        return None
+    return (
+        f"{KEY_ENV} is not set, so no record can be checked for the fleet's signature; set "
+        f"the fleet's key, or {TRUST_UNSIGNED_ENV}=1 (trust_unsigned=True) to read unsigned "
+        "records from a bucket only trusted writers can change"
+    )
 
 
 def _mac(secret: bytes, key: str, manifest: bytes, magic: bytes) -> str:

@@ -50,8 +50,9 @@ JOURNAL = "placed.txt"
 ORPHAN_AGE_S = 24 * 3600.0
 """A temporary of another host (whose writer we cannot ask about) is an orphan after this."""
 
-MAX_MANIFEST_BYTES = 64 << 20
-"""Largest entry manifest read (a real one is a few KiB)."""
+MAX_MANIFEST_BYTES = 16 << 20
+"""Largest entry manifest read (a real one is a few KiB; the remote's envelopes are bounded
+alike); parsing one costs a few times its size (:mod:`tunetree._util.json_io`)."""
 MAX_SMALL_BYTES = 1 << 20
 """Unit for the largest journal read (64 of these)."""
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..errors import CacheError
 from . import keys
 from .entry import EntryFault, EntryManifest
 from .remote import LAYOUT, RemoteTier, is_key
@@ -57,7 +58,12 @@ def push(store: CacheStore, remote: RemoteTier, select: Selector) -> SyncReport:
 
 
 def pull(store: CacheStore, remote: RemoteTier, select: Selector) -> SyncReport:
-    """Materialize the selected remote entries of this kind of machine into ``store``."""
+    """Materialize the selected remote entries of this kind of machine into ``store``.
+
+    CacheError when the remote reads nothing here (:attr:`RemoteTier.unreadable`).
+    """
+    if remote.unreadable is not None:
+        raise CacheError(f"nothing pulled from {remote.url}: {remote.unreadable}")
     report = SyncReport()
     manifests: list[EntryManifest] = []
     for obj in remote.client.list(f"{LAYOUT}/entries"):

@@ -71,7 +71,9 @@ class TuningCache:
     ``directory`` defaults to :func:`default_directory`. ``remote``: an ``s3://BUCKET/PREFIX``
     shared by the hosts of a fleet (a :class:`~tunetree.cache.remote.RemoteTier` for other
     timeouts or a signing key; default ``$TUNETREE_CACHE_REMOTE``; False: none), needs
-    ``tunetree[remote]``. ``lock_timeout_s`` bounds how long a miss waits for another process
+    ``tunetree[remote]``; only entries signed with ``$TUNETREE_CACHE_KEY`` are read from it,
+    unless ``trust_unsigned`` (see :class:`~tunetree.cache.remote.RemoteTier`).
+    ``lock_timeout_s`` bounds how long a miss waits for another process
     tuning the same graph, and a measurement for the device lock; after it, work goes on
     without the lock.
     """
@@ -82,8 +84,9 @@ class TuningCache:
         *,
         remote: str | RemoteTier | bool | None = None,
         lock_timeout_s: float = 1800.0,
+        trust_unsigned: bool | None = None,
     ):
-        self.remote: RemoteTier | None = open_remote(remote)
+        self.remote: RemoteTier | None = open_remote(remote, trust_unsigned)
         self.disk = CacheStore(Path(default_directory() if directory is None else directory))
         self.lock_timeout_s = lock_timeout_s
         self.stats = CacheStats()
@@ -92,6 +95,7 @@ class TuningCache:
         self._reader = EntryReader(
             self.disk, self.stats, self._writers, lambda device: self.device_lock(device)
         )
+        self._refused = False  # a store failed for the file system's reasons (warned once)
         self.decisions = DecisionStore(self.disk.root, self.remote)
         """``auto_tune``'s depth decisions (:mod:`tunetree.cache.decisions`)."""
 
@@ -152,8 +156,10 @@ class TuningCache:
                 ident.key, self.disk, compatible_with(ident)
             ):
                 self.stats.remote_stored += 1
-        except Exception as exc:
-            log.warning("tuning cache: could not store %s: %s", session.path or "<model>", exc)
+        except Exception as exc:  # a local cache refusing writes warns once, not per graph
+            level = logging.INFO if isinstance(exc, OSError) and self._refused else logging.WARNING
+            self._refused = self._refused or isinstance(exc, OSError)
+            log.log(level, "tuning cache: could not store %s: %s", session.path or "<model>", exc)
             log.debug("%s", traceback.format_exc())
         finally:
             if ident is not None:

@@ -173,7 +173,8 @@ def environment_error(path: Path, differences: list[Difference]) -> EnvironmentM
         "(tt.tune / tt.auto_tune) and save a new checkpoint. If the model was tuned into a "
         "shared tuning cache by a host of this kind (tt.fleet.tune, or any tune with the "
         "remote set), that costs no build: set TUNETREE_CACHE_REMOTE=s3://BUCKET/PREFIX (and "
-        "the S3 endpoint and credentials) and run tt.auto_tune(model, data) here; it is served "
+        "the S3 endpoint and credentials, and the fleet's TUNETREE_CACHE_KEY: only entries "
+        "signed with it are read) and run tt.auto_tune(model, data) here; it is served "
         "from the shared cache, each runner checked against eager first. Only to waive an "
         "entry known not to matter (e.g. a container's host name that changes on every "
         f"start), name it explicitly: tt.load(model, path, ignore={example}).",

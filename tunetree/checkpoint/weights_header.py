@@ -22,6 +22,8 @@ MAX_HEADER_BYTES = 100 << 20
 """Largest header accepted (safetensors' own limit)."""
 MAX_TENSORS = 1_000_000
 """Most tensors a weights member may hold."""
+MAX_METADATA_BYTES = 64 << 10
+"""Largest ``__metadata__`` table accepted (tunetree writes one short entry)."""
 
 ITEM_BYTES = {
     "BOOL": 1,
@@ -92,6 +94,9 @@ def _entries(table: dict[str, Any], data_bytes: int) -> dict[str, TensorEntry]:
             )
             if not ok:
                 raise _refuse("its metadata is not a table of strings")
+            size = sum(len(k) + len(v) for k, v in meta.items())
+            if size > MAX_METADATA_BYTES:
+                raise _refuse(f"its metadata holds {size} characters, over {MAX_METADATA_BYTES}")
             continue
         entries[name] = _entry(name, meta)
     position = 0

@@ -243,12 +243,18 @@ def file_sha256(path: Path) -> tuple[str, int]:
 
 
 def remove_tree(path: Path) -> None:
-    """Delete a file or directory tree, read-only files (cache artifacts) included."""
+    """Delete a file or directory tree, read-only files (cache artifacts) included.
+
+    Where a removal fails on modes, the directories involved are made writable and it is tried
+    again; only real directories are chmodded: a symbolic link is removed, never followed (a
+    chmod would change the file it names, wherever that is).
+    """
 
     def writable(func: Callable[..., Any], p: str, _exc: Any) -> None:
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
-            os.chmod(p, stat.S_IRWXU)
+            for directory in (os.path.dirname(p), p):
+                if stat.S_ISDIR(os.lstat(directory).st_mode):
+                    os.chmod(directory, stat.S_IRWXU)
             func(p)
 
     if path.is_dir() and not path.is_symlink():
