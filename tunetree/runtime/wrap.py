@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..backends.base import Runner
@@ -23,6 +24,7 @@ from ..hf import StaticLayers
 from ..signature.binding import ArgumentPlan, Binder, call_signature
 from ..signature.graph import GraphKey
 from ..signature.modules import find_module, module_paths, root_modules, set_root
+from .autograd import AutogradNeed
 from .plan import Plan
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ class Dispatcher:
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
         self._warned_training = False
+        self._needs_autograd = AutogradNeed(module)
+        self._warned_autograd = False
         self.static_layers = StaticLayers()
         """Sizes of static cache layers, learned from the first call on a fresh cache: later
         fresh caches are initialised before the call, so their prefill is keyed like the
@@ -113,6 +117,8 @@ class Dispatcher:
                 )
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
+        if torch.is_grad_enabled() and self._needs_autograd(args, kwargs):
+            return self._keep_autograd(args, kwargs)
         # Asked of the runners only when the call holds more than tensors (a cache object).
         owned: Callable[[], frozenset[int]] | frozenset[int] = (
             self._owned if self._owners else frozenset()
@@ -158,6 +164,23 @@ class Dispatcher:
             if direct is not runner:
                 self._fast[fast] = (direct, learned)
         return output
+
+    def _keep_autograd(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the original forward for a call whose output needs autograd history.
+
+        Runners return outputs without it (:mod:`.autograd`); warned once.
+        """
+        if not self._warned_autograd:
+            self._warned_autograd = True
+            log.warning(
+                "%s: called under grad mode with parameters or inputs that require grad: "
+                "running its original forward, since tuned runners return outputs without "
+                "autograd history (call it under torch.inference_mode() or torch.no_grad() "
+                "to use them)",
+                self.path or "<model>",
+            )
+        self.fallback_calls += 1
+        return self.original(*args, **kwargs)
 
     def _learn_static_layers(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the original forward on a fresh static cache of unknown sizes, learning them.
