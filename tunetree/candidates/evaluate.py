@@ -25,7 +25,7 @@ from ..accuracy import AccuracyBudget, output_error
 from ..backends.base import Backend, Runner
 from ..signature import parking
 from ..signature.compare import Tolerances, compare_all
-from ..signature.graph import Graph, Sample, batch_size
+from ..signature.graph import Graph, Sample, batch_size, with_own_state
 from ..signature.probes import checks
 from ..signature.shapes import sizes_of
 from ..signature.state import process_state_kept
@@ -350,7 +350,7 @@ class GraphSession:
         A failure to build or to run is a row.
         """
         try:
-            runner = backend.build(self.module, self.graph, self.device)
+            runner = backend.build(self.module, with_own_state(self.graph), self.device)
         except Exception as exc:  # any backend error becomes a row
             return self._failed(backend, "build", exc)
         try:
