@@ -24,6 +24,7 @@ from ..hf import StaticLayers
 from ..signature.binding import ArgumentPlan, Binder, call_signature
 from ..signature.graph import GraphKey
 from ..signature.modules import find_module, module_paths, root_modules, set_root
+from . import messages
 from .autograd import AutogradNeed
 from .plan import Plan
 
@@ -239,6 +240,12 @@ class Dispatcher:
                     key,
                 )
             return
+        unserved = self.plan.unserved_graph(self.path, key) if self.plan is not None else None
+        if unserved is not None:  # a graph of the tuning's own calls, left without a runner
+            if unserved[0] not in self._warned:
+                self._warned.add(unserved[0])
+                log.warning(messages.no_runner(self.path, *unserved))
+            return
         pattern = key.pattern()
         ranges = self._ranged.get(pattern)
         # One warning per pattern when ranges exist (every size outside them), else per key.
@@ -248,12 +255,13 @@ class Dispatcher:
         self._warned.add(once)
         if ranges:
             log.warning(
-                "%s: input %s is outside the tuned range%s %s; running the original "
+                "%s: input %s is outside the tuned range%s %s (%s); running the original "
                 "forward (tune with inputs of these sizes to widen the range)",
                 where,
                 key,
                 "s" if len(ranges) > 1 else "",
                 " or ".join(str(k) for k, _ in ranges),
+                "; ".join(messages.outside_range(k, key) for k, _ in ranges),
             )
         else:
             log.warning(

@@ -419,7 +419,8 @@ def plan_from(results: list[GraphResult], depth: int) -> Plan:
         for g in results
         if g.winner is not None and g.winner.runner is not None
     ]
-    return Plan(entries, depth)
+    unserved = {(g.path, g.graph.key): g.why_no_runner() for g in results if not g.has_runner}
+    return Plan(entries, depth, unserved=unserved)
 
 
 def release_unplanned(graphs: Iterable[list[GraphResult]], plans: Iterable[Plan]) -> None:
