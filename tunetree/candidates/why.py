@@ -13,7 +13,7 @@ from .evaluate import CandidateRow, Status
 from .results import GraphResult
 
 
-def why_no_gain(results: Sequence[GraphResult], limit: int = 120) -> str:
+def why_no_gain(results: Sequence[GraphResult], limit: int = 200) -> str:
     """Why no candidate besides eager serves the graphs of ``results``, per backend.
 
     Each backend's most common outcome over the graphs it was tried on, such as ``openvino: 3 of
