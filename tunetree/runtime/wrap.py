@@ -104,8 +104,9 @@ class Dispatcher:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Serve a call with the runner for its signature, or the original forward.
 
-        The original forward runs in training mode (with a warning, once) and for signatures no
-        runner serves.
+        The original forward runs in training mode and for a call whose output needs autograd
+        (grad mode on, a parameter or an input requiring grad), each with a warning once, and for
+        signatures no runner serves.
         """
         if self.original.__self__.training:
             # Runners are inference-only (an exported graph has no dropout, no autograd).
