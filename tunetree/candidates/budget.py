@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._util.table import format_table
+from ..backends.compile_pool import close_compile_pool
 from .build_costs import BuildCosts
 
 TIME_BUDGET_ERROR = "time budget used up"
@@ -65,7 +66,9 @@ def stopped_after(seconds: float) -> Iterator[None]:
     callback, the exception is printed and ignored by Python ("Exception ignored in"), and the
     block went on (a ResNet's Inductor build ran 339 s against a 150 s budget): so it is set
     again every :data:`REFIRE_S` until the block ends. An exception set as the block ended is
-    withdrawn before it can be raised outside it.
+    withdrawn before it can be raised outside it. The watcher is joined when the block ends,
+    and after a stop the compiles Inductor had queued are cancelled
+    (:mod:`tunetree.backends.compile_pool`).
     """
     target = threading.get_ident()
     lock = threading.Lock()
@@ -92,6 +95,9 @@ def stopped_after(seconds: float) -> Iterator[None]:
             if state["fired"]:
                 _set_async_exc(target, None)  # withdraw it if it was not raised yet
         wake.set()
+        watcher.join()
+        if state["fired"]:  # kernels the stopped build queued would compile on (at exit too)
+            close_compile_pool()
 
 
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:

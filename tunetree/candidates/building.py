@@ -13,7 +13,7 @@ import traceback
 from contextlib import AbstractContextManager, nullcontext
 
 from ..backends.base import Backend, Runner
-from ..signature.graph import batch_size
+from ..signature.graph import batch_size, with_own_state
 from ..signature.state import process_state_kept
 from . import budget
 from .budget import (
@@ -179,7 +179,7 @@ class Building(Checking):
         A failure to build or to run is a row.
         """
         try:
-            runner = backend.build(self.module, self.graph, self.device)
+            runner = backend.build(self.module, with_own_state(self.graph), self.device)
         except Exception as exc:  # any backend error becomes a row
             return self._failed(backend, "build", exc)
         try:

@@ -39,6 +39,30 @@ class GraphResult:
         return "(cached" in self.strategy
 
     @property
+    def has_runner(self) -> bool:
+        """Whether the graph has a winner with a runner: what a plan can install for it."""
+        return self.winner is not None and self.winner.runner is not None
+
+    def why_no_runner(self, limit: int = 160) -> str:
+        """Why no runner serves this graph, from its rows, in a line ("" when one does).
+
+        Each candidate's status and reason (each cut to ``limit`` characters).
+        """
+        if self.has_runner:
+            return ""
+        if self.winner is not None:
+            return f"the runner of its winner, {self.winner.backend.name}, was not kept"
+        if not self.rows:
+            return "no candidate was tried"
+        parts = []
+        for row in self.rows:
+            text = row.describe()
+            parts.append(
+                f"{row.backend.name} {text if len(text) <= limit else text[:limit] + '...'}"
+            )
+        return "; ".join(parts)
+
+    @property
     def eager_latency_s(self) -> float | None:
         """Median latency of the eager row, or None when eager was not measured."""
         for row in self.rows:

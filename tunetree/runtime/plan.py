@@ -29,6 +29,24 @@ class Plan:
     depth: int | None = None
     accuracy: dict[str, Any] | None = None
     """Under an accuracy budget: the budget and the plan's measured error (JSON data)."""
+    unserved: dict[tuple[str, GraphKey], str] = field(default_factory=dict)
+    """Graphs recorded while tuning that no entry serves, by (path, key), with why: a call of
+    one says that, not that its signature was never seen."""
+
+    def unserved_graph(self, path: str, key: GraphKey) -> tuple[GraphKey, str] | None:
+        """The tuned graph of ``path`` that a call keyed ``key`` is in, when no runner serves it.
+
+        Returns its key and why no runner serves it; None when ``key`` is in no such graph (it
+        was not seen while tuning).
+        """
+        for (where, tuned), reason in self.unserved.items():
+            if where != path:
+                continue
+            if tuned == key or (
+                tuned.is_dynamic and tuned.pattern() == key.pattern() and tuned.accepts(key)
+            ):
+                return tuned, reason
+        return None
 
     def runners(self) -> dict[str, dict[GraphKey, Runner]]:
         """Runners to install, by path.
@@ -80,7 +98,10 @@ class Plan:
                 entries.append(e)
             elif entry is not None:
                 entries.append(entry)
-        return Plan(entries, self.depth)
+        unserved = dict(self.unserved)
+        if entry is None:
+            unserved[(path, key)] = "given back to the module's forward by the accuracy budget"
+        return Plan(entries, self.depth, unserved=unserved)
 
     def changes_results(self) -> bool:
         """Whether any entry's backend changes results (an opt-in, reduced-precision one)."""

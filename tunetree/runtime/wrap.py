@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..backends.base import Runner
@@ -23,6 +24,8 @@ from ..signature.binding import ArgumentPlan, Binder, call_signature
 from ..signature.graph import GraphKey
 from ..signature.modules import find_module, module_paths, root_modules, set_root
 from ..signature.stateful import CallState, call_state
+from . import messages
+from .autograd import AutogradNeed
 from .plan import Plan
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,8 @@ class Dispatcher:
         self._warned: set[GraphKey] = set()
         self._warned_opaque = False
         self._warned_training = False
+        self._needs_autograd = AutogradNeed(module)
+        self._warned_autograd = False
         self.call_state: CallState = call_state()
         """Readies the state objects a call passes (a fresh cache) before the call is keyed,
         learning from the first such call what that takes (:mod:`tunetree.signature.stateful`)."""
@@ -102,8 +107,9 @@ class Dispatcher:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Serve a call with the runner for its signature, or the original forward.
 
-        The original forward runs in training mode (with a warning, once) and for signatures no
-        runner serves.
+        The original forward runs in training mode and for a call whose output needs autograd
+        (grad mode on, a parameter or an input requiring grad), each with a warning once, and for
+        signatures no runner serves.
         """
         if self.original.__self__.training:
             # Runners are inference-only (an exported graph has no dropout, no autograd).
@@ -116,6 +122,8 @@ class Dispatcher:
                 )
             self.fallback_calls += 1
             return self.original(*args, **kwargs)
+        if torch.is_grad_enabled() and self._needs_autograd(args, kwargs):
+            return self._keep_autograd(args, kwargs)
         # Asked of the runners only when the call holds more than tensors (a cache object).
         owned: Callable[[], frozenset[int]] | frozenset[int] = (
             self._owned if self._owners else frozenset()
@@ -163,6 +171,23 @@ class Dispatcher:
             if direct is not runner:
                 self._by_signature[signature] = (direct, learned)
         return output
+
+    def _keep_autograd(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the original forward for a call whose output needs autograd history.
+
+        Runners return outputs without it (:mod:`.autograd`); warned once.
+        """
+        if not self._warned_autograd:
+            self._warned_autograd = True
+            log.warning(
+                "%s: called under grad mode with parameters or inputs that require grad: "
+                "running its original forward, since tuned runners return outputs without "
+                "autograd history (call it under torch.inference_mode() or torch.no_grad() "
+                "to use them)",
+                self.path or "<model>",
+            )
+        self.fallback_calls += 1
+        return self.original(*args, **kwargs)
 
     def _learn_call_state(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run the original forward on state objects not ready yet, learning from the call.
@@ -222,6 +247,12 @@ class Dispatcher:
                     key,
                 )
             return
+        unserved = self.plan.unserved_graph(self.path, key) if self.plan is not None else None
+        if unserved is not None:  # a graph of the tuning's own calls, left without a runner
+            if unserved[0] not in self._warned:
+                self._warned.add(unserved[0])
+                log.warning(messages.no_runner(self.path, *unserved))
+            return
         pattern = key.pattern()
         ranges = self._ranged.get(pattern)
         # One warning per pattern when ranges exist (every size outside them), else per key.
@@ -231,12 +262,13 @@ class Dispatcher:
         self._warned.add(once)
         if ranges:
             log.warning(
-                "%s: input %s is outside the tuned range%s %s; running the original "
+                "%s: input %s is outside the tuned range%s %s (%s); running the original "
                 "forward (tune with inputs of these sizes to widen the range)",
                 where,
                 key,
                 "s" if len(ranges) > 1 else "",
                 " or ".join(str(k) for k, _ in ranges),
+                "; ".join(messages.outside_range(k, key) for k, _ in ranges),
             )
         else:
             log.warning(

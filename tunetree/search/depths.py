@@ -27,6 +27,7 @@ from ..candidates.budget import (
 )
 from ..candidates.measure import MeasureConfig, Timing
 from ..candidates.strategy import Strategy
+from ..candidates.why import why_no_gain
 from ..generation import end_to_end_config, end_to_end_samples
 from ..runtime.plan import Plan
 from ..runtime.wrap import unwrap, wrap
@@ -195,16 +196,17 @@ def _tune_depth(run: DepthRun, row: DepthRow) -> None:
         row.error = f"{TIME_BUDGET_ERROR}: {skipped} candidates skipped"
     plan = plan_from(results, row.depth)
     if not plan.entries:
-        reasons = [r.reason for g in results for r in g.rows if r.reason]
+        why = why_no_gain(results)
         row.status = DepthStatus.SKIPPED
         row.error = (
             TIME_BUDGET_ERROR  # the budget is why nothing is left, not the backends
             if skipped
-            else "every module failed to tune" + (f" ({reasons[0]})" if reasons else "")
+            else "every module failed to tune" + (f" ({why})" if why else "")
         )
         return
     if not plan.runners():
         row.status = DepthStatus.NO_CHANGE
+        row.error = "; ".join(e for e in (why_no_gain(results), row.error) if e)
         return
     if not _same_plan(run, row, plan):
         _measure_depth(run, row, plan)

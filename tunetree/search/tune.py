@@ -17,6 +17,7 @@ from .._util.progress import Progress
 from .._util.table import format_seconds, format_table
 from ..accuracy import AccuracyBudget
 from ..backends.base import Backend
+from ..backends.compile_pool import compile_pool_closed
 from ..cache import open_cache
 from ..cache.keys import structure_digest
 from ..candidates.budget import (
@@ -134,6 +135,7 @@ GraphMemo = dict[tuple[str, Any], GraphResult]
 """Graphs already tuned, by (path, graph key): reused instead of tuned twice."""
 
 
+@compile_pool_closed()
 def tune_cut(
     model: Any,
     info: ModelInfo,
@@ -159,7 +161,9 @@ def tune_cut(
     checks, measurements and cache look-ups. ``accuracy`` admits results-changing candidates
     by their error (see :attr:`GraphSession.accuracy`). ``most_time_first`` tunes the graphs
     in order of their share of eager time (a ``generate`` call's decode graph first, see
-    :func:`tunetree.generation.by_time_share`); results keep the cut's order.
+    :func:`tunetree.generation.by_time_share`); results keep the cut's order. A compile thread
+    pool Inductor made meanwhile is shut down when it returns or raises, its queued work
+    cancelled (:mod:`tunetree.backends.compile_pool`): none outlives the tuning.
     """
     base = strategy or default_strategy(info.device)
     clock = clock or Stopwatch()
@@ -420,7 +424,8 @@ def plan_from(results: list[GraphResult], depth: int) -> Plan:
         for g in results
         if g.winner is not None and g.winner.runner is not None
     ]
-    return Plan(entries, depth)
+    unserved = {(g.path, g.graph.key): g.why_no_runner() for g in results if not g.has_runner}
+    return Plan(entries, depth, unserved=unserved)
 
 
 def release_unplanned(graphs: Iterable[list[GraphResult]], plans: Iterable[Plan]) -> None:

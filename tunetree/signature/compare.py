@@ -148,11 +148,19 @@ def compare(reference: Any, candidate: Any, tolerances: Tolerances | None = None
             return Comparison(
                 False,
                 worst,
-                f"output {_name(reference, i)} differs from eager: max abs diff {diff:.3g}"
+                f"output {_name(reference, i)} differs from eager: "
+                f"max abs diff {_diff_text(ref, diff)}"
                 f"{_where(ref, cand.to(ref.device))} "
                 f"(tolerance {dtype_name(ref.dtype)} atol={tol.atol:g} rtol={tol.rtol:g})",
             )
     return Comparison(True, worst)
+
+
+def _diff_text(ref: torch.Tensor, diff: float) -> str:
+    """``diff`` as the report shows it: a whole number for integer and bool outputs."""
+    if not (ref.is_floating_point() or ref.is_complex()) and math.isfinite(diff):
+        return str(int(diff))
+    return f"{diff:.3g}"
 
 
 def _name(tree: Any, index: int) -> str:
@@ -176,9 +184,12 @@ def _name(tree: Any, index: int) -> str:
 
 def _where(ref: torch.Tensor, cand: torch.Tensor) -> str:
     """`` at [i, j, ...]``: the index of the largest difference (padding shows up here)."""
-    if ref.dim() == 0 or not (ref.is_floating_point() or ref.is_complex()):
+    if ref.dim() == 0:
         return ""
-    diff = torch.nan_to_num((ref.double() - cand.double()).abs(), nan=math.inf)
+    if ref.is_floating_point() or ref.is_complex():
+        diff = torch.nan_to_num((ref.double() - cand.double()).abs(), nan=math.inf)
+    else:
+        diff = _integer_gaps(ref, cand).reshape(ref.shape)
     index = torch.unravel_index(diff.argmax(), ref.shape)
     return " at [" + ", ".join(str(int(i)) for i in index) + "]"
 
@@ -208,7 +219,7 @@ def _close(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance) -> tuple[bool,
         return True, 0.0
     if not (ref.is_floating_point() or ref.is_complex()):
         equal = bool(torch.equal(ref, cand))
-        return equal, 0.0 if equal else math.inf
+        return equal, 0.0 if equal else _integer_diff(ref, cand)
     flat_ref, flat_cand = ref.reshape(-1), cand.reshape(-1)
     ok, worst = True, 0.0
     for start in range(0, flat_ref.numel(), _CHUNK):
@@ -219,6 +230,22 @@ def _close(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance) -> tuple[bool,
             return False, math.inf
         ok, worst = ok and part_ok, max(worst, diff)
     return ok, worst
+
+
+def _integer_diff(ref: torch.Tensor, cand: torch.Tensor) -> float:
+    """The largest absolute difference of two integer (or bool) tensors, exact as an integer.
+
+    Found in float64 (a counter differing by 2 is 2, not inf), then taken again at that index
+    with Python integers, so a difference past float64's precision is still exact.
+    """
+    index = int(_integer_gaps(ref, cand).argmax())
+    flat_ref, flat_cand = ref.reshape(-1), cand.reshape(-1)
+    return float(abs(int(flat_ref[index]) - int(flat_cand[index])))
+
+
+def _integer_gaps(ref: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    """Absolute differences of two integer (or bool) tensors in float64, flattened."""
+    return (ref.reshape(-1).to(torch.float64) - cand.reshape(-1).to(torch.float64)).abs()
 
 
 def _close_part(ref: torch.Tensor, cand: torch.Tensor, tol: Tolerance) -> tuple[bool, float]:

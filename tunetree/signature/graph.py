@@ -513,10 +513,14 @@ class Sample:
         A stateful call gets a copy of its state each time, so no run sees another's mutation
         (a decode step appends to the cache it is given).
         """
+        own = self.own()
+        return fn(*own.args, **own.kwargs)
+
+    def own(self) -> Sample:
+        """This sample, or for a stateful one a copy: a call on it leaves this one's state as is."""
         if not self.stateful:
-            return fn(*self.args, **self.kwargs)
-        args, kwargs = detach_clone((self.args, self.kwargs))
-        return fn(*args, **kwargs)
+            return self
+        return Sample(*detach_clone((self.args, self.kwargs)))
 
     def to(self, device: torch.device | str) -> Sample:
         """A copy with every tensor moved to ``device``."""
@@ -550,6 +554,19 @@ class Graph:
 
     def __str__(self) -> str:
         return str(self.key)
+
+
+def with_own_state(graph: Graph) -> Graph:
+    """``graph`` for a backend's build: its stateful samples are copies (the others are shared).
+
+    A build may run the module on the samples it is given (an exporter tracing them), and a call
+    appends to the cache it is given: on the graph's own samples, a build (failed or not) would
+    change what eager's reference and the next candidates see. ``graph`` itself when no sample
+    holds state.
+    """
+    if not any(sample.stateful for sample in graph.samples):
+        return graph
+    return dataclasses.replace(graph, samples=[sample.own() for sample in graph.samples])
 
 
 def resize_axis(tensor: torch.Tensor, axis: int, size: int) -> torch.Tensor:
