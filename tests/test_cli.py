@@ -49,13 +49,45 @@ def test_info_text(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", str(saved)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "format version: 1" in out
-    assert f"versions.torch: {torch.__version__}" in out and "host: " in out
+    assert f"torch {torch.__version__}" in out and "host: " in out
     assert "identical; the plan and its members pass every check tt.load makes" in out
     assert "members: verified: the weights against their SHA-256;" in out
     assert "plan (3 entries)" in out
     for path in ("0 ", "1 ", "2 "):
         assert f"\n{path}" in out
     assert "(f32[4,8])" in out and "eager" in out
+
+
+def test_info_shows_the_plan_first_and_the_environment_condensed(
+    saved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan comes before the environment record, which is one line per group with long
+    lists counted (over a hundred CPU flags came before the plan); --verbose lists them."""
+    assert main(["info", str(saved)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.index("plan (3 entries)") < out.index("environment record")
+    assert out.index("plan (3 entries)") < out.index("comparison with this environment")
+    environment = out[out.index("environment record") :].splitlines()
+    assert len(environment) <= 8 and all(len(line) < 200 for line in environment)
+    assert "cpu.flags" not in out
+    assert main(["info", str(saved), "--verbose"]) == EXIT_OK
+    full = capsys.readouterr().out
+    assert "cpu.flags: " in full and f"versions.torch: {torch.__version__}" in full
+    assert full.index("plan (3 entries)") < full.index("cpu.flags")
+
+
+def test_help_texts_name_the_real_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """``tunetree cache --dir`` said the default was ~/.cache; it is ~/.cache/tunetree (after
+    $TUNETREE_CACHE_DIR and $XDG_CACHE_HOME/tunetree), as ``default_directory`` resolves it."""
+    from tunetree.cache.tuning import default_directory
+
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "$TUNETREE_CACHE_DIR, else $XDG_CACHE_HOME/tunetree, else ~/.cache/tunetree" in text
+    assert "(default: $TUNETREE_CACHE_DIR or ~/.cache)" not in text
+    for name in ("TUNETREE_CACHE_DIR", "XDG_CACHE_HOME"):
+        assert name in (default_directory.__doc__ or "")
 
 
 def test_info_json(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
