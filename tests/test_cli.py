@@ -160,9 +160,11 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "info" in capsys.readouterr().out
 
 
-def test_module_entry_point(saved: Path) -> None:
+@pytest.mark.parametrize("module", ["tunetree", "tunetree.cli"])
+def test_module_entry_point(saved: Path, module: str) -> None:
+    """``python -m tunetree`` is the command line (it failed: no ``__main__``)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tunetree.cli", "info", str(saved), "--json"],
+        [sys.executable, "-m", module, "info", str(saved), "--json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
