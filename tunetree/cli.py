@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ._util.args import add_budget_arguments
 from ._util.table import escape_controls, format_seconds, format_table
 from .cache.cli import add_cache_commands
+from .commands.tune import add_tune_command
 
 if TYPE_CHECKING:
     from .checkpoint.info import CheckpointInfo
@@ -223,7 +224,12 @@ def demo_command(args: argparse.Namespace) -> int:
     return run_demo(args.max_depth, args.time_budget, args.quick, args.accuracy)
 
 
-COMMANDS: list[Callable[[Any], None]] = [add_info_command, add_cache_commands, add_demo_command]
+COMMANDS: list[Callable[[Any], None]] = [
+    add_tune_command,
+    add_info_command,
+    add_cache_commands,
+    add_demo_command,
+]
 """Subcommand adders, each called with the subparsers object."""
 
 
