@@ -188,8 +188,13 @@ class DeviceGraphRunner(Runner):
         warmup: int = 3,
         compiled: Callable[..., Any] | None = None,
         pool: Any = None,
+        serial: Any = None,
     ) -> None:
         super().__init__(backend)
+        self.serial = serial if serial is not None else threading.RLock()
+        """Held from the copy into the static inputs to the outputs handed back: calls from
+        several threads replay one after another (the static buffers are shared). Captures
+        sharing a memory pool share it too."""
         self.clone_outputs = backend.clone_outputs
         api = _graph_api(device)
         forward: Callable[..., Any] = original_forward(module)
@@ -358,6 +363,11 @@ class DeviceGraphRunner(Runner):
         advances them; a call whose positions would end past a layer's capacity (a sliding
         window filling up: other branches of the layer's code) runs the original forward.
         """
+        with self.serial:
+            return self._replay(args, kwargs)
+
+    def _replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """:meth:`__call__` under the lock."""
         passed_back = self.passes_back(args, kwargs)
         moved: list[tuple[Any, str, int]] = []
         if self.advances:
@@ -412,7 +422,7 @@ class DeviceGraphRunner(Runner):
         ):
             return self
         output = self.static_out.clone if self.clone_only else self._output
-        return DirectReplay(self, slots, self.graph, output)
+        return DirectReplay(self, slots, self.graph, output, self.serial)
 
     def _fresh(self, leaf: Any) -> Any:
         """One output leaf for the caller: a clone, or the updated input state itself."""
@@ -500,6 +510,9 @@ class ShapeSetRunner(Runner):
         """With ``compile=True``, one compiled forward for every capture: the second shape
         compiles it with dynamic sizes, which serve every later shape (one compile per shape
         took minutes on a 24-layer model)."""
+        self.serial = threading.RLock()
+        """Shared by every capture: replays and captures in the shared pool run one at a time,
+        from any number of threads."""
         self.pool = _shared_pool(backend, device)
         """One memory pool for every capture's working memory (None: one pool each). Replays
         run one after another, and every output that lives in the pool is cloned right after
@@ -514,7 +527,13 @@ class ShapeSetRunner(Runner):
     def _runner(self, sample: Sample) -> DeviceGraphRunner:
         assert isinstance(self.backend, DeviceGraph)
         return DeviceGraphRunner(
-            self.backend, self.module, sample, self.device, compiled=self.compiled, pool=self.pool
+            self.backend,
+            self.module,
+            sample,
+            self.device,
+            compiled=self.compiled,
+            pool=self.pool,
+            serial=self.serial,
         )
 
     def _add(self, shapes: ShapeKey, capture: DeviceGraphRunner) -> None:
@@ -582,7 +601,7 @@ class ShapeSetRunner(Runner):
     def _capture(
         self, shapes: ShapeKey, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> DeviceGraphRunner | None:
-        with self.lock:
+        with self.lock, self.serial:  # no replay runs in the pool while it captures
             if shapes in self.captures:
                 return self.captures[shapes]
             if len(self.captures) >= self.max_shapes:

@@ -27,7 +27,7 @@ class DirectReplay:
     caller its outputs (clones, or the updated input state, as the capture's own call does).
     """
 
-    __slots__ = ("_graph", "_keywords", "_output", "_positional", "capture")
+    __slots__ = ("_graph", "_keywords", "_output", "_positional", "_serial", "capture")
 
     def __init__(
         self,
@@ -35,6 +35,7 @@ class DirectReplay:
         slots: list[tuple[int | str, torch.Tensor]],
         graph: Any,
         output: Callable[[], Any],
+        serial: Any,
     ) -> None:
         self.capture = capture
         """The capture this replays (what a table or a test names as serving the call)."""
@@ -42,15 +43,18 @@ class DirectReplay:
         self._keywords = [(where, t) for where, t in slots if isinstance(where, str)]
         self._graph = graph
         self._output = output
+        self._serial = serial
+        """The capture's lock: calls from several threads replay one at a time."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Serve one call of the signature this replay was made for."""
-        for i, static in self._positional:
-            static.copy_(args[i])
-        for name, static in self._keywords:
-            static.copy_(kwargs[name])
-        self._graph.replay()
-        return self._output()
+        with self._serial:
+            for i, static in self._positional:
+                static.copy_(args[i])
+            for name, static in self._keywords:
+                static.copy_(kwargs[name])
+            self._graph.replay()
+            return self._output()
 
     def __repr__(self) -> str:
         return f"DirectReplay({self.capture!r})"
