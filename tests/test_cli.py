@@ -172,3 +172,21 @@ def test_module_entry_point(saved: Path, module: str) -> None:
     )
     assert proc.returncode == EXIT_OK, proc.stderr
     assert json.loads(proc.stdout)["compatible"] is True
+
+
+def test_info_names_the_autocast_check_only_the_model_can_make(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An Autocast record listing three output dtypes for a one-output model: tt.load refuses
+    it (it learns the module's outputs); info, which has no model, cannot count them and says
+    so instead of implying the file was checked for it."""
+    from tests.checkpoint.fixtures.make_fixtures import model
+    from tests.checkpoint.hostile import as_recorded, autocast_file
+
+    path = autocast_file(["f32", "f32", "f32"])(tmp_path / "a.tt")
+    as_recorded(path, monkeypatch)
+    with pytest.raises(tt.TunetreeError, match="3 output dtypes"):
+        tt.load(model(), path)
+    main(["info", str(path)])
+    out = capsys.readouterr().out
+    assert "left to tt.load" in out and "output count of 1 Autocast runner" in out

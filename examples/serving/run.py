@@ -9,7 +9,7 @@
    every answer against eager's outputs, and time them (p50, p99); the same against a server
    of the untuned model. Prints start-up times and latencies side by side.
 
-Run: python examples/serving/run.py [--requests 48] [--threads 4]
+Run: python examples/serving/run.py [--requests 24] [--threads 4]
 Needs ``pip install "tunetree[serve,hf,onnx]"``.
 """
 
@@ -199,7 +199,7 @@ def mixed_requests(count: int) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     """Tune, serve tuned and eager, check every answer and print the numbers."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--requests", type=int, default=24)
     parser.add_argument("--threads", type=int, default=4)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="tunetree-serving-") as tmp:
