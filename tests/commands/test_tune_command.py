@@ -204,3 +204,70 @@ def test_a_directory_without_a_config_is_one_line_and_exit_2(
         err = capsys.readouterr().err
         assert code == 2 and len(err.strip().splitlines()) == 1, err
         assert "no config.json" in err or "is not a directory" in err
+
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "away"]
+
+
+@pytest.fixture(scope="module")
+def bert_with_tokenizer(bert_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import shutil
+
+    directory = tmp_path_factory.mktemp("bert-tok")
+    for item in bert_dir.iterdir():
+        shutil.copy(item, directory / item.name)
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    transformers.BertTokenizer(vocab_file=str(vocab)).save_pretrained(directory)
+    return directory
+
+
+def test_texts_go_through_the_directorys_tokenizer(
+    bert_with_tokenizer: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    texts = tmp_path / "texts.txt"
+    texts.write_text("the cat sat on a mat\nthe dog ran far away from the cat\na dog\n")
+    code, out = _tune(
+        bert_with_tokenizer, tmp_path, "--task", "feature-extraction", "--inputs", str(texts)
+    )
+    assert code == 0, capsys.readouterr().err
+    tuned = tt.load_pretrained(bert_with_tokenizer, out, task="feature-extraction")
+    eager = transformers.AutoModel.from_pretrained(bert_with_tokenizer).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(bert_with_tokenizer)
+    batch = tokenizer(["a cat ran", "the mat sat far away"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            tuned(**batch).last_hidden_state,
+            eager(**batch).last_hidden_state,
+            rtol=1e-4,
+            atol=1e-5,
+        )
+
+
+def test_input_files_hold_the_models_keyword_arguments(
+    bert_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors.torch import save_file
+
+    from tunetree.commands.tune_inputs import samples_from_file
+    from tunetree.pretrained import TASKS
+
+    task, cpu = TASKS["feature-extraction"], torch.device("cpu")
+    calls = [_ids(1, 8), _ids(2, 12)]
+    torch.save(calls, tmp_path / "calls.pt")
+    save_file(calls[0], str(tmp_path / "call.safetensors"))
+    got = samples_from_file(tmp_path / "calls.pt", bert_dir, task, cpu)
+    assert [c["input_ids"].shape for c in got] == [(1, 8), (2, 12)]
+    got = samples_from_file(tmp_path / "call.safetensors", bert_dir, task, cpu)
+    assert torch.equal(got[0]["input_ids"], calls[0]["input_ids"])
+    torch.save({"input_ids": [1, 2]}, tmp_path / "bad.pt")
+    (tmp_path / "texts.txt").write_text("the cat\n")
+    for bad, message in (
+        ("bad.pt", "must hold a dict of named tensors"),
+        ("texts.txt", "texts need a tokenizer"),  # bert_dir has no tokenizer files
+        ("missing.pt", "is not a file"),
+    ):
+        task_args = ["--task", "feature-extraction", "--inputs", str(tmp_path / bad)]
+        code = _status(["tune", str(bert_dir), *task_args, "--out", str(tmp_path / "m.tt")])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

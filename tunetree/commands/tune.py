@@ -154,11 +154,12 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[dict[str, Any]], 
         raise InvalidInputError("--device cuda: no CUDA device here")
     if args.out.suffix != ".tt":
         raise InvalidInputError(f"--out: {args.out} should end in .tt")
+    samples: list[dict[str, Any]] = []
+    if shapes is None:  # read before the model is built: a bad file is reported at once
+        samples = samples_from_file(args.inputs, directory, task, device)
     model = build_pretrained(directory, args.task, device)
     if shapes is not None:
         samples = synthetic_samples(model, task, shapes, device)
-    else:
-        samples = samples_from_file(args.inputs, directory, task, device)
     return task, model, samples, device
 
 

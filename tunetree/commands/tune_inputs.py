@@ -14,6 +14,16 @@ from ..pretrained import Task
 MAX_SHAPE = 1 << 16
 """The largest batch or length ``--shapes`` takes (a typo should not allocate gigabytes)."""
 
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+)
+"""Files a saved tokenizer is made of (transformers builds an empty one without them)."""
+
 _SHAPE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -168,6 +178,11 @@ def _tokenized(
 ) -> list[dict[str, Any]]:
     from transformers import AutoTokenizer
 
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise InvalidInputError(
+            f"--inputs: texts need a tokenizer in {directory} (none of "
+            f"{', '.join(TOKENIZER_FILES)}); give --shapes or a .pt of token ids"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError) as exc:
