@@ -33,16 +33,10 @@ from ..hf import (
     to_data,
 )
 from ..signature.binding import original_forward
-from ..signature.graph import (
-    Graph,
-    GraphKey,
-    Sample,
-    flatten,
-    map_tensors,
-)
+from ..signature.graph import Graph, GraphKey, Sample, flatten, map_tensors
 from ..signature.graph import unflatten as unflatten_tree
 from .base import Backend, Runner
-from .direct_replay import DirectReplay
+from .direct_replay import DirectReplay, serial_lock, serialised
 from .inductor import compile_unavailable_reason, fresh_entry
 from .placeholders import sample_from_key
 from .ranges import check_placeholders
@@ -178,6 +172,7 @@ class DeviceGraphRunner(Runner):
     """
 
     releasable = False  # see Runner.releasable
+    serial: Any  # the lock its calls hold (direct_replay.serial_lock); a shape set's own
 
     def __init__(
         self,
@@ -188,13 +183,8 @@ class DeviceGraphRunner(Runner):
         warmup: int = 3,
         compiled: Callable[..., Any] | None = None,
         pool: Any = None,
-        serial: Any = None,
     ) -> None:
         super().__init__(backend)
-        self.serial = serial if serial is not None else threading.RLock()
-        """Held from the copy into the static inputs to the outputs handed back: calls from
-        several threads replay one after another (the static buffers are shared). Captures
-        sharing a memory pool share it too."""
         self.clone_outputs = backend.clone_outputs
         api = _graph_api(device)
         forward: Callable[..., Any] = original_forward(module)
@@ -356,6 +346,7 @@ class DeviceGraphRunner(Runner):
             return False
         return True
 
+    @serialised  # one call at a time from any threads: the static buffers are shared
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Copy the inputs into the captured static inputs and replay the graph.
 
@@ -363,11 +354,6 @@ class DeviceGraphRunner(Runner):
         advances them; a call whose positions would end past a layer's capacity (a sliding
         window filling up: other branches of the layer's code) runs the original forward.
         """
-        with self.serial:
-            return self._replay(args, kwargs)
-
-    def _replay(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """:meth:`__call__` under the lock."""
         passed_back = self.passes_back(args, kwargs)
         moved: list[tuple[Any, str, int]] = []
         if self.advances:
@@ -422,7 +408,7 @@ class DeviceGraphRunner(Runner):
         ):
             return self
         output = self.static_out.clone if self.clone_only else self._output
-        return DirectReplay(self, slots, self.graph, output, self.serial)
+        return DirectReplay(self, slots, self.graph, output, serial_lock(self))
 
     def _fresh(self, leaf: Any) -> Any:
         """One output leaf for the caller: a clone, or the updated input state itself."""
@@ -498,7 +484,7 @@ class ShapeSetRunner(Runner):
         self.forward = original_forward(module)
         self.captures: dict[ShapeKey, DeviceGraphRunner] = {}
         self.eager_calls = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # also every capture's serial lock (they share the pool)
         self._owners: dict[int, DeviceGraphRunner] = {}
         """The capture that owns each cache object the captures return (see ``owned_ids``)."""
         self._owned_ids: frozenset[int] = frozenset()
@@ -510,9 +496,6 @@ class ShapeSetRunner(Runner):
         """With ``compile=True``, one compiled forward for every capture: the second shape
         compiles it with dynamic sizes, which serve every later shape (one compile per shape
         took minutes on a 24-layer model)."""
-        self.serial = threading.RLock()
-        """Shared by every capture: replays and captures in the shared pool run one at a time,
-        from any number of threads."""
         self.pool = _shared_pool(backend, device)
         """One memory pool for every capture's working memory (None: one pool each). Replays
         run one after another, and every output that lives in the pool is cloned right after
@@ -527,17 +510,12 @@ class ShapeSetRunner(Runner):
     def _runner(self, sample: Sample) -> DeviceGraphRunner:
         assert isinstance(self.backend, DeviceGraph)
         return DeviceGraphRunner(
-            self.backend,
-            self.module,
-            sample,
-            self.device,
-            compiled=self.compiled,
-            pool=self.pool,
-            serial=self.serial,
+            self.backend, self.module, sample, self.device, compiled=self.compiled, pool=self.pool
         )
 
     def _add(self, shapes: ShapeKey, capture: DeviceGraphRunner) -> None:
         self.captures[shapes] = capture
+        capture.serial = self.lock  # captures sharing the pool replay one at a time
         for owned in capture.owned_ids():
             self._owners[owned] = capture
         self._owned_ids = frozenset(self._owners)
@@ -601,7 +579,7 @@ class ShapeSetRunner(Runner):
     def _capture(
         self, shapes: ShapeKey, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> DeviceGraphRunner | None:
-        with self.lock, self.serial:  # no replay runs in the pool while it captures
+        with self.lock:
             if shapes in self.captures:
                 return self.captures[shapes]
             if len(self.captures) >= self.max_shapes:

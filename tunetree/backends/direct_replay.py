@@ -12,10 +12,38 @@ what made tunetree's replay 1.03-1.07x the same capture driven by hand on the H2
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+_CREATING = threading.Lock()
+
+
+def serial_lock(owner: Any) -> Any:
+    """``owner``'s ``serial`` lock (an RLock), made on first use when it has none.
+
+    A CUDA graph's static buffers (and a memory pool captures share) serve one call at a
+    time: calls from several threads hold this lock from the copy in to the outputs out.
+    """
+    lock = owner.__dict__.get("serial")
+    if lock is None:
+        with _CREATING:
+            lock = owner.__dict__.setdefault("serial", threading.RLock())
+    return lock
+
+
+def serialised(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` called under its object's :func:`serial_lock`."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with serial_lock(self):
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 class DirectReplay:
