@@ -88,6 +88,12 @@ def test_help_texts_name_the_real_defaults(capsys: pytest.CaptureFixture[str]) -
     assert "(default: $TUNETREE_CACHE_DIR or ~/.cache)" not in text
     for name in ("TUNETREE_CACHE_DIR", "XDG_CACHE_HOME"):
         assert name in (default_directory.__doc__ or "")
+    from tunetree.search.auto import DEFAULT_TIME_BUDGET_S, QUICK_TIME_BUDGET_S
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"{DEFAULT_TIME_BUDGET_S:g} s, or {QUICK_TIME_BUDGET_S:g} s with --quick" in text
 
 
 def test_info_json(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:

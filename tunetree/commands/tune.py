@@ -39,6 +39,7 @@ def _one_line_error(parser: argparse.ArgumentParser) -> None:
 def add_tune_command(subparsers: Any) -> None:
     """Add the ``tune`` subcommand: tune a Hugging Face checkpoint directory and save it."""
     from ..pretrained import TASKS
+    from ..search.auto import DEFAULT_TIME_BUDGET_S, QUICK_TIME_BUDGET_S
 
     parser = subparsers.add_parser(
         "tune",
@@ -83,7 +84,8 @@ def add_tune_command(subparsers: Any) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="tuning time budget (default: auto_tune's, 300 s)",
+        help=f"tuning time budget (default: auto_tune's, {DEFAULT_TIME_BUDGET_S:g} s, or "
+        f"{QUICK_TIME_BUDGET_S:g} s with --quick)",
     )
     parser.add_argument(
         "--quick",
