@@ -271,3 +271,25 @@ def test_input_files_hold_the_models_keyword_arguments(
         code = _status(["tune", str(bert_dir), *task_args, "--out", str(tmp_path / "m.tt")])
         err = capsys.readouterr().err
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_image_shapes_must_fit_the_models_image_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+    )
+    transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
+    capsys.readouterr()  # save_pretrained's own progress bar
+    argv = ["tune", str(tmp_path / "vit"), "--task", "image-classification", "--shapes", "1x224"]
+    code = _status([*argv, "--out", str(tmp_path / "m.tt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("tunetree tune: error: --shapes: this model takes")
+    assert "side 32" in err[0] and "not 224" in err[0]

@@ -136,8 +136,8 @@ def tune_command(args: argparse.Namespace) -> int:
 def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[dict[str, Any]], torch.device]:
     """The task, the model and the calls; TunetreeError for anything the user gave wrong."""
     from ..errors import InvalidInputError
-    from ..pretrained import build_pretrained, checkpoint_directory, task_of
-    from .tune_inputs import parse_shapes, samples_from_file, synthetic_samples
+    from ..pretrained import build_pretrained, checkpoint_directory, pretrained_config, task_of
+    from .tune_inputs import check_shapes, parse_shapes, samples_from_file, synthetic_samples
 
     task = task_of(args.task)
     directory = checkpoint_directory(args.directory)
@@ -157,8 +157,11 @@ def _prepare(args: argparse.Namespace) -> tuple[Any, Any, list[dict[str, Any]], 
     if args.out.suffix != ".tt":
         raise InvalidInputError(f"--out: {args.out} should end in .tt")
     samples: list[dict[str, Any]] = []
-    if shapes is None:  # read before the model is built: a bad file is reported at once
+    # Inputs are read or checked before the weights load: a bad one is reported at once.
+    if shapes is None:
         samples = samples_from_file(args.inputs, directory, task, device)
+    else:
+        check_shapes(pretrained_config(directory), task, shapes)
     model = build_pretrained(directory, args.task, device)
     if shapes is not None:
         samples = synthetic_samples(model, task, shapes, device)

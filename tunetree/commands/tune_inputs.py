@@ -60,6 +60,26 @@ def pad_token_id(config: Any) -> int:
     return 0
 
 
+def check_shapes(config: Any, task: Task, shapes: list[tuple[int, int]]) -> None:
+    """Refuse shapes the model cannot take, from its config alone (before weights load).
+
+    Raises:
+        InvalidInputError: an image side other than the config's ``image_size``, or a text
+            model whose config states no vocabulary.
+    """
+    if task.inputs == "image":
+        side = getattr(config, "image_size", None)
+        side = side[0] if isinstance(side, list | tuple) and side else side
+        wrong = sorted({n for _, n in shapes if isinstance(side, int) and n != side})
+        if wrong:
+            raise InvalidInputError(
+                f"--shapes: this model takes images of side {side} (its config's image_size), "
+                f"not {', '.join(map(str, wrong))}: give BATCHx{side}"
+            )
+    elif int(getattr(config, "vocab_size", 0) or 0) < 2:
+        raise InvalidInputError("the model's config states no vocab_size: give --inputs")
+
+
 def synthetic_samples(
     model: Any, task: Task, shapes: list[tuple[int, int]], device: torch.device
 ) -> list[dict[str, torch.Tensor]]:
@@ -71,15 +91,14 @@ def synthetic_samples(
     """
     generator = torch.Generator().manual_seed(0)
     config = model.config
+    check_shapes(config, task, shapes)
     if task.inputs == "image":
         channels = int(getattr(config, "num_channels", 3))
         return [
             {"pixel_values": torch.randn(b, channels, n, n, generator=generator).to(device)}
             for b, n in shapes
         ]
-    vocab = int(getattr(config, "vocab_size", 0) or 0)
-    if vocab < 2:
-        raise InvalidInputError("the model's config states no vocab_size: give --inputs")
+    vocab = int(config.vocab_size)
     pad = pad_token_id(config)
     samples = []
     for batch, length in shapes:

@@ -12,6 +12,7 @@ from .tasks import (
     build_pretrained,
     checkpoint_directory,
     load_pretrained,
+    pretrained_config,
     task_of,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "build_pretrained",
     "checkpoint_directory",
     "load_pretrained",
+    "pretrained_config",
     "task_of",
 ]

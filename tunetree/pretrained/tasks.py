@@ -80,6 +80,20 @@ def checkpoint_directory(directory: str | os.PathLike[str]) -> Path:
     return path
 
 
+def pretrained_config(directory: str | os.PathLike[str]) -> Any:
+    """The ``transformers`` config of a checkpoint directory, read without its weights.
+
+    Raises:
+        InvalidInputError: no ``config.json``, or one transformers cannot read.
+        MissingDependencyError: transformers is not installed.
+    """
+    path = checkpoint_directory(directory)
+    try:
+        return _transformers().AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise InvalidInputError(f"{path}/config.json cannot be read: {_first_line(exc)}") from exc
+
+
 def build_pretrained(
     directory: str | os.PathLike[str], task: str, device: torch.device | str = "cpu"
 ) -> Any:
@@ -100,12 +114,8 @@ def build_pretrained(
     """
     spec = task_of(task)
     path = checkpoint_directory(directory)
-    transformers = _transformers()
-    auto = getattr(transformers, spec.auto_class)
-    try:
-        config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise InvalidInputError(f"{path}/config.json cannot be read: {_first_line(exc)}") from exc
+    config = pretrained_config(path)
+    auto = getattr(_transformers(), spec.auto_class)
     if type(config) not in auto._model_mapping:
         raise InvalidInputError(
             f"a {config.model_type} model cannot do {task}: transformers' {spec.auto_class} "
