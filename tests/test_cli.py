@@ -49,13 +49,51 @@ def test_info_text(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", str(saved)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "format version: 1" in out
-    assert f"versions.torch: {torch.__version__}" in out and "host: " in out
+    assert f"torch {torch.__version__}" in out and "host: " in out
     assert "identical; the plan and its members pass every check tt.load makes" in out
     assert "members: verified: the weights against their SHA-256;" in out
     assert "plan (3 entries)" in out
     for path in ("0 ", "1 ", "2 "):
         assert f"\n{path}" in out
     assert "(f32[4,8])" in out and "eager" in out
+
+
+def test_info_shows_the_plan_first_and_the_environment_condensed(
+    saved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan comes before the environment record, which is one line per group with long
+    lists counted (over a hundred CPU flags came before the plan); --verbose lists them."""
+    assert main(["info", str(saved)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert out.index("plan (3 entries)") < out.index("environment record")
+    assert out.index("plan (3 entries)") < out.index("comparison with this environment")
+    environment = out[out.index("environment record") :].splitlines()
+    assert len(environment) <= 8 and all(len(line) < 200 for line in environment)
+    assert "cpu.flags" not in out
+    assert main(["info", str(saved), "--verbose"]) == EXIT_OK
+    full = capsys.readouterr().out
+    assert "cpu.flags: " in full and f"versions.torch: {torch.__version__}" in full
+    assert full.index("plan (3 entries)") < full.index("cpu.flags")
+
+
+def test_help_texts_name_the_real_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    """``tunetree cache --dir`` said the default was ~/.cache; it is ~/.cache/tunetree (after
+    $TUNETREE_CACHE_DIR and $XDG_CACHE_HOME/tunetree), as ``default_directory`` resolves it."""
+    from tunetree.cache.tuning import default_directory
+
+    with pytest.raises(SystemExit):
+        main(["cache", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "$TUNETREE_CACHE_DIR, else $XDG_CACHE_HOME/tunetree, else ~/.cache/tunetree" in text
+    assert "(default: $TUNETREE_CACHE_DIR or ~/.cache)" not in text
+    for name in ("TUNETREE_CACHE_DIR", "XDG_CACHE_HOME"):
+        assert name in (default_directory.__doc__ or "")
+    from tunetree.search.auto import DEFAULT_TIME_BUDGET_S, QUICK_TIME_BUDGET_S
+
+    with pytest.raises(SystemExit):
+        main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"{DEFAULT_TIME_BUDGET_S:g} s, or {QUICK_TIME_BUDGET_S:g} s with --quick" in text
 
 
 def test_info_json(saved: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -128,9 +166,11 @@ def test_no_command_prints_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert "info" in capsys.readouterr().out
 
 
-def test_module_entry_point(saved: Path) -> None:
+@pytest.mark.parametrize("module", ["tunetree", "tunetree.cli"])
+def test_module_entry_point(saved: Path, module: str) -> None:
+    """``python -m tunetree`` is the command line (it failed: no ``__main__``)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tunetree.cli", "info", str(saved), "--json"],
+        [sys.executable, "-m", module, "info", str(saved), "--json"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -138,3 +178,21 @@ def test_module_entry_point(saved: Path) -> None:
     )
     assert proc.returncode == EXIT_OK, proc.stderr
     assert json.loads(proc.stdout)["compatible"] is True
+
+
+def test_info_names_the_autocast_check_only_the_model_can_make(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An Autocast record listing three output dtypes for a one-output model: tt.load refuses
+    it (it learns the module's outputs); info, which has no model, cannot count them and says
+    so instead of implying the file was checked for it."""
+    from tests.checkpoint.fixtures.make_fixtures import model
+    from tests.checkpoint.hostile import as_recorded, autocast_file
+
+    path = autocast_file(["f32", "f32", "f32"])(tmp_path / "a.tt")
+    as_recorded(path, monkeypatch)
+    with pytest.raises(tt.TunetreeError, match="3 output dtypes"):
+        tt.load(model(), path)
+    main(["info", str(path)])
+    out = capsys.readouterr().out
+    assert "left to tt.load" in out and "output count of 1 Autocast runner" in out

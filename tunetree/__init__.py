@@ -32,6 +32,7 @@ from .errors import (
     TunetreeError,
     UntrustedConfigError,
 )
+from .pretrained import load_pretrained
 from .runtime.plan import Plan, PlanEntry
 from .runtime.wrap import serve_alone, unwrap
 from .search.auto import auto_tune
@@ -95,6 +96,7 @@ __all__ = [
     "fleet",
     "inspect",
     "load",
+    "load_pretrained",
     "measure",
     "quick_strategy",
     "rebatch",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ._util.args import add_budget_arguments
 from ._util.table import escape_controls, format_seconds, format_table
 from .cache.cli import add_cache_commands
+from .commands.tune import add_tune_command
 
 if TYPE_CHECKING:
     from .checkpoint.info import CheckpointInfo
@@ -31,6 +32,7 @@ EXIT_UNREADABLE = 2
 
 
 def _flat_lines(record: dict[str, Any]) -> list[str]:
+    """Every entry of the environment record, one a line (``tunetree info --verbose``)."""
     from .checkpoint.environment import flatten_record
 
     lines = []
@@ -39,6 +41,25 @@ def _flat_lines(record: dict[str, Any]) -> list[str]:
             value = f"{len(value)} flags: {' '.join(map(str, value))}"
         lines.append(f"  {escape_controls(entry)}: {escape_controls(value)}")
     return lines
+
+
+CONDENSED_LIST = 8
+"""Lists longer than this are shown by their length in the condensed environment record."""
+
+
+def _condensed_lines(record: dict[str, Any]) -> list[str]:
+    """The environment record, one line per top-level entry; long lists by their length."""
+    from .checkpoint.environment import flatten_record
+
+    groups: dict[str, list[str]] = {}
+    for entry, value in flatten_record(record).items():
+        group, _, name = entry.partition(".")
+        if isinstance(value, list) and len(value) > CONDENSED_LIST:
+            value = f"{len(value)} entries"
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value)) or "none"
+        groups.setdefault(group, []).append(f"{name} {value}" if name else str(value))
+    return [f"  {escape_controls(g)}: {escape_controls('; '.join(v))}" for g, v in groups.items()]
 
 
 def _members_lines(info: CheckpointInfo) -> list[str]:
@@ -55,9 +76,16 @@ def _members_lines(info: CheckpointInfo) -> list[str]:
         if check.runners
         else ""
     )
+    autocast = sum(e.backend.kind == "autocast" for e in info.manifest.entries)
+    counts = (
+        f", and the output count of {autocast} Autocast runner{'s' if autocast > 1 else ''} "
+        "(a record with no artifact: only the model's output says how many dtypes it lists)"
+        if autocast
+        else ""
+    )
     lines = [
         f"members: verified: {read} against their SHA-256{artifacts}; left to tt.load, which "
-        "needs the model: the weights' fit to it and named output containers"
+        f"needs the model: the weights' fit to it and named output containers{counts}"
     ]
     e, entries = escape_controls, info.manifest.entries
     lines += [
@@ -68,36 +96,7 @@ def _members_lines(info: CheckpointInfo) -> list[str]:
     return lines
 
 
-def _print_info(info: CheckpointInfo) -> None:
-    m = info.manifest
-    e = escape_controls
-    print(f"checkpoint: {e(info.path)}")
-    print(f"format version: {info.version}")
-    print(f"model: {e(m.model_type or '?')}  device: {e(m.device)}", end="")
-    print(f"  depth: {m.depth}  saved: {e(m.created_utc or '?')}")
-    if m.accuracy is not None:
-        from .checkpoint.format import accuracy_note
-
-        print(f"accuracy: {e(accuracy_note(m.accuracy))}")
-    print("\n".join(_members_lines(info)))
-    print("environment record (where it was tuned):")
-    print("\n".join(_flat_lines(info.record)))
-    if info.compatible:
-        print(
-            "comparison with this environment: identical; the plan and its members pass "
-            "every check tt.load makes without the model"
-        )
-    elif not info.differences:
-        print(
-            f"comparison with this environment: identical, but tt.load refuses the plan "
-            f"here: {e(info.refusal)}"
-        )
-    else:
-        print(
-            f"comparison with this environment: {len(info.differences)} differing entries "
-            "(tuned vs running); tt.load refuses it here:"
-        )
-        print("\n".join(f"  {e(d)}" for d in info.differences))
+def _plan_table(info: CheckpointInfo) -> str:
     rows = [
         [
             r["path"] or "<model>",
@@ -109,14 +108,55 @@ def _print_info(info: CheckpointInfo) -> None:
         ]
         for r in info.plan_rows()
     ]
-    print()
-    print(
-        format_table(
-            ["module", "graph", "backend", "latency", "eager", "artifacts"],
-            rows,
-            title=f"plan ({len(rows)} entries)",
-        )
+    return format_table(
+        ["module", "graph", "backend", "latency", "eager", "artifacts"],
+        rows,
+        title=f"plan ({len(rows)} entries)",
     )
+
+
+def _verdict_lines(info: CheckpointInfo) -> list[str]:
+    e = escape_controls
+    if info.compatible:
+        return [
+            "comparison with this environment: identical; the plan and its members pass "
+            "every check tt.load makes without the model"
+        ]
+    if not info.differences:
+        return [
+            f"comparison with this environment: identical, but tt.load refuses the plan "
+            f"here: {e(info.refusal)}"
+        ]
+    return [
+        f"comparison with this environment: {len(info.differences)} differing entries "
+        "(tuned vs running); tt.load refuses it here:",
+        *(f"  {e(d)}" for d in info.differences),
+    ]
+
+
+def _print_info(info: CheckpointInfo, verbose: bool = False) -> None:
+    """The plan first, then whether it loads here, the members and the environment record."""
+    m = info.manifest
+    e = escape_controls
+    print(f"checkpoint: {e(info.path)}")
+    print(f"format version: {info.version}")
+    print(f"model: {e(m.model_type or '?')}  device: {e(m.device)}", end="")
+    print(f"  depth: {m.depth}  saved: {e(m.created_utc or '?')}")
+    if m.accuracy is not None:
+        from .checkpoint.format import accuracy_note
+
+        print(f"accuracy: {e(accuracy_note(m.accuracy))}")
+    print()
+    print(_plan_table(info))
+    print()
+    print("\n".join(_verdict_lines(info)))
+    print("\n".join(_members_lines(info)))
+    if verbose:
+        print("environment record (where it was tuned):")
+        print("\n".join(_flat_lines(info.record)))
+    else:
+        print("environment record (where it was tuned; --verbose lists every entry):")
+        print("\n".join(_condensed_lines(info.record)))
 
 
 def info_command(args: argparse.Namespace) -> int:
@@ -136,7 +176,7 @@ def info_command(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info.to_json(), indent=2))
     else:
-        _print_info(info)
+        _print_info(info, args.verbose)
     return EXIT_OK if info.compatible else EXIT_INCOMPATIBLE
 
 
@@ -146,8 +186,9 @@ def add_info_command(subparsers: Any) -> None:
         "info",
         help="show a checkpoint's version, environment and plan, checked as tt.load does",
         description=(
-            "Print a .tt checkpoint's format version, its environment record, how it compares "
-            "with this environment, and its plan (module path, graph, backend, latency). "
+            "Print a .tt checkpoint's format version, its plan (module path, graph, backend, "
+            "latency), how its environment record compares with this environment, and the "
+            "record itself (condensed; --verbose for every entry). "
             "Where the environment matches, the members tt.load reads are verified and the "
             "runners' artifacts checked, without the model and without loading any weights. "
             "Exit status: 0 loads here, 1 tuned elsewhere or needs what this environment "
@@ -156,6 +197,12 @@ def add_info_command(subparsers: Any) -> None:
     )
     parser.add_argument("path", help="a .tt file or a checkpoint directory")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--verbose",
+        "-v",
+        action="store_true",
+        help="list every entry of the environment record (CPU flags included)",
+    )
     parser.add_argument(
         "--ignore",
         action="append",
@@ -172,7 +219,7 @@ def add_demo_command(subparsers: Any) -> None:
         help="auto-tune the built-in 4-layer transformer encoder and print the tables",
         description="Auto-tune a built-in nn.TransformerEncoder on this machine.",
     )
-    parser.add_argument("--max-depth", type=int, default=1, help="deepest cut to try")
+    parser.add_argument("--max-depth", type=int, default=1, help="deepest cut to try (default 1)")
     add_budget_arguments(parser)
     parser.set_defaults(func=demo_command)
 
@@ -184,7 +231,12 @@ def demo_command(args: argparse.Namespace) -> int:
     return run_demo(args.max_depth, args.time_budget, args.quick, args.accuracy)
 
 
-COMMANDS: list[Callable[[Any], None]] = [add_info_command, add_cache_commands, add_demo_command]
+COMMANDS: list[Callable[[Any], None]] = [
+    add_tune_command,
+    add_info_command,
+    add_cache_commands,
+    add_demo_command,
+]
 """Subcommand adders, each called with the subparsers object."""
 
 

@@ -75,3 +75,57 @@ def test_a_failed_export_prints_nothing_and_logs_one_line(
     assert out == ""
     failed = [r for r in caplog.records if "failed" in r.getMessage() and r.levelno >= logging.INFO]
     assert len(failed) == 1 and "\n" not in failed[0].getMessage()
+
+
+class GatherOutOfRange(tt.backends.OnnxRuntime):
+    """ONNX Runtime whose runner's model fails inside ONNX Runtime on every call (a GatherND
+    of an index past the data), as an exported graph that does not hold on a check sample."""
+
+    name = "test-ort-gather"
+
+    def build(self, module, graph, device):
+        import onnx
+        from onnx import TensorProto, helper
+
+        from tunetree.backends.onnxruntime import MODEL_FILE
+
+        runner = super().build(module, graph, device)
+        first = runner.session.get_inputs()[0].name
+        outputs = [o.name for o in runner.session.get_outputs()]
+        index = helper.make_tensor("index", TensorProto.INT64, [1, 1], [99])
+        nodes = [helper.make_node("GatherND", [first, "index"], [outputs[0]])]
+        graph_proto = helper.make_graph(
+            nodes,
+            "broken",
+            [helper.make_tensor_value_info(first, TensorProto.FLOAT, None)],
+            [helper.make_tensor_value_info(outputs[0], TensorProto.FLOAT, None)],
+            [index],
+        )
+        model = helper.make_model(graph_proto, opset_imports=[helper.make_opsetid("", 17)])
+        onnx.save(model, str(runner.directory / MODEL_FILE))
+        runner.session = runner._session(self.session_options())
+        runner.feeds = [(first, 0)]
+        return runner
+
+
+def test_a_candidate_failing_inside_onnxruntime_writes_no_native_line(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """ONNX Runtime's C++ logger writes ``[E:onnxruntime:...] Non-zero status code ...`` to file
+    descriptor 2 when a call fails; while a candidate is checked that must stay off the
+    terminal, and the message must be in the candidate's row."""
+    model = nn.Sequential(nn.Linear(4, 4)).eval()
+    result = tt.tune(
+        model,
+        [torch.randn(2, 4)],
+        strategy=tt.OneBackendStrategy(GatherOutOfRange()),
+        measure_config=tt.MeasureConfig.quick(),
+        verbose=False,
+        cache=False,
+    )
+    rows = {r.backend.name: r for r in result.graphs[0].rows}
+    row = rows["test-ort-gather"]
+    assert row.status is tt.Status.FAILED
+    assert "GatherND" in row.reason
+    out, err = capfd.readouterr()
+    assert "onnxruntime" not in out + err and "Non-zero status" not in out + err

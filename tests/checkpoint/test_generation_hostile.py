@@ -260,3 +260,27 @@ def test_classes_outside_the_allow_list_are_never_found() -> None:
         assert name not in INERT_CACHE_CLASSES and inert_cache_class(name) is None
     assert inert_cache_class(["DynamicLayer"]) is None
     assert importlib.util.find_spec("tunetree.hf.caches") is not None
+
+
+def test_info_refuses_a_negative_cache_size_as_load_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cache layer of the prefill's key sized -7: ``tt.load`` refused it while ``tunetree
+    info`` said the file loads here (exit 0). Both refuse it now, with the same reason."""
+    from tunetree.cli import EXIT_UNREADABLE, main
+
+    def edit(m: dict[str, Any]) -> None:
+        for layer in _layers(m["entries"][PREFILL]):
+            layer[1] = "StaticLayer"
+            layer[2] += [
+                ["max_cache_len", ["const", "int", -7]],
+                ["cumulative_length", {"dtype": "i64", "shape": []}],
+            ]
+            layer[2].sort()
+
+    path = _edited(tmp_path, edit)
+    as_recorded(path, monkeypatch)
+    assert main(["info", str(path)]) == EXIT_UNREADABLE
+    assert "states the size -7" in capsys.readouterr().err
+    with pytest.raises(tt.TunetreeError, match="states the size -7"):
+        tt.load(gpt2(), path)

@@ -211,6 +211,28 @@ def test_plot_writes_png(tmp_path) -> None:
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_leaves_the_matplotlib_backend_and_pyplot_alone(tmp_path) -> None:
+    """A notebook's backend must survive ``result.plot``: no ``matplotlib.use``, no pyplot."""
+    matplotlib = pytest.importorskip("matplotlib")
+    import sys
+
+    result = auto(two_level(), max_depth=1)
+    original = matplotlib.get_backend()
+    matplotlib.use("svg")  # a backend that is not Agg, as a notebook's inline one would be
+    try:
+        pyplot_before = "matplotlib.pyplot" in sys.modules
+        result.plot(tmp_path / "depths.png")
+        assert matplotlib.get_backend() == "svg"
+        if not pyplot_before:
+            assert "matplotlib.pyplot" not in sys.modules
+        else:
+            import matplotlib.pyplot as plt
+
+            assert plt.get_fignums() == []
+    finally:
+        matplotlib.use(original)
+
+
 def test_opt_in_backend_tolerance_applies_end_to_end() -> None:
     import dataclasses
 

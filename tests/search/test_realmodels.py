@@ -164,8 +164,9 @@ class Ticking(Delayed):
 
 
 def test_time_budget_starts_no_build_expected_to_cross_it_and_marks_skipped_work(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="tunetree.progress")
     clock = [0.0]
     monkeypatch.setattr(tunetree.candidates.budget, "now", lambda: clock[0])
     patch_now(monkeypatch, lambda: clock[0])
@@ -196,7 +197,7 @@ def test_time_budget_starts_no_build_expected_to_cross_it_and_marks_skipped_work
     assert unbuilt == {"kids.0", "kids.1"}
     assert all(r.status is tt.Status.SKIPPED for r in skipped) and len(skipped) >= 3
     assert TIME_BUDGET_ERROR in str(result)
-    err = capsys.readouterr().err
+    err = caplog.text
     assert "ETA" in err and "budget left" in err
 
 

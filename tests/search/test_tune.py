@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -95,7 +97,7 @@ def test_each_graph_gets_its_own_strategy_instance() -> None:
     assert user_strategy not in instances
 
 
-def test_kwargs_module_and_progress_output(capsys: pytest.CaptureFixture[str]) -> None:
+def test_kwargs_module_and_progress_output(caplog: pytest.LogCaptureFixture) -> None:
     class KW(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -107,10 +109,11 @@ def test_kwargs_module_and_progress_output(capsys: pytest.CaptureFixture[str]) -
 
     model = KW().eval()
     data = [{"x": torch.randn(2, 4), "scale": 2.0, "mask": torch.ones(2, 4)}]
-    result = tt.tune(
-        model, data, strategy=tt.OneBackendStrategy(Delayed(0.0)), measure_config=QUICK
-    )
-    assert "[tunetree" in capsys.readouterr().err
+    with caplog.at_level(logging.INFO, logger="tunetree.progress"):
+        result = tt.tune(
+            model, data, strategy=tt.OneBackendStrategy(Delayed(0.0)), measure_config=QUICK
+        )
+    assert any(r.name == "tunetree.progress" for r in caplog.records)
     with torch.no_grad():
         out = result.model(**data[0])
         assert torch.equal(out["y"], model(**data[0])["y"])

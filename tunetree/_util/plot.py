@@ -1,4 +1,9 @@
-"""matplotlib for the PNGs results draw, imported only when one is asked for."""
+"""matplotlib for the PNGs results draw, imported only when one is asked for.
+
+Charts are drawn on a :class:`matplotlib.figure.Figure` of their own and written with its
+``savefig``: ``pyplot`` is never imported and the backend never switched, so a notebook's or
+an application's plotting is left as it was.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,24 @@ from typing import Any
 from ..errors import MissingDependencyError
 
 
-def pyplot(what: str) -> Any:
-    """``matplotlib.pyplot`` on the file-only Agg backend; ``what`` names the caller in the error.
+def figure(what: str, figsize: tuple[float, float]) -> Any:
+    """A new ``matplotlib.figure.Figure`` of ``figsize`` inches, outside pyplot's figure list.
 
-    Raises :class:`MissingDependencyError` naming the ``tunetree[plot]`` extra without it.
+    Args:
+        what: the caller, named in the error.
+        figsize: width and height in inches.
+
+    Returns:
+        The figure; ``figure.savefig(path)`` writes it (matplotlib picks the Agg canvas for
+        a PNG by itself).
+
+    Raises:
+        MissingDependencyError: matplotlib is not installed (names the ``tunetree[plot]`` extra).
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError as exc:
         raise MissingDependencyError(
             f"{what} needs matplotlib: pip install 'tunetree[plot]'"
         ) from exc
-    return plt
+    return Figure(figsize=figsize)

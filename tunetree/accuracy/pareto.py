@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .._util.plot import pyplot
+from .._util.plot import figure
 from .._util.table import format_seconds, format_table
 from .budget import AccuracyBudget
 from .metrics import metric_name
@@ -103,8 +103,8 @@ class Pareto:
 
     def plot(self, path: str | Path) -> Path:
         """Write latency (ms) against error as a PNG (needs ``tunetree[plot]``); returns it."""
-        plt = pyplot("result.pareto(path)")
-        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        fig = figure("result.pareto(path)", (6.5, 4.5))
+        ax = fig.subplots()
         for step in self.steps:
             if step.latency_s is None or step.verdict.error is None:
                 continue
@@ -129,6 +129,5 @@ class Pareto:
         out = Path(path)
         fig.tight_layout()
         fig.savefig(out, dpi=100)
-        plt.close(fig)
         self.png = out
         return out

@@ -38,7 +38,7 @@ from ..signature.stateful import (
     nested_cache_objects,
 )
 from .base import Backend, Runner
-from .direct_replay import DirectReplay
+from .direct_replay import DirectReplay, serial_lock, serialised
 from .graph_api import graph_api
 from .graph_capture import (
     CONSTANT_TYPES,
@@ -73,6 +73,7 @@ class DeviceGraphRunner(Runner):
     """
 
     releasable = False  # see Runner.releasable
+    serial: Any  # the lock its calls hold (direct_replay.serial_lock); a shape set's own
 
     def __init__(
         self,
@@ -183,6 +184,7 @@ class DeviceGraphRunner(Runner):
             return False
         return True
 
+    @serialised  # one call at a time from any threads: the static buffers are shared
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Copy the inputs into the captured static inputs and replay the graph.
 
@@ -244,7 +246,7 @@ class DeviceGraphRunner(Runner):
         ):
             return self
         output = self.static_out.clone if self.clone_only else self._output
-        return DirectReplay(self, slots, self.graph, output)
+        return DirectReplay(self, slots, self.graph, output, serial_lock(self))
 
     def _fresh(self, leaf: Any) -> Any:
         """One output leaf for the caller: a clone, or the updated input state itself."""
@@ -320,7 +322,7 @@ class ShapeSetRunner(Runner):
         self.forward = original_forward(module)
         self.captures: dict[ShapeKey, DeviceGraphRunner] = {}
         self.eager_calls = 0
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # also every capture's serial lock (they share the pool)
         self._owners: dict[int, DeviceGraphRunner] = {}
         """The capture that owns each cache object the captures return (see ``owned_ids``)."""
         self._owned_ids: frozenset[int] = frozenset()
@@ -351,6 +353,7 @@ class ShapeSetRunner(Runner):
 
     def _add(self, shapes: ShapeKey, capture: DeviceGraphRunner) -> None:
         self.captures[shapes] = capture
+        capture.serial = self.lock  # captures sharing the pool replay one at a time
         for owned in capture.owned_ids():
             self._owners[owned] = capture
         self._owned_ids = frozenset(self._owners)

@@ -12,10 +12,38 @@ what made tunetree's replay 1.03-1.07x the same capture driven by hand on the H2
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+_CREATING = threading.Lock()
+
+
+def serial_lock(owner: Any) -> Any:
+    """``owner``'s ``serial`` lock (an RLock), made on first use when it has none.
+
+    A CUDA graph's static buffers (and a memory pool captures share) serve one call at a
+    time: calls from several threads hold this lock from the copy in to the outputs out.
+    """
+    lock = owner.__dict__.get("serial")
+    if lock is None:
+        with _CREATING:
+            lock = owner.__dict__.setdefault("serial", threading.RLock())
+    return lock
+
+
+def serialised(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` called under its object's :func:`serial_lock`."""
+
+    @functools.wraps(method)
+    def locked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with serial_lock(self):
+            return method(self, *args, **kwargs)
+
+    return locked
 
 
 class DirectReplay:
@@ -27,7 +55,7 @@ class DirectReplay:
     caller its outputs (clones, or the updated input state, as the capture's own call does).
     """
 
-    __slots__ = ("_graph", "_keywords", "_output", "_positional", "capture")
+    __slots__ = ("_graph", "_keywords", "_output", "_positional", "_serial", "capture")
 
     def __init__(
         self,
@@ -35,6 +63,7 @@ class DirectReplay:
         slots: list[tuple[int | str, torch.Tensor]],
         graph: Any,
         output: Callable[[], Any],
+        serial: Any,
     ) -> None:
         self.capture = capture
         """The capture this replays (what a table or a test names as serving the call)."""
@@ -42,15 +71,18 @@ class DirectReplay:
         self._keywords = [(where, t) for where, t in slots if isinstance(where, str)]
         self._graph = graph
         self._output = output
+        self._serial = serial
+        """The capture's lock: calls from several threads replay one at a time."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Serve one call of the signature this replay was made for."""
-        for i, static in self._positional:
-            static.copy_(args[i])
-        for name, static in self._keywords:
-            static.copy_(kwargs[name])
-        self._graph.replay()
-        return self._output()
+        with self._serial:
+            for i, static in self._positional:
+                static.copy_(args[i])
+            for name, static in self._keywords:
+                static.copy_(kwargs[name])
+            self._graph.replay()
+            return self._output()
 
     def __repr__(self) -> str:
         return f"DirectReplay({self.capture!r})"

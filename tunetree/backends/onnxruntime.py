@@ -315,7 +315,10 @@ class OnnxRuntime(Backend):
         spin = "1" if (self.allow_spinning if spinning is None else spinning) else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)
-        options.log_severity_level = 3  # errors only
+        # Fatal only: ONNX Runtime's C++ logger writes a failed call's error straight to
+        # stderr ("[E:onnxruntime:...] Non-zero status code ..."), past logging, while the same
+        # message comes back in the exception, which the candidate's row keeps.
+        options.log_severity_level = 4
         return options
 
     def unavailable_reason(self, device: torch.device) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
@@ -22,18 +23,28 @@ from ..signature.binding import original_forward
 from ..signature.graph import Graph, GraphKey
 from .base import ChangesResults, Runner
 
+_FLAGS_LOCK = threading.RLock()
+"""Held while the process-wide TF32 flags are switched: blocks of several threads run one at
+a time, so the flags are always put back to what they were before the first."""
+
 
 @contextlib.contextmanager
 def tf32_allowed() -> Iterator[None]:
-    """Allow TF32 in CUDA matmuls and cuDNN convolutions inside the block; restore after."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = matmul
-        torch.backends.cudnn.allow_tf32 = cudnn
+    """Allow TF32 in CUDA matmuls and cuDNN convolutions inside the block; restore after.
+
+    The flags are process-wide: blocks run one at a time across threads (two overlapping
+    blocks would otherwise leave them switched on), and other threads' matmuls running
+    meanwhile see TF32 too.
+    """
+    with _FLAGS_LOCK:
+        matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = matmul
+            torch.backends.cudnn.allow_tf32 = cudnn
 
 
 class Tf32Runner(Runner):

@@ -156,9 +156,16 @@ def add_cache_commands(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "cache",
         help="list, verify or clean the tuning cache",
-        description="Look after the tuning cache ($TUNETREE_CACHE_DIR or ~/.cache/tunetree).",
+        description=(
+            "Look after the tuning cache: $TUNETREE_CACHE_DIR, else $XDG_CACHE_HOME/tunetree, "
+            "else ~/.cache/tunetree."
+        ),
     )
-    parser.add_argument("--dir", help="cache directory (default: $TUNETREE_CACHE_DIR or ~/.cache)")
+    parser.add_argument(
+        "--dir",
+        help="cache directory (default: $TUNETREE_CACHE_DIR, else $XDG_CACHE_HOME/tunetree, "
+        "else ~/.cache/tunetree)",
+    )
     commands = parser.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     ls = commands.add_parser("ls", help="entries with their sizes and hit counts")
     ls.add_argument("--json", action="store_true", help="print JSON")

@@ -157,9 +157,11 @@ def auto_tune(
     (:meth:`MeasureConfig.first_look`, when ``measure_config`` is None) and a 60 s budget.
 
     ``print(result)`` and ``result.timing()`` show where the time went, by phase.
-    ``dry_run`` reports what each depth would wrap and tunes nothing. Progress goes to stderr
-    unless ``verbose=False``. ``cache`` is the tuning cache consulted per graph, as in
-    :func:`tunetree.tune` (None: the default directory; False: none). ``dynamic_shapes`` as
+    ``dry_run`` reports what each depth would wrap and tunes nothing. Progress is logged on
+    ``tunetree.progress`` (INFO; DEBUG with ``verbose=False``): stderr when logging is not
+    configured, else as the application's logging configuration says. ``cache`` is the
+    tuning cache consulted per graph, as in :func:`tunetree.tune` (None: the default
+    directory; False: none). ``dynamic_shapes`` as
     in :func:`tunetree.tune`; every depth is measured on the same mix of recorded shapes.
     Training-mode models are refused unless ``allow_training=True`` (as in
     :func:`tunetree.tune`); the model's buffers, parameters and the RNG state are never changed.

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._util.plot import pyplot
+from .._util.plot import figure
 from .._util.table import format_seconds, format_table
 from ..accuracy.budget import AccuracyBudget
 from ..accuracy.pareto import Pareto
@@ -332,7 +332,6 @@ class AutoTuneResult:
 
     def plot(self, path: str | Path) -> Path:
         """Write a PNG bar chart of latency per depth (needs ``tunetree[plot]``)."""
-        plt = pyplot("result.plot")
         labels = ["untuned"] + [f"depth {r.depth}" for r in self.rows]
         values = [self.untuned.median_s * 1e3 if self.untuned else 0.0] + [
             (r.latency_s or 0.0) * 1e3 for r in self.rows
@@ -340,14 +339,14 @@ class AutoTuneResult:
         colors = ["grey"] + [
             "tab:green" if r.depth == self.depth else "tab:blue" for r in self.rows
         ]
-        fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 4))
+        fig = figure("result.plot", (1.2 * len(labels) + 2, 4))
+        ax = fig.subplots()
         ax.bar(labels, values, color=colors)
         ax.set_ylabel("median latency (ms)")
         ax.set_title("tunetree auto_tune: latency per cut depth (lower is better)")
         out = Path(path)
         fig.tight_layout()
         fig.savefig(out, dpi=100)
-        plt.close(fig)
         return out
 
 

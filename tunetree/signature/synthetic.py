@@ -94,7 +94,7 @@ def check_key_names(key: GraphKey) -> None:
         _check_names(sig, 0)
 
 
-def _check_names(sig: Any, depth: int) -> None:
+def _check_names(sig: Any, depth: int, in_cache: bool = False) -> None:
     if isinstance(sig, TensorSpec) or not isinstance(sig, tuple) or not sig:
         return
     if depth > 64:
@@ -102,16 +102,32 @@ def _check_names(sig: Any, depth: int) -> None:
     kind = sig[0]
     if kind == "const" and len(sig) == 3:
         _check_type_constant(sig)
+        if in_cache:
+            check_cache_constant(sig[2])
     elif kind == "data" and len(sig) == 3:
         _check_data(sig[1], sig[2], depth)
     elif kind == "object":
         raise BackendError("a saved key holds an opaque object, which no call can be made of")
     elif kind in ("tuple", "list") and len(sig) == 2 and isinstance(sig[1], tuple):
         for item in sig[1]:
-            _check_names(item, depth + 1)
+            _check_names(item, depth + 1, in_cache)
     elif len(sig) == 2 and isinstance(sig[1], tuple):  # a dict, or a dataclass's fields
         for _, value in _pairs(sig[1]):
-            _check_names(value, depth + 1)
+            _check_names(value, depth + 1, in_cache)
+
+
+def check_cache_constant(value: Any) -> None:
+    """Refuse a number in a saved cache object that no cache holds (BackendError).
+
+    A size or index is -1 (unset) or more; a float is finite. The upper bound of a size
+    needs the model's config and is checked where a call is made (:func:`call_from_key`).
+    """
+    if type(value) is int and value < -1:
+        raise BackendError(
+            f"a saved cache object states the size {value}: a size is -1 (unset) or more"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BackendError("a saved cache object holds a float that is not finite")
 
 
 def _check_type_constant(sig: tuple[Any, ...]) -> None:
@@ -140,7 +156,7 @@ def _check_data(name: Any, attributes: Any, depth: int) -> None:
             check_attribute_name(attribute)
         except ValueError as exc:
             raise BackendError(f"a saved {name}: {exc}") from None
-        _check_names(value, depth + 1)
+        _check_names(value, depth + 1, in_cache=True)
 
 
 def call_from_key(
@@ -199,13 +215,13 @@ class _Maker:
         if plain is not None:
             if type(value) is not plain and not (plain is float and type(value) is int):
                 raise BackendError(f"a saved {kind} constant holds {type(value).__name__}")
-            if in_cache and type(value) is int and not -1 <= value <= self.limit:
+            if in_cache:
+                check_cache_constant(value)
+            if in_cache and type(value) is int and value > self.limit:
                 raise BackendError(
                     f"a saved cache object states the size {value}, over the {self.limit} that "
                     "the graph's tensors and the model's config account for: refused"
                 )
-            if in_cache and isinstance(value, float) and not math.isfinite(value):
-                raise BackendError("a saved cache object holds a float that is not finite")
             if isinstance(value, str) and len(value) > 256:
                 raise BackendError("a saved string constant is longer than 256 characters")
             return value
