@@ -6,7 +6,7 @@
 For each model: ``tt.auto_tune`` with the default strategy (cold, timed), then every
 (depth, single backend) combination tuned with ``OneBackendStrategy`` on its own copy of
 the model. The untuned model, auto_tune's choice and every combination are then
-measured end to end, interleaved, in one ``tunetree.measure`` call, and the script prints
+measured end to end, interleaved, in one ``tunetree.candidates.measure.measure`` call, and the script prints
 the ratio of auto_tune's selected latency to the best combination's.
 """
 
@@ -24,15 +24,15 @@ import time
 from typing import Any
 
 import tunetree as tt
-from tunetree.candidates.measure import cycle_calls
-from tunetree.signature.graph import as_samples
+from tunetree.candidates.measure import cycle_calls, measure
+from tunetree.signature.graph import Sample, as_samples
 from tunetree.signature.modules import run_model
 
 from . import common, models
 
 
 def _caller(model: Any):
-    return lambda *a, **k: run_model(model, tt.Sample(a, k), None)
+    return lambda *a, **k: run_model(model, Sample(a, k), None)
 
 
 def run(
@@ -74,9 +74,7 @@ def run(
                 f" ({failed} graphs kept eager)" if failed else ""
             )
             candidates[label] = _caller(result.model)
-    timings = tt.measure(
-        {k: cycle_calls(fn, samples) for k, fn in candidates.items()}, device, config
-    )
+    timings = measure({k: cycle_calls(fn, samples) for k, fn in candidates.items()}, device, config)
     combos = {k: t for k, t in timings.items() if k not in ("untuned", "auto_tune")}
     best_name = min(combos, key=lambda k: combos[k].median_s)
     untuned = timings["untuned"].median_s

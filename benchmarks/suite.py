@@ -9,7 +9,7 @@ because its per-graph builds dominate a quick run; a progress line per model and
 to stderr.
 
 For each model every approach is built first (its build/tuning time recorded), then all
-of them are measured end to end in one interleaved ``tunetree.measure`` call, so every
+of them are measured end to end in one interleaved ``tunetree.candidates.measure.measure`` call, so every
 ratio compares numbers taken in the same run under the same conditions. See
 benchmarks/README.md for the method.
 """
@@ -32,8 +32,8 @@ import torch
 
 import tunetree as tt
 from tunetree._util.table import format_table
-from tunetree.candidates.measure import cycle_calls
-from tunetree.signature.graph import as_samples
+from tunetree.candidates.measure import cycle_calls, measure
+from tunetree.signature.graph import Sample, as_samples
 from tunetree.signature.modules import run_model
 
 from . import common, models
@@ -51,7 +51,7 @@ DEFAULT_MODELS = ["mlp", "encoder", "cnn", "resnet", "bert", "distilbert", "gpt2
 
 
 def _caller(model: Any) -> Callable[..., Any]:
-    return lambda *a, **k: run_model(model, tt.Sample(a, k), None)
+    return lambda *a, **k: run_model(model, Sample(a, k), None)
 
 
 def peak_flops(device: str) -> float:
@@ -59,7 +59,7 @@ def peak_flops(device: str) -> float:
     n = 8192 if device == "cuda" else 1024
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
-    t = tt.measure({"mm": lambda: a @ b}, device, tt.MeasureConfig(max_s_per_candidate=1.0))["mm"]
+    t = measure({"mm": lambda: a @ b}, device, tt.MeasureConfig(max_s_per_candidate=1.0))["mm"]
     return 2 * n**3 / t.median_s
 
 
@@ -151,7 +151,7 @@ def run(
     entry = models.build(name, size, device)
     calls, build_s, notes = build_approaches(entry, device, config, options)
     samples = as_samples(entry.data)
-    timings = tt.measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, device, config)
+    timings = measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, device, config)
     memory: dict[str, float] = {}
     if device == "cuda":
         for k, fn in calls.items():

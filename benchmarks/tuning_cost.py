@@ -14,7 +14,7 @@ their submodules are tuned as before; ``--settings default`` runs the default on
 ``--no-backend-builds`` skips the builds alone: both save device time; ``--cold-compile`` adds
 torch.compile's first pass in a fresh process with empty Inductor and Triton caches, what a user
 sees first), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
-model and every tuned model are measured end to end in one interleaved ``tunetree.measure``
+model and every tuned model are measured end to end in one interleaved ``tunetree.candidates.measure.measure``
 call, so the speed-ups are side-by- side ratios ("speed-up here"; beside OpenVINO or ONNX
 Runtime runners in one process eager can be slowed many times over by their spinning thread
 pools, so also compare auto_tune's own end- to-end ratio, measured beside the untuned model
@@ -49,8 +49,8 @@ from torch import nn
 import tunetree as tt
 from tunetree._util.table import format_table
 from tunetree.candidates.budget import BUILD
-from tunetree.candidates.measure import cycle_calls
-from tunetree.signature.graph import as_samples
+from tunetree.candidates.measure import cycle_calls, measure
+from tunetree.signature.graph import Sample, as_samples
 from tunetree.signature.modules import run_model
 
 from . import common, models
@@ -148,7 +148,7 @@ def build(name: str, size: str, device: str) -> models.ZooModel:
 
 
 def _caller(model: Any) -> Callable[..., Any]:
-    return lambda *a, **k: run_model(model, tt.Sample(a, k), None)
+    return lambda *a, **k: run_model(model, Sample(a, k), None)
 
 
 def compile_first_pass(entry: models.ZooModel) -> tuple[Callable[..., Any] | None, float, str]:
@@ -331,9 +331,7 @@ def run(name: str, args: Any, started: float) -> dict[str, Any]:
     progress(f"{name}: measuring every approach end to end", started)
     samples = as_samples(entry.data)
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()
-    timings = tt.measure(
-        {k: cycle_calls(fn, samples) for k, fn in calls.items()}, args.device, config
-    )
+    timings = measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, args.device, config)
     eager = timings["eager"].median_s
     approaches = [
         {

@@ -10,6 +10,7 @@ import pytest
 
 import tunetree as tt
 from tunetree.fleet import FleetReport, FleetRow, Job
+from tunetree.fleet.hardware import hardware_class
 
 from . import jobs
 
@@ -58,7 +59,7 @@ def test_the_report_groups_rows_by_hardware_class_and_never_merges_them() -> Non
     }
     assert [r.job for r in report.failed()] == ["b"]
     assert "failed: RuntimeError: no" in str(report) and "2.00x" in str(report)
-    assert tt.fleet.hardware_class().startswith("cpu: ")
+    assert hardware_class().startswith("cpu: ")
 
 
 def test_fleet_tunes_jobs_over_ray_into_the_remote_and_a_new_host_builds_nothing(
@@ -76,7 +77,7 @@ def test_fleet_tunes_jobs_over_ray_into_the_remote_and_a_new_host_builds_nothing
     for name in ("tree", "wide"):
         row = report[name]
         assert row.ok and row.builds > 0 and row.remote_stored > 0, row
-        assert row.hardware == tt.fleet.hardware_class() and row.node
+        assert row.hardware == hardware_class() and row.node
     assert report["broken"].error == "RuntimeError: this model cannot be built here"
     assert "no node" in (report["nowhere"].error or "")
     again = tt.fleet.tune(fleet[:2], remote=remote, cache_dir=str(tmp_path / "node-2"))

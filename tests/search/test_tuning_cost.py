@@ -19,6 +19,7 @@ from tunetree.candidates import budget, evaluate
 from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline, Stopwatch
 from tunetree.candidates.evaluate import GraphSession, screen_out
 from tunetree.candidates.measure import MeasureConfig, Timing, measure
+from tunetree.search.auto_result import DepthStatus
 from tunetree.signature.graph import Graph, Sample
 
 MS = 1e-3
@@ -364,8 +365,8 @@ def test_a_depth_with_the_plan_of_a_measured_depth_is_not_measured_again() -> No
         cache=False,
     )
     row1, row2 = result.rows[1], result.rows[2]
-    assert row1.status is tt.DepthStatus.MEASURED
-    assert row2.status is tt.DepthStatus.SAME_PLAN and row2.same_as == 1
+    assert row1.status is DepthStatus.MEASURED
+    assert row2.status is DepthStatus.SAME_PLAN and row2.same_as == 1
     assert row2.timing is row1.timing
     assert "same plan as depth 1" in str(result)
     assert result.breakdown is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..signature.binding import original_forward
+from .._util.deprecation import Moved, moved_names
 from .autocast import Autocast
 from .base import Backend, ChangesResults, Runner
 from .cpu_features import cpu_supports
@@ -18,13 +18,9 @@ from .inductor import Inductor
 from .onnxruntime import OnnxRuntime
 from .onnxruntime_int8 import OnnxRuntimeInt8
 from .openvino import OpenVINO, OpenVINOBf16
-from .registry import BUILTIN_BACKENDS, backend_type, libraries_of, registered_backends
+from .registry import backend_type, registered_backends
 from .tf32 import Tf32
 from .torchao import TorchAO
-
-BACKEND_TYPES: tuple[type[Backend], ...] = BUILTIN_BACKENDS
-"""The backend classes that ship with tunetree (read-only; plugins and other subclasses are
-found by :func:`registered_backends` and :func:`backend_type`)."""
 
 
 def default_backends(device: torch.device) -> list[Backend]:
@@ -80,7 +76,6 @@ def _cpu_has_bf16() -> bool:
 
 
 __all__ = [
-    "BACKEND_TYPES",
     "Autocast",
     "Backend",
     "ChangesResults",
@@ -96,8 +91,19 @@ __all__ = [
     "TorchAO",
     "backend_type",
     "default_backends",
-    "libraries_of",
-    "original_forward",
     "reduced_precision_backends",
     "registered_backends",
 ]
+
+_MOVED = {
+    "BACKEND_TYPES": Moved(
+        "tunetree.backends.registry",
+        "BUILTIN_BACKENDS",
+        use="`tunetree.backends.registered_backends()` (built-ins and plugins)",
+    ),
+    "libraries_of": Moved("tunetree.backends.registry"),
+    "original_forward": Moved("tunetree.signature.binding"),
+}
+"""Names this package exported before its API was narrowed, and where they live now."""
+
+__getattr__ = moved_names("tunetree.backends", _MOVED)

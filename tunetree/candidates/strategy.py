@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -17,8 +18,9 @@ from typing import ClassVar
 import torch
 
 from .._util.table import format_table
-from ..backends import Backend, default_backends, original_forward, reduced_precision_backends
+from ..backends import Backend, default_backends, reduced_precision_backends
 from ..errors import InvalidInputError
+from ..signature.binding import original_forward
 from ..signature.graph import Graph, Sample, flatten, unflatten
 from .evaluate import CandidateRow, GraphSession, Status
 
@@ -251,30 +253,66 @@ class HighestThroughputStrategy(_TwinsNarrowed):
         return f"HighestThroughputStrategy{extra}"
 
 
-class LatencyBudgetStrategy(Strategy):
-    """The first candidate, in the given order, whose median latency is within ``budget_ms``.
+class LatencyTargetStrategy(Strategy):
+    """The first candidate, in the given order, whose median latency is within a target.
 
-    When none is, the fastest one.
+    When none is, the fastest one. Use it when "fast enough" matters more than "fastest": the
+    order of ``backends`` is the order of preference. (The time a tune may take is
+    ``auto_tune``'s ``time_budget``; the error it may add is an ``AccuracyBudget``.)
+
+    Args:
+        target_ms: The latency per call, in milliseconds, a candidate must reach.
+        backends: The candidates, most preferred first.
+
+    Raises:
+        InvalidInputError: ``target_ms`` is not positive.
+
+    Example:
+        >>> import tunetree as tt
+        >>> strategy = tt.LatencyTargetStrategy(5.0, [tt.backends.Eager()])
+        >>> strategy.describe()
+        'LatencyTargetStrategy(5 ms)'
     """
 
-    def __init__(self, budget_ms: float, backends: Sequence[Backend]) -> None:
-        if budget_ms <= 0:
-            raise InvalidInputError("budget_ms must be positive")
+    def __init__(self, target_ms: float, backends: Sequence[Backend]) -> None:
+        if target_ms <= 0:
+            raise InvalidInputError("target_ms must be positive")
         super().__init__(backends)
-        self.budget_ms = budget_ms
+        self.target_ms = target_ms
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
-        """The first measured candidate within ``budget_ms``, else the fastest one."""
+        """The first measured candidate within ``target_ms``, else the fastest one."""
         for row in measured:
-            if row.latency_s is not None and row.latency_s * 1e3 <= self.budget_ms:
+            if row.latency_s is not None and row.latency_s * 1e3 <= self.target_ms:
                 return row
         fastest = min(measured, key=lambda r: r.latency_s or float("inf"))
-        log.info("no candidate within %.3g ms; using the fastest, %s", self.budget_ms, fastest)
+        log.info("no candidate within %.3g ms; using the fastest, %s", self.target_ms, fastest)
         return fastest
 
     def describe(self) -> str:
-        """The strategy's name as reports show it, with its budget."""
-        return f"LatencyBudgetStrategy({self.budget_ms:g} ms)"
+        """The strategy's name as reports show it, with its target."""
+        return f"LatencyTargetStrategy({self.target_ms:g} ms)"
+
+
+class LatencyBudgetStrategy(LatencyTargetStrategy):
+    """Deprecated name of :class:`LatencyTargetStrategy` (``budget_ms`` is ``target_ms``).
+
+    Kept for one release; constructing it warns.
+    """
+
+    def __init__(self, budget_ms: float, backends: Sequence[Backend]) -> None:
+        warnings.warn(
+            "LatencyBudgetStrategy(budget_ms, backends) is renamed "
+            "tunetree.LatencyTargetStrategy(target_ms, backends)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(budget_ms, backends)
+
+    @property
+    def budget_ms(self) -> float:
+        """The old name of :attr:`target_ms`."""
+        return self.target_ms
 
 
 def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:
