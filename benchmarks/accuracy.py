@@ -6,7 +6,7 @@
 
 Per model: ``tt.auto_tune`` with its default (results kept) and with
 ``accuracy=tt.AccuracyBudget(max_error=...)``, then eager and both tuned models are measured
-end to end in one interleaved ``tunetree.candidates.measure.measure`` call, so their speed-ups are side-by-side
+end to end in one interleaved ``candidates.measure`` call, so their speed-ups are side-by-side
 ratios. The error column is the relative L2 error of each tuned model's outputs against fp32
 eager on inputs neither tune saw. ``--sizes`` (``BxT`` for token models) rebuilds the inputs of
 ``bert`` (4 layers, hidden 768 on CUDA, 256 on CPU) at those sizes. The load average is

@@ -6,7 +6,7 @@
 For each model: ``tt.auto_tune`` with the default strategy (cold, timed), then every
 (depth, single backend) combination tuned with ``OneBackendStrategy`` on its own copy of
 the model. The untuned model, auto_tune's choice and every combination are then
-measured end to end, interleaved, in one ``tunetree.candidates.measure.measure`` call, and the script prints
+measured end to end, interleaved, in one ``candidates.measure`` call, and the script prints
 the ratio of auto_tune's selected latency to the best combination's.
 """
 

@@ -5,7 +5,7 @@
 
 For each model, ``tt.tune(depth=0, strategy=tt.default_strategy(device))`` builds every
 candidate, checks it against eager and measures all of them interleaved (one
-``tunetree.candidates.measure.measure`` call): the rows are the comparison.
+``candidates.measure`` call): the rows are the comparison.
 """
 
 from __future__ import annotations

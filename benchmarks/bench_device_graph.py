@@ -2,7 +2,7 @@
 
 Run on a machine with a CUDA GPU: ``python benchmarks/bench_device_graph.py`` (or
 ``python -m benchmarks.bench_device_graph``). Prints, per model, each candidate's build time,
-median latency per call and its spread (measured by :func:`~tunetree.candidates.measure.measure`, like every other
+median latency per call and its spread (measured by ``candidates.measure``, like every other
 benchmark: blocks of calls after one untimed call, device synchronised, candidates
 interleaved over trials), speed-up over eager, and whether its outputs match eager (default
 tolerances; the backend's own for opt-in ones). fp32 with TF32 off, as in DESIGN.md's H200

@@ -3,7 +3,7 @@
 Run: ``python -m benchmarks.dispatch_overhead`` (``--quick``: a small MLP whose root is
 wrapped with an eager runner, seconds; otherwise the 4x1024 MLP at batch 32 tuned with the
 default strategy on batch sizes 1..32, so the call at batch 32 is served by a ranged graph).
-Measured side by side in one :func:`~tunetree.candidates.measure.measure` run:
+Measured side by side in one ``candidates.measure`` run:
 
 - ``runner``: the winning runner called directly, and ``tuned``: the tuned model;
 - ``null``: a runner that returns at once, and ``dispatch(null)``: the same runner behind a

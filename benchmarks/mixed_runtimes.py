@@ -5,7 +5,7 @@ runtimes slower end to end than its per-graph figures add up to?
     python -m benchmarks.mixed_runtimes --quick                          # seconds: a check
 
 Tunes one depth of each model with Inductor, OpenVINO and ONNX Runtime (``--quick``: the
-tiny models without Inductor), then measures, in one interleaved ``tunetree.candidates.measure.measure`` call,
+tiny models without Inductor), then measures, in one interleaved ``candidates.measure`` call,
 the untuned model, the greedy plan (every graph's own winner) and the single-runtime plan
 (every graph on the runtime that won most graphs, eager elsewhere): the two plans
 ``auto_tune`` now chooses between. Per plan it prints the sum of its per-graph latencies

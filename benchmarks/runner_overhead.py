@@ -8,7 +8,7 @@ For every model and backend, tunetree tunes the model at depth 0 with only that 
 (``OneBackendStrategy``) on six calls of varying shape; beside it the same backend is set up
 by hand as a careful user would (one export over the same ranges, numpy in and out, the
 backend's own recommended settings). Four ways of serving the same calls are then measured side
-by side in one :func:`~tunetree.candidates.measure.measure` run, on the recorded calls and on unseen calls inside
+by side in one ``candidates.measure`` run, on the recorded calls and on unseen calls inside
 the ranges:
 
 - ``by hand``: the backend set up by hand;
@@ -37,11 +37,11 @@ say nothing about tunetree's runner. tunetree's side is ``tt.tune`` at depth 0 w
 ``by hand`` and ``tunetree`` are timed in one run of their own with the harder method of
 :mod:`benchmarks.interleave`: they alternate one pass over the calls at a time, every call
 timed, no untimed call before a pass (15 rounds, medians), as calls in a serving process
-follow other work. :func:`~tunetree.candidates.measure.measure`'s blocks, each after an untimed call, had
+follow other work. ``candidates.measure``'s blocks, each after an untimed call, had
 OpenVINO's runner at 0.97-1.05x of by hand where alternating passes found 1.09-1.12x on
 BERT-2L (issue 30; why, in ``benchmarks/README.md``). ``runner`` and ``artifact`` are timed in
 a second run beside ``tunetree`` (all on tunetree's artifact, so no block follows another
-runtime's) with :func:`~tunetree.candidates.measure.measure`, and are scaled to the first run by ``tunetree``'s
+runtime's) with ``candidates.measure``, and are scaled to the first run by ``tunetree``'s
 time.
 
 So ``tunetree - runner`` is the dispatcher (binding, keying, routing), ``runner - artifact``

@@ -9,7 +9,7 @@ because its per-graph builds dominate a quick run; a progress line per model and
 to stderr.
 
 For each model every approach is built first (its build/tuning time recorded), then all
-of them are measured end to end in one interleaved ``tunetree.candidates.measure.measure`` call, so every
+of them are measured end to end in one interleaved ``candidates.measure`` call, so every
 ratio compares numbers taken in the same run under the same conditions. See
 benchmarks/README.md for the method.
 """

@@ -14,7 +14,7 @@ their submodules are tuned as before; ``--settings default`` runs the default on
 ``--no-backend-builds`` skips the builds alone: both save device time; ``--cold-compile`` adds
 torch.compile's first pass in a fresh process with empty Inductor and Triton caches, what a user
 sees first), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
-model and every tuned model are measured end to end in one interleaved ``tunetree.candidates.measure.measure``
+model and every tuned model are measured end to end in one interleaved ``candidates.measure``
 call, so the speed-ups are side-by- side ratios ("speed-up here"; beside OpenVINO or ONNX
 Runtime runners in one process eager can be slowed many times over by their spinning thread
 pools, so also compare auto_tune's own end- to-end ratio, measured beside the untuned model
