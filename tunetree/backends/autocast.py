@@ -147,9 +147,9 @@ class Autocast(ChangesResults):
     def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
         """The record's output dtypes: a bounded list of known dtype names or None.
 
-        Read from a file, so checked before anything uses them (an unhashable entry raised
-        an untyped TypeError before, issue 29); their count is checked against the module's
-        output by :meth:`load`, which has the module.
+        Read from a file, so checked before anything uses them (an unhashable entry must be a
+        typed error, not a ``TypeError``); their count is checked against the module's output
+        by :meth:`load`, which has the module.
         """
         saved_output_dtypes(saved)
 

@@ -38,9 +38,9 @@ class Runner(ABC):
     releasable: bool = True
     """Whether tuning may drop this runner once it lost (``GraphResult.release_runners``): a
     loser's session and thread pool must not slow what is measured after it. False for
-    device graphs: on the H200, dropping the losing captures of a decode graph made the
-    winner's first served ``generate`` fault (an illegal memory access, twice, on two models),
-    and they hold device memory, not threads."""
+    device graphs: dropping the losing captures of a decode graph can make the winner's first
+    served ``generate`` fault (an illegal memory access), and they hold device memory, not
+    threads."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -80,8 +80,8 @@ class Runner(ABC):
 
         A runner may drop what it built for those calls alone and build it again when a served
         call needs it: a device graph captures each new shape, and each capture holds a copy of
-        its inputs (a decode step's whole cache: on the H200, the captures of Llama-0.5B's
-        probes held 0.69 GiB at tuning's peak). The default keeps everything.
+        its inputs (a decode step's whole cache, a large share of tuning's peak memory). The
+        default keeps everything.
         """
         return
 
@@ -120,7 +120,8 @@ class Backend(ABC):
     private pool): the budget then only decides whether to start the build."""
     typical_build_s: ClassVar[float | None] = None
     """Seconds a build of a small graph (about 30 modules, a two-layer transformer) typically
-    takes on a 2-core CPU, with its first run; None: unknown. A time budget orders and skips
+    takes on a small CPU (two cores), with its first run; None: unknown. The time budget scales
+    it by how much slower this machine built the other backends. A time budget orders and skips
     builds by it until this backend has been built in the tune (see :meth:`build_prior_s`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

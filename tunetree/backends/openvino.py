@@ -197,7 +197,7 @@ class OpenVINO(Backend):
     """
 
     kind: ClassVar[str] = "openvino"
-    typical_build_s: ClassVar[float | None] = 2.0  # conversion 1 to 2 s measured on the 2-core EPYC
+    typical_build_s: ClassVar[float | None] = 2.0  # docs/measurements.md
     extra: ClassVar[str | None] = "openvino"
     libraries: ClassVar[tuple[str, ...]] = ("openvino",)
     device: str | None = None

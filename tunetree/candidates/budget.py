@@ -63,7 +63,7 @@ def stopped_after(seconds: float) -> Iterator[None]:
     raised at this thread's next Python instruction, so a block inside a long C call (a
     compiler subprocess) stops when that call returns. Raised inside a finalizer or a weakref
     callback, the exception is printed and ignored by Python ("Exception ignored in"), and the
-    block went on (a ResNet's Inductor build ran 339 s against a 150 s budget): so it is set
+    block goes on, far past its budget: so it is set
     again every :data:`REFIRE_S` until the block ends. An exception set as the block ended is
     withdrawn before it can be raised outside it.
     """

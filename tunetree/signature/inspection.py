@@ -50,7 +50,7 @@ FAST_PATH_OPS: dict[str, type[nn.Module]] = {
 
 Without autograd, in eval mode, these modules run one fused kernel instead of their
 submodules; eager is then already close to what a backend makes of the same math (on a
-2-core Xeon the demo encoder was left untuned: no depth beat it). A forward hook on such a
+small CPU no depth of the demo encoder may beat it). A forward hook on such a
 module turns its fast path off, so inspection records none inside it."""
 
 
