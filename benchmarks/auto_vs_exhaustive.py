@@ -25,14 +25,9 @@ from typing import Any
 
 import tunetree as tt
 from tunetree.candidates.measure import cycle_calls, measure
-from tunetree.signature.graph import Sample, as_samples
-from tunetree.signature.modules import run_model
+from tunetree.signature.graph import as_samples
 
 from . import common, models
-
-
-def _caller(model: Any):
-    return lambda *a, **k: run_model(model, Sample(a, k), None)
 
 
 def run(
@@ -52,8 +47,8 @@ def run(
     tuning_s = time.perf_counter() - start
     print(auto)
 
-    candidates: dict[str, Any] = {"untuned": _caller(entry.model)}
-    candidates["auto_tune"] = _caller(auto.model)
+    candidates: dict[str, Any] = {"untuned": common.caller(entry.model)}
+    candidates["auto_tune"] = common.caller(auto.model)
     deepest = min(max_depth, auto.info.max_depth if auto.info else max_depth)
     for depth in range(deepest + 1):
         for backend in tt.default_strategy(device).backends:
@@ -73,7 +68,7 @@ def run(
             label = f"d{depth}/{backend.name}" + (
                 f" ({failed} graphs kept eager)" if failed else ""
             )
-            candidates[label] = _caller(result.model)
+            candidates[label] = common.caller(result.model)
     timings = measure({k: cycle_calls(fn, samples) for k, fn in candidates.items()}, device, config)
     combos = {k: t for k, t in timings.items() if k not in ("untuned", "auto_tune")}
     best_name = min(combos, key=lambda k: combos[k].median_s)

@@ -62,3 +62,11 @@ def cuda_setup(device: str) -> None:
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+
+
+def caller(model: Any) -> Any:
+    """The model called as the user calls it (a pipeline's ``call`` aside), for ``measure``."""
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.modules import run_model
+
+    return lambda *a, **k: run_model(model, Sample(a, k), None)

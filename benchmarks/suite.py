@@ -33,7 +33,7 @@ import torch
 import tunetree as tt
 from tunetree._util.table import format_table
 from tunetree.candidates.measure import cycle_calls, measure
-from tunetree.signature.graph import Sample, as_samples
+from tunetree.signature.graph import as_samples
 from tunetree.signature.modules import run_model
 
 from . import common, models
@@ -48,10 +48,6 @@ def progress(text: str, started: float) -> None:
 
 
 DEFAULT_MODELS = ["mlp", "encoder", "cnn", "resnet", "bert", "distilbert", "gpt2", "vit"]
-
-
-def _caller(model: Any) -> Callable[..., Any]:
-    return lambda *a, **k: run_model(model, Sample(a, k), None)
 
 
 def peak_flops(device: str) -> float:
@@ -82,7 +78,7 @@ def build_approaches(
     """Every approach's callable, its build time, and a note (failures)."""
     import copy
 
-    calls: dict[str, Callable[..., Any]] = {"eager": _caller(entry.model)}
+    calls: dict[str, Callable[..., Any]] = {"eager": common.caller(entry.model)}
     build_s: dict[str, float] = {"eager": 0.0}
     notes: dict[str, str] = {}
     samples = as_samples(entry.data)
@@ -97,7 +93,7 @@ def build_approaches(
             with torch.no_grad():
                 for s in samples:
                     fn(*s.args, **s.kwargs)
-            calls[name] = _caller(fn)
+            calls[name] = common.caller(fn)
         except Exception as exc:
             notes[name] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
         build_s[name] = time.perf_counter() - start
@@ -126,7 +122,7 @@ def build_approaches(
         if winner is None:
             notes[name] = result.graphs[0].rows[0].describe()[:100]
         else:
-            calls[name] = _caller(result.model)
+            calls[name] = common.caller(result.model)
 
     progress(f"  {entry.name}: tt.auto_tune", model_start)
     start = time.perf_counter()
@@ -140,7 +136,7 @@ def build_approaches(
         cache=False,  # cold tuning: build times are part of the result
     )
     build_s["tt.auto_tune"] = time.perf_counter() - start
-    calls["tt.auto_tune"] = _caller(auto.model)
+    calls["tt.auto_tune"] = common.caller(auto.model)
     notes["tt.auto_tune"] = f"depth {auto.depth}" if auto.depth is not None else "left untuned"
     return calls, build_s, notes
 

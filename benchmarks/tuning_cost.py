@@ -50,7 +50,7 @@ import tunetree as tt
 from tunetree._util.table import format_table
 from tunetree.candidates.budget import BUILD
 from tunetree.candidates.measure import cycle_calls, measure
-from tunetree.signature.graph import Sample, as_samples
+from tunetree.signature.graph import as_samples
 from tunetree.signature.modules import run_model
 
 from . import common, models
@@ -147,10 +147,6 @@ def build(name: str, size: str, device: str) -> models.ZooModel:
     return models.ZooModel(name, model.eval().to(device), data, True)
 
 
-def _caller(model: Any) -> Callable[..., Any]:
-    return lambda *a, **k: run_model(model, Sample(a, k), None)
-
-
 def compile_first_pass(entry: models.ZooModel) -> tuple[Callable[..., Any] | None, float, str]:
     """``torch.compile``'s first pass: compile and call once on every sample.
 
@@ -167,7 +163,7 @@ def compile_first_pass(entry: models.ZooModel) -> tuple[Callable[..., Any] | Non
                 run_model(compiled, sample, None)
     except Exception as exc:  # a compile failure is a row, not the end of the run
         return None, time.perf_counter() - start, f"failed: {type(exc).__name__}: {exc}"[:120]
-    return _caller(compiled), time.perf_counter() - start, ""
+    return common.caller(compiled), time.perf_counter() - start, ""
 
 
 def cold_compile_s(name: str, args: Any) -> tuple[float | None, str]:
@@ -324,10 +320,10 @@ def run(name: str, args: Any, started: float) -> dict[str, Any]:
         builds = backend_builds(entry, args.device)
     progress(f"{name}: torch.compile first pass", started)
     compiled, compile_s, compile_note = compile_first_pass(entry)
-    calls: dict[str, Callable[..., Any]] = {"eager": _caller(entry.model)}
+    calls: dict[str, Callable[..., Any]] = {"eager": common.caller(entry.model)}
     if compiled is not None:
         calls["torch.compile"] = compiled
-    calls.update({label: _caller(model) for label, (model, _) in autos.items()})
+    calls.update({label: common.caller(model) for label, (model, _) in autos.items()})
     progress(f"{name}: measuring every approach end to end", started)
     samples = as_samples(entry.data)
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()

@@ -28,9 +28,8 @@ import torch
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..signature.compare import Tolerances
 from ..signature.graph import Graph, GraphKey
-from .base import Backend, Runner
+from .base import Backend, ChangesResults, Runner
 from .dtypes import as_numpy, as_torch, carries, check_numpy_dtypes
 from .export_context import (
     attention_as_eager,
@@ -212,9 +211,9 @@ class OpenVINO(Backend):
                 f"OpenVINO(precision={self.precision!r}) would change results; use "
                 f"OpenVINOBf16(precision={self.precision!r}) for a reduced-precision candidate"
             )
-        if self.performance_hint not in ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"):
+        if self.performance_hint not in _HINTS:
             raise InvalidInputError(
-                f"performance_hint must be LATENCY, THROUGHPUT or CUMULATIVE_THROUGHPUT, "
+                f"performance_hint must be one of {', '.join(_HINTS)}, "
                 f"not {self.performance_hint!r}"
             )
 
@@ -458,18 +457,16 @@ def _served_by(
 
 
 @dataclasses.dataclass(frozen=True)
-class OpenVINOBf16(OpenVINO):
+class OpenVINOBf16(OpenVINO, ChangesResults):
     """OpenVINO computing in bf16 (or f16 with ``precision="f16"``).
 
     Much faster on CPUs with bf16 units, but results change by about 1e-2, so it is never
-    chosen by default. It is checked with its own looser tolerances ``atol`` and ``rtol``.
+    chosen by default. It is checked with its own looser tolerances ``atol`` and ``rtol``
+    (keyword-only, from :class:`~tunetree.backends.base.ChangesResults`).
     """
 
     kind: ClassVar[str] = "openvino-bf16"
-    preserves_results: ClassVar[bool] = False
     precision: str = "bf16"
-    atol: float = 5e-2
-    rtol: float = 5e-2
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -477,10 +474,6 @@ class OpenVINOBf16(OpenVINO):
             raise InvalidInputError(
                 f"OpenVINOBf16 precision must be 'bf16' or 'f16', not {self.precision!r}"
             )
-
-    def tolerances(self) -> Tolerances:
-        """Uniform tolerances from this backend's ``atol`` and ``rtol``."""
-        return Tolerances.uniform(self.atol, self.rtol)
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """OpenVINO's reasons, plus a CPU without bf16 units when ``precision`` is bf16."""

@@ -61,6 +61,7 @@ def canonical_json(value: Any) -> str:
 
 # --------------------------------------------------------------------------- stable values
 
+
 def qualified_name(obj: Any) -> str:
     """``module.qualname`` of a class or function; any module of tunetree reads ``tunetree``.
 
