@@ -37,7 +37,7 @@ from tunetree.signature.graph import as_samples
 from tunetree.signature.modules import run_model
 
 from . import common
-from .models import ZooModel, build
+from .common.models import ZooModel, build
 
 
 def bert_at(device: str, batch: int, seq: int, quick: bool) -> ZooModel:

@@ -27,7 +27,8 @@ import tunetree as tt
 from tunetree.candidates.measure import cycle_calls, measure
 from tunetree.signature.graph import as_samples
 
-from . import common, models
+from . import common
+from .common import models
 
 
 def run(

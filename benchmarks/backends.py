@@ -23,7 +23,8 @@ import torch
 
 import tunetree as tt
 
-from . import common, models
+from . import common
+from .common import models
 
 
 def opt_in_backends(device: str) -> list[tt.backends.Backend]:

@@ -35,7 +35,7 @@ say nothing about tunetree's runner. tunetree's side is ``tt.tune`` at depth 0 w
 ``OneBackendStrategy(DeviceGraph())``, whose runner also clones every output.
 
 ``by hand`` and ``tunetree`` are timed in one run of their own with the harder method of
-:mod:`benchmarks.interleave`: they alternate one pass over the calls at a time, every call
+:mod:`benchmarks.common.interleave`: they alternate one pass over the calls at a time, every call
 timed, no untimed call before a pass (15 rounds, medians), as calls in a serving process
 follow other work. ``candidates.measure``'s blocks, each after an untimed call, had
 OpenVINO's runner at 0.97-1.05x of by hand where alternating passes found 1.09-1.12x on
@@ -81,8 +81,8 @@ from tunetree.runtime.wrap import Dispatcher, dispatcher_of
 from tunetree.signature.graph import GraphKey, Sample, flatten
 
 from . import common
+from .common.interleave import interleaved_passes
 from .dynamic import Workload, _tokens, cnn, subset, trace
-from .interleave import interleaved_passes
 
 Call = Callable[[], Any]
 

@@ -36,7 +36,8 @@ from tunetree.candidates.measure import cycle_calls, measure
 from tunetree.signature.graph import as_samples
 from tunetree.signature.modules import run_model
 
-from . import common, models
+from . import common
+from .common import models
 
 QUICK_AUTO_BUDGET_S = 10.0
 """auto_tune's time budget per model in ``--quick`` runs."""

@@ -53,7 +53,8 @@ from tunetree.candidates.measure import cycle_calls, measure
 from tunetree.signature.graph import as_samples
 from tunetree.signature.modules import run_model
 
-from . import common, models
+from . import common
+from .common import models
 
 DEFAULT_MODELS = ["encoder", "bert", "cnn", "gpt2", "llama", "t5-encoder", "roberta"]
 VARYING = {"llama", "t5-encoder", "roberta"}
