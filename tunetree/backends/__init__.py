@@ -27,6 +27,17 @@ def default_backends(device: torch.device) -> list[Backend]:
     """The result-preserving candidates tried by default on ``device``, in order.
 
     Backends that cannot run there are kept; the strategy drops them with one log line.
+
+    Args:
+        device: The device the model runs on.
+
+    Returns:
+        New backend objects.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> [b.kind for b in tt.backends.default_backends(torch.device("cpu"))]
+        ['inductor', 'openvino', 'onnxruntime', 'eager']
     """
     if device.type == "cuda":
         # Inductor refuses decode steps (a cache object in the inputs): their compiled
@@ -49,10 +60,22 @@ def reduced_precision_backends(device: torch.device) -> list[Backend]:
     """The results-changing candidates an accuracy budget adds on ``device``, in order.
 
     Each is checked by its measured error, never assumed: on a CPU OpenVINO in bf16 and
-    ``torch.autocast`` bf16 (both need a CPU with bf16 units, else they are left out) and ONNX
-    Runtime with int8 weights (dynamic quantization, any x86 CPU); on CUDA
-    TF32 matmuls, bf16 and fp16 autocast, and bf16 autocast compiled by Inductor (also with
-    CUDA graphs: at small batch a launch-bound model gains from bf16 only without launches).
+    ``torch.autocast`` bf16 (where the CPU has bf16 units) and ONNX Runtime with int8 weights;
+    on CUDA TF32 matmuls, bf16 and fp16 autocast, and bf16 autocast compiled by Inductor (also
+    with CUDA graphs: at small batch a launch-bound model gains from bf16 only without
+    launches).
+
+    Args:
+        device: The device the model runs on.
+
+    Returns:
+        New backend objects (none on other devices).
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> all(not b.preserves_results
+        ...     for b in tt.backends.reduced_precision_backends(torch.device("cpu")))
+        True
     """
     if device.type == "cuda":
         return [

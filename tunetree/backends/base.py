@@ -28,7 +28,13 @@ from .safe_config import check_plain
 
 
 class Runner(ABC):
-    """A built candidate: called like the module's forward for one graph."""
+    """A built candidate: called like the module's forward for one graph.
+
+    :meth:`Backend.build` returns one; tuning checks it against eager before it serves.
+
+    Args:
+        backend: The backend that built it.
+    """
 
     served: GraphKey | None = None
     """Set by a loader whose artifact serves less than the graph it was loaded for: the
@@ -98,7 +104,23 @@ class Runner(ABC):
 
 @dataclasses.dataclass(frozen=True)
 class Backend(ABC):
-    """Base of every backend. Subclasses are frozen dataclasses; their fields are the config."""
+    """Base of every backend. Subclasses are frozen dataclasses; their fields are the config.
+
+    A subclass declares ``kind`` (registering it by being defined), ``libraries``, ``extra``,
+    and implements :meth:`unavailable_reason` and :meth:`build` (and :meth:`load` with
+    ``Runner.save`` when its runners can be stored). docs/architecture.md says how to add one.
+
+    Example:
+        >>> import dataclasses, typing, tunetree as tt
+        >>> from tunetree.backends.eager import EagerRunner
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class Mine(tt.backends.Backend):
+        ...     kind: typing.ClassVar[str] = "doc-example-mine"
+        ...     def build(self, module, graph, device):
+        ...         return EagerRunner(self, module)
+        >>> tt.backends.backend_type("doc-example-mine") is Mine
+        True
+    """
 
     kind: ClassVar[str] = "backend"
     """Stable identifier, stored in checkpoints and cache keys."""
@@ -242,7 +264,17 @@ class ChangesResults(Backend):
     """Base of opt-in backends that change numbers (quantisation, reduced precision).
 
     Never in the default strategy; checked against eager with the looser tolerance
-    ``atol + rtol * |eager|`` that the user sets here, and labelled in every table.
+    ``atol + rtol * |eager|`` that the user sets here, and labelled in every table. Under an
+    accuracy budget such a candidate is admitted by its measured error instead.
+
+    Args:
+        atol: Absolute tolerance (keyword-only).
+        rtol: Relative tolerance (keyword-only).
+
+    Example:
+        >>> import tunetree as tt
+        >>> isinstance(tt.backends.OpenVINOBf16(atol=0.1), tt.backends.ChangesResults)
+        True
     """
 
     preserves_results: ClassVar[bool] = False

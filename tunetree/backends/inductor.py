@@ -412,9 +412,21 @@ def _size_oblivious() -> Any:
 class Inductor(Backend):
     """``torch.compile(backend="inductor")``.
 
-    ``mode`` is one of None, ``"reduce-overhead"``, ``"max-autotune"``,
-    ``"max-autotune-no-cudagraphs"``; ``options`` are Inductor config entries
-    (given as a tuple of ``(name, value)`` pairs or a dict).
+    Args:
+        mode: None, ``"reduce-overhead"``, ``"max-autotune"`` or
+            ``"max-autotune-no-cudagraphs"``.
+        dynamic: ``torch.compile``'s ``dynamic``; ranged graphs are marked dynamic anyway.
+        fullgraph: Refuse a graph break.
+        options: Inductor config entries, as ``(name, value)`` pairs or a dict; a saved one
+            is checked against a list of known-safe options.
+
+    Raises:
+        InvalidInputError: Both ``mode`` and ``options`` given.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.Inductor(mode="max-autotune").kind
+        'inductor'
     """
 
     kind: ClassVar[str] = "inductor"

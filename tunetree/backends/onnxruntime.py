@@ -224,12 +224,22 @@ class OnnxRuntimeRunner(Runner):
 class OnnxRuntime(Backend):
     """ONNX Runtime over a dynamo-exported ONNX model.
 
-    ``graph_optimization_level`` is one of disable, basic, extended, layout, all;
-    ``intra_op_num_threads`` / ``inter_op_num_threads`` None lets ONNX Runtime choose;
-    ``allow_spinning`` True lets the pool's idle threads spin (for a process that serves
-    this model only, see :func:`tunetree.serve_alone`); by default they sleep, so they take no
-    core from the code that runs between calls; ``providers`` overrides the execution
-    providers (default: CPU, or CUDA then CPU on a CUDA device).
+    Args:
+        graph_optimization_level: One of disable, basic, extended, layout, all.
+        intra_op_num_threads: Threads within an op (None: ONNX Runtime chooses).
+        inter_op_num_threads: Threads across ops (None: ONNX Runtime chooses).
+        allow_spinning: Let the pool's idle threads spin: only for a process that serves this
+            model alone (see :func:`tunetree.serve_alone`); by default they sleep, so they take
+            no core from the code that runs between calls.
+        providers: Execution providers (default: CPU, or CUDA then CPU on a CUDA device).
+
+    Raises:
+        InvalidInputError: An unknown optimization level.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.OnnxRuntime(intra_op_num_threads=2).extra
+        'onnx'
     """
 
     kind: ClassVar[str] = "onnxruntime"

@@ -70,12 +70,24 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
     """ONNX Runtime over the exported model with int8 weights (dynamic quantization), CPU only.
 
     Changes results, so it is never chosen by default and is checked with its own ``atol`` and
-    ``rtol``. ``weight_type`` is ``"qint8"`` or ``"quint8"``; ``per_channel`` gives each output
-    channel its own scale; ``reduce_range`` uses 7-bit weights, ONNX Runtime's advice for CPUs
-    without VNNI, whose u8s8 kernels can saturate (None, the default: on exactly those CPUs,
-    see :func:`saturating_cpu`); ``op_types`` are the node
-    types whose weights are quantized (see :data:`OP_TYPES`). The session options are
-    :class:`OnnxRuntime`'s.
+    ``rtol``. Takes :class:`OnnxRuntime`'s session options first.
+
+    Args:
+        weight_type: ``"qint8"`` or ``"quint8"`` (keyword-only, as the rest).
+        per_channel: Give each output channel its own scale.
+        reduce_range: 7-bit weights, ONNX Runtime's advice for CPUs without VNNI, whose u8s8
+            kernels can saturate (None: on exactly those CPUs, see :func:`saturating_cpu`).
+        op_types: The node types whose weights are quantized (see :data:`OP_TYPES`).
+        atol: Absolute tolerance against eager.
+        rtol: Relative tolerance against eager.
+
+    Raises:
+        InvalidInputError: An unknown weight type or op type.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.OnnxRuntimeInt8(per_channel=True).preserves_results
+        False
     """
 
     kind: ClassVar[str] = "onnxruntime-int8"

@@ -188,11 +188,22 @@ class OpenVINORunner(Runner):
 class OpenVINO(Backend):
     """OpenVINO runtime, f32 so results are kept.
 
-    ``device`` is an OpenVINO device name (``"CPU"``, ``"GPU.1"``, ``"AUTO"``); None maps the
-    torch device (cpu -> CPU, xpu:N -> GPU.N). ``precision`` is OpenVINO's
-    ``INFERENCE_PRECISION_HINT`` (f32 only here: see :class:`OpenVINOBf16`);
-    ``performance_hint`` is ``"LATENCY"`` or ``"THROUGHPUT"``; ``num_streams`` and
-    ``num_threads`` override OpenVINO's choice.
+    Args:
+        device: An OpenVINO device name (``"CPU"``, ``"GPU.1"``, ``"AUTO"``); None maps the
+            torch device (cpu -> CPU, xpu:N -> GPU.N).
+        precision: OpenVINO's ``INFERENCE_PRECISION_HINT``: f32 only here (see
+            :class:`OpenVINOBf16`).
+        performance_hint: ``"LATENCY"``, ``"THROUGHPUT"`` or ``"CUMULATIVE_THROUGHPUT"``.
+        num_streams: Overrides OpenVINO's choice of streams.
+        num_threads: Overrides OpenVINO's choice of threads.
+
+    Raises:
+        InvalidInputError: A precision other than f32, or an unknown hint.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.OpenVINO(performance_hint="THROUGHPUT").kind
+        'openvino'
     """
 
     kind: ClassVar[str] = "openvino"
@@ -463,6 +474,24 @@ class OpenVINOBf16(OpenVINO, ChangesResults):
     Much faster on CPUs with bf16 units, but results change by about 1e-2, so it is never
     chosen by default. It is checked with its own looser tolerances ``atol`` and ``rtol``
     (keyword-only, from :class:`~tunetree.backends.base.ChangesResults`).
+
+    Args:
+        device: As for :class:`OpenVINO`.
+        precision: ``"bf16"`` or ``"f16"``.
+        performance_hint: As for :class:`OpenVINO`.
+        num_streams: As for :class:`OpenVINO`.
+        num_threads: As for :class:`OpenVINO`.
+        atol: Absolute tolerance against eager.
+        rtol: Relative tolerance against eager.
+
+    Raises:
+        InvalidInputError: A precision other than bf16 or f16.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.OpenVINOBf16(precision="f16", atol=0.1).tolerances().by_dtype
+        ... # doctest: +ELLIPSIS
+        {...}
     """
 
     kind: ClassVar[str] = "openvino-bf16"

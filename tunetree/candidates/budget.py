@@ -280,7 +280,21 @@ class PhaseTime:
 
 @dataclass(frozen=True)
 class TimeBreakdown:
-    """Where a tune's wall time went, phase by phase; the phases and ``other`` add up to it."""
+    """Where a tune's wall time went, phase by phase; the phases and ``other`` add up to it.
+
+    ``result.breakdown`` of :func:`tunetree.tune` and :func:`tunetree.auto_tune`;
+    ``print()`` it for a table.
+
+    Attributes:
+        wall_s: The tune's wall time.
+        phases: One :class:`PhaseTime` per phase (inspection, builds and checks per backend,
+            measurement, cache, end to end ...).
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.TimeBreakdown(wall_s=2.0).wall_s
+        2.0
+    """
 
     wall_s: float
     phases: tuple[PhaseTime, ...] = ()

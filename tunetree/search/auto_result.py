@@ -116,9 +116,30 @@ class SkippedWork:
 class AutoTuneResult:
     """What :func:`auto_tune` did. ``result.model`` is always the thing to call.
 
-    When depth 0 wins, ``model`` is a new wrapper sharing the original's parameters and
-    the object given in stays untuned; when a deeper depth wins its modules are wrapped
-    in place; when nothing beats the untuned model, ``model`` is the untuned object.
+    When depth 0 wins, ``model`` is a new wrapper sharing the original's parameters and the
+    object given in stays untuned; when a deeper depth wins its modules are wrapped in place;
+    when nothing beats the untuned model, ``model`` is the untuned object. ``print()`` it for
+    a table of depths against the untuned model; :meth:`use` serves another measured depth,
+    :meth:`undo` removes every wrap.
+
+    Attributes:
+        model: The model to call.
+        depth: The selected depth (None: the untuned model was kept).
+        rows: One :class:`~tunetree.search.auto_result.DepthRow` per depth tried.
+        untuned: The untuned model's timing.
+        plan: Which runner serves which graph of which module.
+        breakdown: Where the tuning time went (:class:`TimeBreakdown`).
+        time_budget: The time budget the tune ran under, in seconds (None: unlimited).
+        accuracy: The :class:`AccuracyBudget` it ran under, if any.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> model = torch.nn.Linear(8, 8).eval()
+        >>> result = tt.auto_tune(model, [torch.randn(2, 8)], strategy=tt.OneBackendStrategy(
+        ...     tt.backends.Eager()), max_depth=0, cache=False, verbose=False,
+        ...     measure_config=tt.MeasureConfig.quick())
+        >>> result.model is model   # eager won: nothing to wrap
+        True
     """
 
     model: Any
