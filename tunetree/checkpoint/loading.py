@@ -90,11 +90,11 @@ def load(
     Example:
         >>> import tempfile, torch, tunetree as tt
         >>> x = torch.randn(2, 8)
-        >>> result = tt.tune(torch.nn.Linear(8, 8).eval(), [x], strategy=tt.OneBackendStrategy(
+        >>> result = tt.tune(torch.nn.Linear(8, 8).train(False), [x], strategy=tt.OneBackendStrategy(
         ...     tt.backends.Eager()), cache=False, verbose=False,
         ...     measure_config=tt.MeasureConfig.quick())
         >>> path = tt.save(result, tempfile.mkdtemp() + "/linear.tt")
-        >>> fast = tt.load(torch.nn.Linear(8, 8).eval(), path)
+        >>> fast = tt.load(torch.nn.Linear(8, 8).train(False), path)
         >>> torch.equal(fast(x), result.model(x))
         True
     """

@@ -74,7 +74,7 @@ def save(
 
     Example:
         >>> import tempfile, torch, tunetree as tt
-        >>> model = torch.nn.Linear(8, 8).eval()
+        >>> model = torch.nn.Linear(8, 8).train(False)
         >>> result = tt.tune(model, [torch.randn(2, 8)], strategy=tt.OneBackendStrategy(
         ...     tt.backends.Eager()), cache=False, verbose=False,
         ...     measure_config=tt.MeasureConfig.quick())
