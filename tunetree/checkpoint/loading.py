@@ -89,8 +89,8 @@ def load(
 
     Example:
         >>> import tempfile, torch, tunetree as tt
-        >>> x = torch.randn(2, 8)
-        >>> result = tt.tune(torch.nn.Linear(8, 8).train(False), [x], strategy=tt.OneBackendStrategy(
+        >>> x, model = torch.randn(2, 8), torch.nn.Linear(8, 8).train(False)
+        >>> result = tt.tune(model, [x], strategy=tt.OneBackendStrategy(
         ...     tt.backends.Eager()), cache=False, verbose=False,
         ...     measure_config=tt.MeasureConfig.quick())
         >>> path = tt.save(result, tempfile.mkdtemp() + "/linear.tt")
