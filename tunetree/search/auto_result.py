@@ -114,31 +114,16 @@ class SkippedWork:
 
 @dataclass
 class AutoTuneResult:
-    """What :func:`auto_tune` did. ``result.model`` is always the thing to call.
-
-    When depth 0 wins, ``model`` is a new wrapper sharing the original's parameters and the
-    object given in stays untuned; when a deeper depth wins its modules are wrapped in place;
-    when nothing beats the untuned model, ``model`` is the untuned object. ``print()`` it for
-    a table of depths against the untuned model; :meth:`use` serves another measured depth,
-    :meth:`undo` removes every wrap.
+    """What :func:`auto_tune` did; ``print()`` it for the table of depths.
 
     Attributes:
-        model: The model to call.
-        depth: The selected depth (None: the untuned model was kept).
-        rows: One :class:`~tunetree.search.auto_result.DepthRow` per depth tried.
-        untuned: The untuned model's timing.
-        plan: Which runner serves which graph of which module.
-        breakdown: Where the tuning time went (:class:`TimeBreakdown`).
-        time_budget: The time budget the tune ran under, in seconds (None: unlimited).
-        accuracy: The :class:`AccuracyBudget` it ran under, if any.
+        model: The thing to call (the untuned model when no depth beat it).
+        depth: The selected depth (None: untuned); ``rows``: one ``DepthRow`` per depth.
 
     Example:
-        >>> import torch, tunetree as tt
-        >>> model = torch.nn.Linear(8, 8).eval()
-        >>> result = tt.auto_tune(model, [torch.randn(2, 8)], strategy=tt.OneBackendStrategy(
-        ...     tt.backends.Eager()), max_depth=0, cache=False, verbose=False,
-        ...     measure_config=tt.MeasureConfig.quick())
-        >>> result.model is model   # eager won: nothing to wrap
+        >>> import torch, tunetree as tt; model = torch.nn.Linear(8, 8).eval()
+        >>> tt.auto_tune(model, [torch.randn(2, 8)], quick=True, cache=False, verbose=False,
+        ...     strategy=tt.OneBackendStrategy(tt.backends.Eager())).model is model
         True
     """
 
