@@ -189,8 +189,8 @@ def test_budget_holds_when_a_busy_neighbour_disturbs_every_call(
     virtual_time: VirtualClock,
 ) -> None:
     """As beside a busy process: calls up to 2x slower, and stalls of 30 ms (issue 33: on the
-    virtual clock, so the decisions are tested, not the machine; ``benchmarks/budget_under_load.py``
-    measures the real thing)."""
+    virtual clock, so the decisions are tested, not the machine;
+    ``benchmarks/investigations/budget_under_load.py`` measures the real thing)."""
     virtual_time.noise = Disturbance(jitter=1.0, stall_chance=0.05, stall_s=0.03, seed=3)
     result, wall = _budgeted(5.0)
     _assert_budget_held(result, wall, 5.0)
