@@ -6,7 +6,7 @@
 
 Per model: ``tt.auto_tune`` with its default (results kept) and with
 ``accuracy=tt.AccuracyBudget(max_error=...)``, then eager and both tuned models are measured
-end to end in one interleaved ``tunetree.measure`` call, so their speed-ups are side-by-side
+end to end in one interleaved ``candidates.measure`` call, so their speed-ups are side-by-side
 ratios. The error column is the relative L2 error of each tuned model's outputs against fp32
 eager on inputs neither tune saw. ``--sizes`` (``BxT`` for token models) rebuilds the inputs of
 ``bert`` (4 layers, hidden 768 on CUDA, 256 on CPU) at those sizes. The load average is
@@ -32,12 +32,12 @@ import transformers
 
 import tunetree as tt
 from tunetree.accuracy import output_error
-from tunetree.candidates.measure import cycle_calls
+from tunetree.candidates.measure import cycle_calls, measure
 from tunetree.signature.graph import as_samples
 from tunetree.signature.modules import run_model
 
 from . import common
-from .models import ZooModel, build
+from .common.models import ZooModel, build
 
 
 def bert_at(device: str, batch: int, seq: int, quick: bool) -> ZooModel:
@@ -107,9 +107,7 @@ def run(entry: ZooModel, args: Any) -> dict[str, Any]:
 
     calls = {"eager": caller(entry.model), **{k: caller(m) for k, m in tuned.items()}}
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()
-    timings = tt.measure(
-        {k: cycle_calls(fn, samples) for k, fn in calls.items()}, args.device, config
-    )
+    timings = measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, args.device, config)
     eager = timings["eager"].median_s
     for label in tuned:
         rows[label]["latency_s"] = timings[label].median_s

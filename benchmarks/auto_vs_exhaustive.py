@@ -6,7 +6,7 @@
 For each model: ``tt.auto_tune`` with the default strategy (cold, timed), then every
 (depth, single backend) combination tuned with ``OneBackendStrategy`` on its own copy of
 the model. The untuned model, auto_tune's choice and every combination are then
-measured end to end, interleaved, in one ``tunetree.measure`` call, and the script prints
+measured end to end, interleaved, in one ``candidates.measure`` call, and the script prints
 the ratio of auto_tune's selected latency to the best combination's.
 """
 
@@ -24,15 +24,11 @@ import time
 from typing import Any
 
 import tunetree as tt
-from tunetree.candidates.measure import cycle_calls
+from tunetree.candidates.measure import cycle_calls, measure
 from tunetree.signature.graph import as_samples
-from tunetree.signature.modules import run_model
 
-from . import common, models
-
-
-def _caller(model: Any):
-    return lambda *a, **k: run_model(model, tt.Sample(a, k), None)
+from . import common
+from .common import models
 
 
 def run(
@@ -52,8 +48,8 @@ def run(
     tuning_s = time.perf_counter() - start
     print(auto)
 
-    candidates: dict[str, Any] = {"untuned": _caller(entry.model)}
-    candidates["auto_tune"] = _caller(auto.model)
+    candidates: dict[str, Any] = {"untuned": common.caller(entry.model)}
+    candidates["auto_tune"] = common.caller(auto.model)
     deepest = min(max_depth, auto.info.max_depth if auto.info else max_depth)
     for depth in range(deepest + 1):
         for backend in tt.default_strategy(device).backends:
@@ -73,10 +69,8 @@ def run(
             label = f"d{depth}/{backend.name}" + (
                 f" ({failed} graphs kept eager)" if failed else ""
             )
-            candidates[label] = _caller(result.model)
-    timings = tt.measure(
-        {k: cycle_calls(fn, samples) for k, fn in candidates.items()}, device, config
-    )
+            candidates[label] = common.caller(result.model)
+    timings = measure({k: cycle_calls(fn, samples) for k, fn in candidates.items()}, device, config)
     combos = {k: t for k, t in timings.items() if k not in ("untuned", "auto_tune")}
     best_name = min(combos, key=lambda k: combos[k].median_s)
     untuned = timings["untuned"].median_s

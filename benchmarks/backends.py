@@ -5,7 +5,7 @@
 
 For each model, ``tt.tune(depth=0, strategy=tt.default_strategy(device))`` builds every
 candidate, checks it against eager and measures all of them interleaved (one
-``tunetree.measure`` call): the rows are the comparison.
+``candidates.measure`` call): the rows are the comparison.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 
 import tunetree as tt
 
-from . import common, models
+from . import common
+from .common import models
 
 
 def opt_in_backends(device: str) -> list[tt.backends.Backend]:

@@ -52,10 +52,10 @@ def child(args: argparse.Namespace) -> None:
     import torch
 
     import tunetree as tt
-    from tunetree.backends import BACKEND_TYPES
+    from tunetree.backends.registry import BUILTIN_BACKENDS
 
     builds: list[str] = []
-    for cls in BACKEND_TYPES:  # count every backend build, whichever backend it is
+    for cls in BUILTIN_BACKENDS:  # count every backend build, whichever backend it is
         original = cls.build
 
         def counting(self: Any, *a: Any, _original: Any = original, **k: Any) -> Any:

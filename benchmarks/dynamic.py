@@ -15,7 +15,7 @@ Approaches, each over the whole trace:
   fall back to eager (counted).
 
 Reported per approach: steady time for the whole trace (median of passes, measured by
-:func:`tunetree.measure` with one pass per block), ratio to eager, the first pass (compiles
+``candidates.measure`` with one pass per block), ratio to eager, the first pass (compiles
 included), graphs built (Dynamo's compiled graphs; tunetree's candidate builds), calls of one
 pass that ran the original forward at a tuned module, tuning or export time, and the
 largest difference from eager's outputs over the trace. Run ``python benchmarks/dynamic.py

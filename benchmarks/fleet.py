@@ -81,7 +81,7 @@ def host(args: argparse.Namespace) -> None:
 
     import tunetree as tt
 
-    from .models import build
+    from .common.models import build
 
     zoo = build(args.model, "cpu")
     model, data = zoo.model, zoo.data
@@ -200,37 +200,37 @@ def _compare(first: dict, fresh: dict) -> dict[str, Any]:
 
 
 def mlp_model() -> Any:
-    from .models import build
+    from .common.models import build
 
     return build("mlp", "cpu").model
 
 
 def mlp_data() -> Any:
-    from .models import build
+    from .common.models import build
 
     return build("mlp", "cpu").data
 
 
 def cnn_model() -> Any:
-    from .models import build
+    from .common.models import build
 
     return build("cnn", "cpu").model
 
 
 def cnn_data() -> Any:
-    from .models import build
+    from .common.models import build
 
     return build("cnn", "cpu").data
 
 
 def encoder_model() -> Any:
-    from .models import build
+    from .common.models import build
 
     return build("encoder", "quick").model
 
 
 def encoder_data() -> Any:
-    from .models import build
+    from .common.models import build
 
     return build("encoder", "quick").data
 

@@ -47,9 +47,10 @@ from tunetree._util.table import format_table
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.modules import module_paths
 
-from . import common, memory_trace
-from .generate_models import configs
-from .interleave import timed
+from . import common
+from .common import memory_trace
+from .common.generate_models import configs
+from .common.interleave import timed
 
 
 def _prompt(vocab: int, batch: int, length: int, seed: int, device: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ For every model and backend, tunetree tunes the model at depth 0 with only that 
 (``OneBackendStrategy``) on six calls of varying shape; beside it the same backend is set up
 by hand as a careful user would (one export over the same ranges, numpy in and out, the
 backend's own recommended settings). Four ways of serving the same calls are then measured side
-by side in one :func:`tunetree.measure` run, on the recorded calls and on unseen calls inside
+by side in one ``candidates.measure`` run, on the recorded calls and on unseen calls inside
 the ranges:
 
 - ``by hand``: the backend set up by hand;
@@ -35,13 +35,13 @@ say nothing about tunetree's runner. tunetree's side is ``tt.tune`` at depth 0 w
 ``OneBackendStrategy(DeviceGraph())``, whose runner also clones every output.
 
 ``by hand`` and ``tunetree`` are timed in one run of their own with the harder method of
-:mod:`benchmarks.interleave`: they alternate one pass over the calls at a time, every call
+:mod:`benchmarks.common.interleave`: they alternate one pass over the calls at a time, every call
 timed, no untimed call before a pass (15 rounds, medians), as calls in a serving process
-follow other work. :func:`tunetree.measure`'s blocks, each after an untimed call, had
+follow other work. ``candidates.measure``'s blocks, each after an untimed call, had
 OpenVINO's runner at 0.97-1.05x of by hand where alternating passes found 1.09-1.12x on
 BERT-2L (issue 30; why, in ``benchmarks/README.md``). ``runner`` and ``artifact`` are timed in
 a second run beside ``tunetree`` (all on tunetree's artifact, so no block follows another
-runtime's) with :func:`tunetree.measure`, and are scaled to the first run by ``tunetree``'s
+runtime's) with ``candidates.measure``, and are scaled to the first run by ``tunetree``'s
 time.
 
 So ``tunetree - runner`` is the dispatcher (binding, keying, routing), ``runner - artifact``
@@ -76,12 +76,13 @@ from tunetree.backends import DeviceGraph, Inductor, OnnxRuntime, OpenVINO
 from tunetree.backends.base import Backend, Runner
 from tunetree.backends.device_graph import DeviceGraphRunner, _shape_key
 from tunetree.backends.dtypes import as_numpy
+from tunetree.candidates.measure import measure
 from tunetree.runtime.wrap import Dispatcher, dispatcher_of
 from tunetree.signature.graph import GraphKey, Sample, flatten
 
 from . import common
+from .common.interleave import interleaved_passes
 from .dynamic import Workload, _tokens, cnn, subset, trace
-from .interleave import interleaved_passes
 
 Call = Callable[[], Any]
 
@@ -463,7 +464,7 @@ def run_pair(
             artifacts = [artifact_call(r, b) for r, b in routed]
             if all(a is not None for a in artifacts):
                 split_candidates["artifact"] = Cycle(artifacts)  # type: ignore[arg-type]
-        split = tt.measure(split_candidates, device, config)
+        split = measure(split_candidates, device, config)
         scale = pair["tunetree"].median_s / split["tunetree"].median_s
         ms = {
             "by hand": pair["by hand"].median_s * 1e3,

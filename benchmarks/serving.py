@@ -58,8 +58,8 @@ from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.graph import Sample
 
 from . import common
+from .common.interleave import Stat, interleaved_passes, paired, rotations, timed
 from .dynamic import Workload, cnn, subset, trace
-from .interleave import Stat, interleaved_passes, paired, rotations, timed
 from .runner_overhead import BACKENDS, bert2, by_hand, mlp, runner_eager_calls, unseen_calls
 
 

@@ -9,7 +9,7 @@ because its per-graph builds dominate a quick run; a progress line per model and
 to stderr.
 
 For each model every approach is built first (its build/tuning time recorded), then all
-of them are measured end to end in one interleaved ``tunetree.measure`` call, so every
+of them are measured end to end in one interleaved ``candidates.measure`` call, so every
 ratio compares numbers taken in the same run under the same conditions. See
 benchmarks/README.md for the method.
 """
@@ -32,11 +32,12 @@ import torch
 
 import tunetree as tt
 from tunetree._util.table import format_table
-from tunetree.candidates.measure import cycle_calls
+from tunetree.candidates.measure import cycle_calls, measure
 from tunetree.signature.graph import as_samples
 from tunetree.signature.modules import run_model
 
-from . import common, models
+from . import common
+from .common import models
 
 QUICK_AUTO_BUDGET_S = 10.0
 """auto_tune's time budget per model in ``--quick`` runs."""
@@ -50,16 +51,12 @@ def progress(text: str, started: float) -> None:
 DEFAULT_MODELS = ["mlp", "encoder", "cnn", "resnet", "bert", "distilbert", "gpt2", "vit"]
 
 
-def _caller(model: Any) -> Callable[..., Any]:
-    return lambda *a, **k: run_model(model, tt.Sample(a, k), None)
-
-
 def peak_flops(device: str) -> float:
     """Achieved fp32 FLOP/s of a large matmul on this machine, measured now."""
     n = 8192 if device == "cuda" else 1024
     a = torch.randn(n, n, device=device)
     b = torch.randn(n, n, device=device)
-    t = tt.measure({"mm": lambda: a @ b}, device, tt.MeasureConfig(max_s_per_candidate=1.0))["mm"]
+    t = measure({"mm": lambda: a @ b}, device, tt.MeasureConfig(max_s_per_candidate=1.0))["mm"]
     return 2 * n**3 / t.median_s
 
 
@@ -82,7 +79,7 @@ def build_approaches(
     """Every approach's callable, its build time, and a note (failures)."""
     import copy
 
-    calls: dict[str, Callable[..., Any]] = {"eager": _caller(entry.model)}
+    calls: dict[str, Callable[..., Any]] = {"eager": common.caller(entry.model)}
     build_s: dict[str, float] = {"eager": 0.0}
     notes: dict[str, str] = {}
     samples = as_samples(entry.data)
@@ -97,7 +94,7 @@ def build_approaches(
             with torch.no_grad():
                 for s in samples:
                     fn(*s.args, **s.kwargs)
-            calls[name] = _caller(fn)
+            calls[name] = common.caller(fn)
         except Exception as exc:
             notes[name] = f"failed: {type(exc).__name__}: {str(exc)[:80]}"
         build_s[name] = time.perf_counter() - start
@@ -126,7 +123,7 @@ def build_approaches(
         if winner is None:
             notes[name] = result.graphs[0].rows[0].describe()[:100]
         else:
-            calls[name] = _caller(result.model)
+            calls[name] = common.caller(result.model)
 
     progress(f"  {entry.name}: tt.auto_tune", model_start)
     start = time.perf_counter()
@@ -140,7 +137,7 @@ def build_approaches(
         cache=False,  # cold tuning: build times are part of the result
     )
     build_s["tt.auto_tune"] = time.perf_counter() - start
-    calls["tt.auto_tune"] = _caller(auto.model)
+    calls["tt.auto_tune"] = common.caller(auto.model)
     notes["tt.auto_tune"] = f"depth {auto.depth}" if auto.depth is not None else "left untuned"
     return calls, build_s, notes
 
@@ -151,7 +148,7 @@ def run(
     entry = models.build(name, size, device)
     calls, build_s, notes = build_approaches(entry, device, config, options)
     samples = as_samples(entry.data)
-    timings = tt.measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, device, config)
+    timings = measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, device, config)
     memory: dict[str, float] = {}
     if device == "cuda":
         for k, fn in calls.items():

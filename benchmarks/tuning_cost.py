@@ -14,7 +14,7 @@ their submodules are tuned as before; ``--settings default`` runs the default on
 ``--no-backend-builds`` skips the builds alone: both save device time; ``--cold-compile`` adds
 torch.compile's first pass in a fresh process with empty Inductor and Triton caches, what a user
 sees first), each with its per-phase breakdown and the depth it kept. Then eager, the compiled
-model and every tuned model are measured end to end in one interleaved ``tunetree.measure``
+model and every tuned model are measured end to end in one interleaved ``candidates.measure``
 call, so the speed-ups are side-by- side ratios ("speed-up here"; beside OpenVINO or ONNX
 Runtime runners in one process eager can be slowed many times over by their spinning thread
 pools, so also compare auto_tune's own end- to-end ratio, measured beside the untuned model
@@ -49,11 +49,12 @@ from torch import nn
 import tunetree as tt
 from tunetree._util.table import format_table
 from tunetree.candidates.budget import BUILD
-from tunetree.candidates.measure import cycle_calls
+from tunetree.candidates.measure import cycle_calls, measure
 from tunetree.signature.graph import as_samples
 from tunetree.signature.modules import run_model
 
-from . import common, models
+from . import common
+from .common import models
 
 DEFAULT_MODELS = ["encoder", "bert", "cnn", "gpt2", "llama", "t5-encoder", "roberta"]
 VARYING = {"llama", "t5-encoder", "roberta"}
@@ -147,10 +148,6 @@ def build(name: str, size: str, device: str) -> models.ZooModel:
     return models.ZooModel(name, model.eval().to(device), data, True)
 
 
-def _caller(model: Any) -> Callable[..., Any]:
-    return lambda *a, **k: run_model(model, tt.Sample(a, k), None)
-
-
 def compile_first_pass(entry: models.ZooModel) -> tuple[Callable[..., Any] | None, float, str]:
     """``torch.compile``'s first pass: compile and call once on every sample.
 
@@ -167,7 +164,7 @@ def compile_first_pass(entry: models.ZooModel) -> tuple[Callable[..., Any] | Non
                 run_model(compiled, sample, None)
     except Exception as exc:  # a compile failure is a row, not the end of the run
         return None, time.perf_counter() - start, f"failed: {type(exc).__name__}: {exc}"[:120]
-    return _caller(compiled), time.perf_counter() - start, ""
+    return common.caller(compiled), time.perf_counter() - start, ""
 
 
 def cold_compile_s(name: str, args: Any) -> tuple[float | None, str]:
@@ -324,16 +321,14 @@ def run(name: str, args: Any, started: float) -> dict[str, Any]:
         builds = backend_builds(entry, args.device)
     progress(f"{name}: torch.compile first pass", started)
     compiled, compile_s, compile_note = compile_first_pass(entry)
-    calls: dict[str, Callable[..., Any]] = {"eager": _caller(entry.model)}
+    calls: dict[str, Callable[..., Any]] = {"eager": common.caller(entry.model)}
     if compiled is not None:
         calls["torch.compile"] = compiled
-    calls.update({label: _caller(model) for label, (model, _) in autos.items()})
+    calls.update({label: common.caller(model) for label, (model, _) in autos.items()})
     progress(f"{name}: measuring every approach end to end", started)
     samples = as_samples(entry.data)
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()
-    timings = tt.measure(
-        {k: cycle_calls(fn, samples) for k, fn in calls.items()}, args.device, config
-    )
+    timings = measure({k: cycle_calls(fn, samples) for k, fn in calls.items()}, args.device, config)
     eager = timings["eager"].median_s
     approaches = [
         {

@@ -1,18 +1,25 @@
-"""tunetree: make PyTorch inference faster without changing what the model computes."""
+"""tunetree: make PyTorch inference faster without changing what the model computes.
+
+The names below are the public API, the ones the README and docs use. Everything else stays
+importable from its subpackage (``tunetree.signature.graph.GraphKey``,
+``tunetree.candidates.measure.measure``, ...) without being part of this list; the names this
+package used to re-export still resolve for one release, with a ``DeprecationWarning`` naming
+their new import path.
+"""
 
 from __future__ import annotations
 
 from . import backends, fleet
-from ._version import __version__
-from .accuracy import AccuracyBudget, Pareto, PlanStep, Verdict
+from ._util.deprecation import Moved, moved_names
+from ._version import __version__ as __version__
+from .accuracy import AccuracyBudget
 from .cache import TuningCache
-from .candidates.budget import PhaseTime, TimeBreakdown
-from .candidates.evaluate import CandidateRow, Status
-from .candidates.measure import MeasureConfig, Timing, measure
+from .candidates.budget import TimeBreakdown
+from .candidates.measure import MeasureConfig
 from .candidates.strategy import (
     FirstWinsStrategy,
     HighestThroughputStrategy,
-    LatencyBudgetStrategy,
+    LatencyTargetStrategy,
     MinLatencyStrategy,
     OneBackendStrategy,
     Strategy,
@@ -33,15 +40,14 @@ from .errors import (
     UntrustedConfigError,
 )
 from .pretrained import load_pretrained
-from .runtime.plan import Plan, PlanEntry
 from .runtime.wrap import serve_alone, unwrap
 from .search.auto import auto_tune
-from .search.auto_result import AutoTuneResult, DepthRow, DepthStatus, SkippedWork
+from .search.auto_result import AutoTuneResult
 from .search.config import TuneConfig
-from .search.tune import GraphResult, TuneResult, tune
+from .search.tune import TuneResult, tune
 from .signature.compare import Tolerance, Tolerances
-from .signature.graph import Dim, Graph, GraphKey, Sample
-from .signature.inspection import ModelInfo, ModuleRecord, inspect
+from .signature.graph import Dim
+from .signature.inspection import ModelInfo, inspect
 from .signature.shapes import rebatch
 
 __all__ = [
@@ -50,36 +56,20 @@ __all__ = [
     "BackendError",
     "BackendUnavailableError",
     "CacheError",
-    "CandidateRow",
     "CheckpointError",
-    "DepthRow",
-    "DepthStatus",
     "Dim",
     "FirstWinsStrategy",
-    "Graph",
-    "GraphKey",
-    "GraphResult",
     "HighestThroughputStrategy",
     "IncompatibleCheckpointError",
     "InvalidInputError",
-    "LatencyBudgetStrategy",
+    "LatencyTargetStrategy",
     "MeasureConfig",
     "MinLatencyStrategy",
     "MissingDependencyError",
     "ModelInfo",
-    "ModuleRecord",
     "OneBackendStrategy",
-    "Pareto",
-    "PhaseTime",
-    "Plan",
-    "PlanEntry",
-    "PlanStep",
-    "Sample",
-    "SkippedWork",
-    "Status",
     "Strategy",
     "TimeBreakdown",
-    "Timing",
     "Tolerance",
     "Tolerances",
     "TuneConfig",
@@ -87,8 +77,6 @@ __all__ = [
     "TunetreeError",
     "TuningCache",
     "UntrustedConfigError",
-    "Verdict",
-    "__version__",
     "accuracy_strategy",
     "auto_tune",
     "backends",
@@ -97,7 +85,6 @@ __all__ = [
     "inspect",
     "load",
     "load_pretrained",
-    "measure",
     "quick_strategy",
     "rebatch",
     "save",
@@ -105,3 +92,30 @@ __all__ = [
     "tune",
     "unwrap",
 ]
+
+_MOVED = {
+    "CandidateRow": Moved("tunetree.candidates.evaluate"),
+    "DepthRow": Moved("tunetree.search.auto_result"),
+    "DepthStatus": Moved("tunetree.search.auto_result"),
+    "Graph": Moved("tunetree.signature.graph"),
+    "GraphKey": Moved("tunetree.signature.graph"),
+    "GraphResult": Moved("tunetree.candidates.results"),
+    "LatencyBudgetStrategy": Moved(
+        "tunetree.candidates.strategy", use="`tunetree.LatencyTargetStrategy(target_ms, backends)`"
+    ),
+    "ModuleRecord": Moved("tunetree.signature.inspection"),
+    "Pareto": Moved("tunetree.accuracy"),
+    "PhaseTime": Moved("tunetree.candidates.budget"),
+    "Plan": Moved("tunetree.runtime.plan"),
+    "PlanEntry": Moved("tunetree.runtime.plan"),
+    "PlanStep": Moved("tunetree.accuracy"),
+    "Sample": Moved("tunetree.signature.graph"),
+    "SkippedWork": Moved("tunetree.search.auto_result"),
+    "Status": Moved("tunetree.candidates.evaluate"),
+    "Timing": Moved("tunetree.candidates.measure"),
+    "Verdict": Moved("tunetree.accuracy"),
+    "measure": Moved("tunetree.candidates.measure"),
+}
+"""Names this package exported before its API was narrowed, and where they live now."""
+
+__getattr__ = moved_names("tunetree", _MOVED)

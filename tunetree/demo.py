@@ -2,7 +2,7 @@
 
 Run: ``python -m tunetree.demo`` (or ``make demo``). It tunes twice: first keeping the model's
 results (the default), then, labelled as changing results, under an accuracy budget of 1e-2
-relative L2 error (``--accuracy 0`` skips it). Takes two to four minutes on a 2-core CPU.
+relative L2 error (``--accuracy 0`` skips it). Takes a few minutes on a small CPU.
 """
 
 from __future__ import annotations

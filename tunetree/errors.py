@@ -4,7 +4,16 @@ from __future__ import annotations
 
 
 class TunetreeError(Exception):
-    """Base class of every error raised by tunetree."""
+    """Base class of every error raised by tunetree.
+
+    Example:
+        >>> import tunetree as tt
+        >>> try:
+        ...     tt.Dim("batch", 8, 1)
+        ... except tt.TunetreeError as exc:
+        ...     print(type(exc).__name__)
+        InvalidInputError
+    """
 
 
 class InvalidInputError(TunetreeError, ValueError):

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from tunetree.backends import BACKEND_TYPES, Autocast, backend_type, default_backends
+from tunetree.backends import Autocast, backend_type, default_backends
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.errors import InvalidInputError
 from tunetree.signature.compare import Tolerances, compare_all
 from tunetree.signature.graph import Sample
@@ -33,7 +34,7 @@ class TwoHeads(nn.Module):
 
 
 def test_config_and_registration() -> None:
-    assert Autocast in BACKEND_TYPES and backend_type("autocast") is Autocast
+    assert Autocast in BUILTIN_BACKENDS and backend_type("autocast") is Autocast
     assert not Autocast.preserves_results
     assert all(not isinstance(b, Autocast) for b in default_backends(CPU))
     assert Autocast(dtype="fp16").name == "autocast(dtype='fp16')"

@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 from tunetree.backends import (
-    BACKEND_TYPES,
     DeviceGraph,
     Eager,
     Inductor,
@@ -22,6 +21,7 @@ from tunetree.backends import (
     device_graph,
 )
 from tunetree.backends.graph_api import GraphApi
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.errors import BackendError, InvalidInputError
 from tunetree.signature.compare import Tolerances, compare_all
 from tunetree.signature.graph import Graph, Sample, flatten
@@ -56,7 +56,7 @@ def test_build_on_cpu_fails_with_backend_error() -> None:
 
 
 def test_config_and_registration() -> None:
-    assert DeviceGraph in BACKEND_TYPES and backend_type("device-graph") is DeviceGraph
+    assert DeviceGraph in BUILTIN_BACKENDS and backend_type("device-graph") is DeviceGraph
     assert DeviceGraph.preserves_results
     backend = DeviceGraph(clone_outputs=False)
     assert backend.name == "device-graph(clone_outputs=False)"

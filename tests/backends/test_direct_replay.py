@@ -17,6 +17,7 @@ from tunetree.backends.device_graph import DeviceGraphRunner
 from tunetree.backends.direct_replay import DirectReplay
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.binding import call_signature
+from tunetree.signature.graph import Sample
 
 
 class TwoInputs(nn.Module):
@@ -38,7 +39,7 @@ def _served(dispatcher: object) -> list[object]:
 def test_repeated_calls_are_replayed_directly_with_eagers_results() -> None:
     model = TwoInputs().eval()
     calls = [((torch.randn(4, 8),), {"bias": torch.randn(8), "scale": 2.0})]
-    result = tune(model, [tt.Sample(a, k) for a, k in calls], [tt.backends.DeviceGraph()], depth=0)
+    result = tune(model, [Sample(a, k) for a, k in calls], [tt.backends.DeviceGraph()], depth=0)
     dispatcher = dispatcher_of(result.model)
     assert dispatcher is not None
     with torch.no_grad():
@@ -63,7 +64,7 @@ def test_another_dtype_or_constant_is_not_served_by_the_direct_replay() -> None:
     model = TwoInputs().eval()
     result = tune(
         model,
-        [tt.Sample((torch.randn(4, 8),), {"bias": torch.randn(8), "scale": 2.0})],
+        [Sample((torch.randn(4, 8),), {"bias": torch.randn(8), "scale": 2.0})],
         [tt.backends.DeviceGraph()],
         depth=0,
     )

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import tunetree as tt
+from tunetree.candidates.evaluate import Status
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -47,7 +48,7 @@ def test_experts_export_with_routing_as_data_and_match_eager_on_new_routing() ->
         cache=False,
     )
     row = result.graphs[0].rows[0]
-    assert row.status is tt.Status.OK, row.reason  # built, matched eager, passed value probes
+    assert row.status is Status.OK, row.reason  # built, matched eager, passed value probes
     assert config._experts_implementation == before  # the user's choice is put back
     runner = row.runner
     assert runner is not None

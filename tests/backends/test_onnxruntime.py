@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from tunetree.backends import (
-    BACKEND_TYPES,
     OnnxRuntime,
     backend_type,
     default_backends,
 )
 from tunetree.backends.onnxruntime import OnnxRuntimeRunner
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.backends.value_dependence import ValueDependentError
 from tunetree.errors import BackendError, InvalidInputError
 from tunetree.signature.compare import compare_all
@@ -128,7 +128,7 @@ def test_devices_and_providers() -> None:
 
 
 def test_config_and_registration() -> None:
-    assert OnnxRuntime in BACKEND_TYPES and backend_type("onnxruntime") is OnnxRuntime
+    assert OnnxRuntime in BUILTIN_BACKENDS and backend_type("onnxruntime") is OnnxRuntime
     assert OnnxRuntime.extra == "onnx" and OnnxRuntime.preserves_results
     backend = OnnxRuntime(providers=["CPUExecutionProvider"], inter_op_num_threads=1)  # type: ignore[arg-type]
     assert backend.providers == ("CPUExecutionProvider",)

@@ -16,7 +16,6 @@ from torch import nn
 
 import tunetree as tt
 from tunetree.backends import (
-    BACKEND_TYPES,
     OnnxRuntime,
     OnnxRuntimeInt8,
     backend_type,
@@ -24,6 +23,7 @@ from tunetree.backends import (
 )
 from tunetree.backends.onnxruntime import OnnxRuntimeRunner
 from tunetree.backends.onnxruntime_int8 import quantized_nodes
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.errors import BackendError, InvalidInputError, TunetreeError, UntrustedConfigError
 from tunetree.runtime.artifacts import BackendRecord
 from tunetree.runtime.wrap import dispatcher_of
@@ -67,7 +67,7 @@ def test_quantizes_and_stays_within_its_tolerances(model: str) -> None:
 
 
 def test_opt_in_config_and_registration() -> None:
-    assert OnnxRuntimeInt8 in BACKEND_TYPES
+    assert OnnxRuntimeInt8 in BUILTIN_BACKENDS
     assert backend_type("onnxruntime-int8") is OnnxRuntimeInt8
     assert not OnnxRuntimeInt8.preserves_results and OnnxRuntime.preserves_results
     assert OnnxRuntimeInt8.extra == "onnx"

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from tunetree.backends import (
-    BACKEND_TYPES,
     OpenVINO,
     OpenVINOBf16,
     backend_type,
     default_backends,
 )
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.backends.value_dependence import ValueDependentError
 from tunetree.errors import BackendError, InvalidInputError
 from tunetree.signature.compare import Tolerances, compare_all
@@ -109,7 +109,7 @@ def test_devices() -> None:
 
 
 def test_config_and_registration() -> None:
-    assert OpenVINO in BACKEND_TYPES and OpenVINOBf16 in BACKEND_TYPES
+    assert OpenVINO in BUILTIN_BACKENDS and OpenVINOBf16 in BUILTIN_BACKENDS
     assert backend_type("openvino") is OpenVINO
     assert backend_type("openvino-bf16") is OpenVINOBf16
     assert OpenVINO.extra == "openvino"
@@ -173,3 +173,33 @@ def test_full_size_models_match_eager(model: str) -> None:
     graph = graph_of(module, samples)
     result = compare_all(graph.outputs, run_all(OpenVINO().build(module, graph, CPU), graph))
     assert result.ok, result.reason
+
+
+def test_openvino_bf16_is_a_results_changing_backend_like_the_others() -> None:
+    from tunetree.backends.base import ChangesResults
+
+    bf16 = OpenVINOBf16(atol=0.2, rtol=0.1)
+    assert isinstance(bf16, ChangesResults) and not bf16.preserves_results
+    assert bf16.tolerances() == Tolerances.uniform(0.2, 0.1)
+    assert OpenVINOBf16().config() == {
+        "atol": 0.05,
+        "rtol": 0.05,
+        "device": None,
+        "precision": "bf16",
+        "performance_hint": "LATENCY",
+        "num_streams": None,
+        "num_threads": None,
+    }
+
+
+def test_the_constructor_and_a_saved_config_accept_the_same_hints() -> None:
+    from tunetree.backends import openvino as ov
+    from tunetree.errors import UntrustedConfigError
+
+    for hint in ov._HINTS:
+        OpenVINO(performance_hint=hint)
+        OpenVINO.check_saved_config({"performance_hint": hint})
+    with pytest.raises(InvalidInputError, match="LATENCY, THROUGHPUT, CUMULATIVE_THROUGHPUT"):
+        OpenVINO(performance_hint="FASTEST")
+    with pytest.raises(UntrustedConfigError):
+        OpenVINO.check_saved_config({"performance_hint": "FASTEST"})

@@ -14,6 +14,7 @@ from torch import nn
 
 import tunetree as tt
 from tunetree.backends.export_context import quiet
+from tunetree.candidates.evaluate import Status
 
 pytest.importorskip("onnxruntime")
 
@@ -69,7 +70,7 @@ def test_a_failed_export_prints_nothing_and_logs_one_line(
         cache=False,
     )
     row = result.graphs[0].rows[0]
-    assert row.status is tt.Status.FAILED and "\n" not in row.reason
+    assert row.status is Status.FAILED and "\n" not in row.reason
     out, err = capfd.readouterr()
     assert "Torch IR graph" not in out + err and "graph(" not in out + err
     assert out == ""

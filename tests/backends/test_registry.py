@@ -13,9 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-import tunetree.backends
 from tunetree.backends import (
-    BACKEND_TYPES,
     Backend,
     Eager,
     OnnxRuntime,
@@ -23,11 +21,10 @@ from tunetree.backends import (
     OpenVINOBf16,
     TorchAO,
     backend_type,
-    libraries_of,
     registered_backends,
 )
 from tunetree.backends.packages import install_hint, not_installed_reason
-from tunetree.backends.registry import BUILTIN_BACKENDS, ENTRY_POINT_GROUP
+from tunetree.backends.registry import BUILTIN_BACKENDS, ENTRY_POINT_GROUP, libraries_of
 from tunetree.errors import BackendError, BackendUnavailableError, TunetreeError
 
 from .export_models import hide_packages
@@ -59,9 +56,9 @@ def _entry_points(monkeypatch: pytest.MonkeyPatch, *values: tuple[str, str]) -> 
 
 
 def test_builtins_are_a_read_only_tuple_first_in_the_registry() -> None:
-    assert isinstance(BACKEND_TYPES, tuple) and BACKEND_TYPES == BUILTIN_BACKENDS
-    assert registered_backends()[: len(BACKEND_TYPES)] == BACKEND_TYPES
-    for cls in BACKEND_TYPES:
+    assert isinstance(BUILTIN_BACKENDS, tuple)
+    assert registered_backends()[: len(BUILTIN_BACKENDS)] == BUILTIN_BACKENDS
+    for cls in BUILTIN_BACKENDS:
         assert backend_type(cls.kind) is cls
 
 
@@ -69,7 +66,7 @@ def test_unknown_kind_names_the_known_ones() -> None:
     with pytest.raises(BackendUnavailableError, match="unknown backend 'nope'") as info:
         backend_type("nope")
     assert isinstance(info.value, TunetreeError)
-    for cls in BACKEND_TYPES:
+    for cls in BUILTIN_BACKENDS:
         assert cls.kind in str(info.value)
 
 
@@ -139,7 +136,7 @@ def test_test_defined_backends_register_without_patching() -> None:
 
     assert backend_type("test-local") is Local
     assert Local in registered_backends()
-    assert tunetree.backends.BACKEND_TYPES == BUILTIN_BACKENDS
+    assert registered_backends()[: len(BUILTIN_BACKENDS)] == BUILTIN_BACKENDS
 
 
 def test_entry_point_plugin_is_loaded_on_first_use(
@@ -171,7 +168,7 @@ def test_broken_entry_points_are_logged_and_skipped(
         found = registered_backends()
         with pytest.raises(BackendUnavailableError):
             backend_type("gone")
-    assert found[: len(BACKEND_TYPES)] == BACKEND_TYPES
+    assert found[: len(BUILTIN_BACKENDS)] == BUILTIN_BACKENDS
     messages = [r.getMessage() for r in caplog.records]
     assert any("'gone'" in m and "failed to load" in m for m in messages)
     assert any("'not-a-backend'" in m and "not a tunetree Backend" in m for m in messages)
@@ -185,7 +182,7 @@ def test_failing_entry_point_listing_is_not_fatal(
 
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
     with caplog.at_level(logging.WARNING, logger="tunetree.backends.registry"):
-        assert registered_backends()[: len(BACKEND_TYPES)] == BACKEND_TYPES
+        assert registered_backends()[: len(BUILTIN_BACKENDS)] == BUILTIN_BACKENDS
     assert any("broken metadata" in r.getMessage() for r in caplog.records)
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from tunetree.backends import BACKEND_TYPES, TorchAO, backend_type, default_backends
+from tunetree.backends import TorchAO, backend_type, default_backends
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.errors import InvalidInputError
 from tunetree.signature.compare import Tolerances, compare_all
 from tunetree.signature.graph import Sample
@@ -67,7 +68,7 @@ def _check(scheme: str, device: torch.device, tmp_path: Path) -> None:
 
 
 def test_config_and_registration() -> None:
-    assert TorchAO in BACKEND_TYPES and backend_type("torchao") is TorchAO
+    assert TorchAO in BUILTIN_BACKENDS and backend_type("torchao") is TorchAO
     assert not TorchAO.preserves_results and TorchAO.extra == "ao"
     assert all(not isinstance(b, TorchAO) for b in default_backends(CPU))
     assert TorchAO().tolerances() == Tolerances.uniform(5e-2, 5e-2)

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from benchmarks.interleave import rotations
+from benchmarks.common.interleave import rotations
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 6])

@@ -12,14 +12,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(
-    p.name
-    for p in (ROOT / "benchmarks").glob("*.py")
-    if "__main__" in p.read_text() and p.name != "to_markdown.py"  # takes a file, not --help
+    str(p.relative_to(ROOT / "benchmarks"))
+    for folder in ("", "investigations")
+    for p in (ROOT / "benchmarks" / folder).glob("*.py")
+    if "__main__" in p.read_text()
 )
 
 
 def test_the_scripts_are_found() -> None:
-    assert {"suite.py", "bench_device_graph.py", "cache_speedup.py"} <= set(SCRIPTS)
+    assert {"suite.py", "investigations/bench_device_graph.py", "cache_speedup.py"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -41,7 +42,7 @@ def test_to_markdown_runs_by_path(tmp_path: Path) -> None:
         '{"results": [{"model": "mlp", "rows": [{"approach": "eager", "median_ms": 1.5}]}]}'
     )
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "to_markdown.py"), str(results)],
+        [sys.executable, str(ROOT / "benchmarks" / "common" / "to_markdown.py"), str(results)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -49,3 +50,24 @@ def test_to_markdown_runs_by_path(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "| mlp | **1.5** |" in proc.stdout
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_runs_as_a_module(script: str) -> None:
+    module = "benchmarks." + script.removesuffix(".py").replace("/", ".")
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "usage:" in proc.stdout
+
+
+def test_the_readme_lists_every_suite_and_investigation() -> None:
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    for script in SCRIPTS:
+        module = "benchmarks." + script.removesuffix(".py").replace("/", ".")
+        assert f"python -m {module}" in readme, module

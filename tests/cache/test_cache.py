@@ -30,9 +30,9 @@ from tunetree.cache.entry import EntryManifest
 from tunetree.cache.maintenance import entry_info
 from tunetree.cache.store import MANIFEST, CacheStore
 from tunetree.candidates import measuring
-from tunetree.candidates.evaluate import GraphSession
+from tunetree.candidates.evaluate import GraphSession, Status
 from tunetree.search.tune import TuneResult
-from tunetree.signature.graph import Graph, Sample
+from tunetree.signature.graph import Graph, GraphKey, Sample
 
 QUICK = tt.MeasureConfig.quick()
 
@@ -201,7 +201,7 @@ def test_failed_candidates_are_remembered_not_rebuilt(tmp_path: Path) -> None:
     second, builds = tune(tree(), TuningCache(tmp_path), strategy=strategy)
     assert builds == []
     rows = second.graphs[0].rows
-    assert rows[0].status is tt.Status.FAILED and "exploded" in rows[0].reason
+    assert rows[0].status is Status.FAILED and "exploded" in rows[0].reason
     assert second.graphs[0].winner is rows[1]
 
 
@@ -385,7 +385,7 @@ def test_backend_that_no_longer_loads_gives_way(
     result, builds = tune(tree(), TuningCache(tmp_path), strategy=ranked)
     assert builds == []  # the next recorded candidate serves
     rows = result.graphs[0].rows
-    assert rows[0].status is tt.Status.FAILED and "flaky_runtime" in rows[0].reason
+    assert rows[0].status is Status.FAILED and "flaky_runtime" in rows[0].reason
     assert result.graphs[0].winner is rows[1]
     _, builds = tune(tree(), TuningCache(tmp_path), strategy=alone)
     assert builds == ["test-flaky:"]  # no other candidate: tuned again
@@ -624,7 +624,7 @@ def test_cache_hit_keeps_the_range_and_a_wider_range_is_tuned_again(tmp_path: Pa
     assert str(again.graphs[0].graph.key) == "(f32[batch 2..4, 8])"
     with torch.no_grad():  # batch 3 was never recorded: the cached runner serves it
         x = torch.randn(3, 8)
-        assert again.model.forward.route(tt.GraphKey.of((x,), {})) is not None
+        assert again.model.forward.route(GraphKey.of((x,), {})) is not None
         torch.testing.assert_close(again.model(x), tree()(x))
     # a range wider than the cached entry's is not served by it: tuned again
     wider, builds = tune(tree(), TuningCache(tmp_path), data(2, 8))

@@ -1,49 +1,74 @@
-"""Cache keys name tunetree's own modules as the flat layout did, so the move into rooms kept them.
+"""Cache keys name no file of tunetree: its classes key as ``tunetree.<qualname>``.
 
-The entry in ``tests/checkpoint/fixtures/v1_cache`` (written before the move) is still a hit:
-``tests/checkpoint/test_compat.py`` tunes against it. These tests pin the names themselves.
+Moving code between tunetree's modules therefore changes no key. Entries of the first
+release (schema 1, which named modules) are a clean miss: ``tests/checkpoint/test_compat.py``
+tunes against the committed one.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
-from pathlib import Path
-
-import pytest
+import re
 
 import tunetree as tt
-from tests.checkpoint.fixtures.make_fixtures import HERE
+from tunetree.backends.base import Backend
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.cache import keys
+from tunetree.candidates.strategy import Strategy
+
+MODULE_PATH = re.compile(r"tunetree\.[a-z_]+\.")
 
 
-def test_strategies_key_by_their_pre_move_module() -> None:
+def _subclasses(cls: type) -> list[type]:
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return found
+
+
+def test_the_schema_is_two() -> None:
+    assert keys.SCHEMA == 2
+
+
+def test_strategies_and_backends_key_by_package_and_name() -> None:
     record = keys.strategy_record(tt.OneBackendStrategy(tt.backends.Eager()))
-    assert record["type"] == "tunetree.strategy.OneBackendStrategy"
-    assert keys.stable(tt.HighestThroughputStrategy) == (
-        "class:tunetree.strategy.HighestThroughputStrategy"
-    )
-    assert keys.stable(tt.default_strategy) == "callable:tunetree.strategy.default_strategy"
+    assert record["type"] == "tunetree.OneBackendStrategy"
+    assert record["backends"] == [{"kind": "eager", "class": "tunetree.Eager", "config": {}}]
+    assert keys.stable(tt.HighestThroughputStrategy) == "class:tunetree.HighestThroughputStrategy"
+    assert keys.stable(tt.default_strategy) == "callable:tunetree.default_strategy"
 
 
-def test_the_v1_fixture_names_the_strategy_as_keys_do_now() -> None:
-    (manifest,) = (HERE / "v1_cache" / "entries").glob("*/manifest.json")
-    body = json.loads(manifest.read_bytes().partition(b"\n")[2])
-    assert body["strategy"]["type"] == keys.qualified_name(tt.OneBackendStrategy)
+def test_no_key_record_names_a_module_of_tunetree() -> None:
+    strategies = [
+        tt.default_strategy("cpu"),
+        tt.accuracy_strategy("cpu"),
+        tt.quick_strategy("cpu"),
+        tt.LatencyTargetStrategy(5.0, [cls() for cls in BUILTIN_BACKENDS if _plain(cls)]),
+    ]
+    for strategy in strategies:
+        text = keys.canonical_json(keys.strategy_record(strategy))
+        assert not MODULE_PATH.search(text), text
 
 
-@pytest.mark.parametrize("module", sorted(keys.KEY_MODULE_NAMES))
-def test_every_mapped_module_exists(module: str) -> None:
-    """A module renamed again must update the map, or its keys would change silently."""
-    importlib.import_module(module)
+def _plain(cls: type[Backend]) -> bool:
+    try:
+        cls()
+    except TypeError:
+        return False
+    return True
 
 
-def test_no_flat_module_is_left_to_map() -> None:
-    """Every module the map names as the old spelling is gone from the package."""
-    package = Path(tt.__file__).parent
-    for old in set(keys.KEY_MODULE_NAMES.values()):
-        relative = Path(*old.split(".")[1:])
-        assert not (package / relative).with_suffix(".py").exists(), old
+def test_moving_a_class_inside_tunetree_changes_no_key() -> None:
+    moved = type("OneBackendStrategy", (tt.OneBackendStrategy,), {})
+    for module in ("tunetree.candidates.strategy", "tunetree.strategies.one", "tunetree"):
+        moved.__module__ = module
+        assert keys.qualified_name(moved) == "tunetree.OneBackendStrategy"
+
+
+def test_names_by_package_stay_distinct_for_what_keys_name() -> None:
+    for base in (Strategy, Backend):
+        ours = {c for c in _subclasses(base) if c.__module__.startswith("tunetree.")}
+        names = [keys.qualified_name(c) for c in ours]
+        assert len(set(names)) == len(names), sorted(names)
 
 
 def test_user_classes_key_by_their_own_module() -> None:

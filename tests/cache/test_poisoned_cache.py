@@ -5,9 +5,9 @@ the samples and on value probes, so the entry is refused and the graph tuned aga
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,7 @@ import torch
 import tunetree as tt
 from tests.cache import fakes
 from tests.cache.poison import manifest_body, poison_openvino, poison_safetensors
-from tests.checkpoint.fixtures.make_fixtures import HERE, inputs, model
-from tunetree.cache import keys
+from tests.checkpoint.fixtures.make_fixtures import inputs, model
 from tunetree.cache.store import CacheStore
 from tunetree.cli import main as cli_main
 
@@ -31,28 +30,25 @@ def _unseen(width: int, rows: int = 16) -> torch.Tensor:
 def test_a_poisoned_openvino_entry_is_refused_and_tuned_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The committed cache's OpenVINO entry, its first weight poisoned in the null space of
+    """An OpenVINO entry, its first weight poisoned in the null space of
     the recorded inputs: before, the next tune was a hit whose model matched eager on the
     samples (6e-8) and was off by about 0.9 on unseen inputs."""
     directory = tmp_path / "cache"
-    shutil.copytree(HERE / "v1_cache", directory)
+    tune = functools.partial(
+        tt.tune,
+        strategy=tt.OneBackendStrategy(tt.backends.OpenVINO()),
+        measure_config=tt.MeasureConfig.quick(),
+        verbose=False,
+    )
+    tune(model(), inputs(), cache=tt.TuningCache(directory))  # the entry to poison
     store = CacheStore(directory)
     (key,) = store.entry_keys()
     body = manifest_body(store, key)
-    recorded = keys.Environment(body["environment"]["hard"], body["environment"]["soft"])
-    monkeypatch.setattr(keys, "environment", lambda device, kinds: recorded)
     poison_openvino(store, key, torch.cat(inputs()), shape=[16, 8])
     assert cli_main(["cache", "--dir", str(directory), "verify"]) == 0  # checksums hold
 
     cache = tt.TuningCache(directory)
-    result = tt.tune(
-        model(),
-        inputs(),
-        strategy=tt.OneBackendStrategy(tt.backends.OpenVINO()),
-        measure_config=tt.MeasureConfig.quick(),
-        verbose=False,
-        cache=cache,
-    )
+    result = tune(model(), inputs(), cache=cache)
     assert cache.stats.hits == 0 and cache.stats.invalid == 1, cache.stats
     assert not result.graphs[0].strategy.endswith("(cached)")
     unseen = _unseen(8)

@@ -5,13 +5,13 @@ import torch
 import tunetree as tt
 from tests.clock import Disturbance, VirtualClock
 from tests.fakes import spin
-from tunetree.candidates.measure import cycle_calls
+from tunetree.candidates.measure import cycle_calls, measure
 from tunetree.signature.graph import Sample
 
 
 def test_timing_statistics_are_ordered(virtual_time: VirtualClock) -> None:
     virtual_time.noise = Disturbance(jitter=0.5, seed=1)
-    timings = tt.measure({"a": lambda: spin(0.001)}, config=tt.MeasureConfig.quick())
+    timings = measure({"a": lambda: spin(0.001)}, config=tt.MeasureConfig.quick())
     t = timings["a"]
     assert t.min_s <= t.q1_s <= t.median_s <= t.q3_s
     assert t.min_s >= 0.001 and t.median_s <= 0.0015 + 1e-4  # a spin of 1 ms plus <= 50% jitter
@@ -30,7 +30,7 @@ def test_same_winner_in_five_runs_when_gap_is_ten_percent(virtual_time: VirtualC
     winners = []
     for seed in range(5):
         virtual_time.noise = Disturbance(jitter=0.2, stall_chance=0.01, stall_s=0.002, seed=seed)
-        timings = tt.measure(
+        timings = measure(
             {"slow": lambda: spin(0.0011), "fast": lambda: spin(0.0010)}, config=config
         )
         winners.append(min(timings, key=lambda n: timings[n].median_s))
@@ -39,7 +39,7 @@ def test_same_winner_in_five_runs_when_gap_is_ten_percent(virtual_time: VirtualC
 
 def test_measure_runs_without_grad() -> None:
     seen = []
-    tt.measure({"a": lambda: seen.append(torch.is_grad_enabled())}, config=tt.MeasureConfig.quick())
+    measure({"a": lambda: seen.append(torch.is_grad_enabled())}, config=tt.MeasureConfig.quick())
     assert seen and not any(seen)
 
 
@@ -47,7 +47,7 @@ def test_time_per_candidate_is_bounded(virtual_time: VirtualClock) -> None:
     config = tt.MeasureConfig(
         warmup_s=0.01, block_s=0.01, trials=50, min_trials=3, max_s_per_candidate=0.2
     )
-    timing = tt.measure({"a": lambda: spin(0.01)}, config=config)["a"]
+    timing = measure({"a": lambda: spin(0.01)}, config=config)["a"]
     assert timing.trials < 50
     # the cap, plus the warm-up (a quarter of it) and the block that crossed it
     assert virtual_time.spun_s <= 0.2 + 0.05 + 2 * 0.01 + 1e-9
@@ -63,7 +63,7 @@ def test_blocks_hold_whole_passes_over_a_mix_of_samples(virtual_time: VirtualClo
         spin(seconds)
 
     samples = [Sample((s,)) for s in (1e-4, 1e-4, 1e-4, 3e-3)]
-    timing = tt.measure(
+    timing = measure(
         {"mix": cycle_calls(run, samples)},
         config=tt.MeasureConfig(warmup_s=0.0, block_s=1e-3, trials=5, min_trials=5),
     )["mix"]

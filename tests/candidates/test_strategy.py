@@ -6,6 +6,7 @@ import torch
 import tunetree as tt
 from tests.clock import VirtualClock
 from tests.fakes import Delayed, Failing, mlp
+from tunetree.candidates.evaluate import Status
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
 """Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
@@ -24,14 +25,14 @@ def run(strategy, model=None, data=None):
 def test_first_wins_builds_nothing_after_the_first_usable() -> None:
     later = Delayed(0.0, "later")
     graph = run(tt.FirstWinsStrategy([Failing(), Delayed(0.002, "first"), later]))
-    assert [r.status for r in graph.rows] == [tt.Status.FAILED, tt.Status.OK, tt.Status.SKIPPED]
+    assert [r.status for r in graph.rows] == [Status.FAILED, Status.OK, Status.SKIPPED]
     assert graph.winner is graph.rows[1]
     assert later.builds == []
 
 
 def test_one_backend_strategy() -> None:
     graph = run(tt.OneBackendStrategy(Failing("run")))
-    assert graph.winner is None and graph.rows[0].status is tt.Status.FAILED
+    assert graph.winner is None and graph.rows[0].status is Status.FAILED
 
 
 def test_min_latency_picks_the_fastest(virtual_time: VirtualClock) -> None:
@@ -43,12 +44,12 @@ def test_min_latency_picks_the_fastest(virtual_time: VirtualClock) -> None:
 
 def test_latency_budget_prefers_the_first_within_budget(virtual_time: VirtualClock) -> None:
     backends = [Delayed(0.012, "slow"), Delayed(0.004, "ok"), Delayed(0.0, "fastest")]
-    graph = run(tt.LatencyBudgetStrategy(8.0, backends))
+    graph = run(tt.LatencyTargetStrategy(8.0, backends))
     assert graph.winner.backend.label == "ok"
-    graph = run(tt.LatencyBudgetStrategy(0.00001, backends))
+    graph = run(tt.LatencyTargetStrategy(0.00001, backends))
     assert graph.winner.backend.label == "fastest"
     with pytest.raises(tt.InvalidInputError):
-        tt.LatencyBudgetStrategy(0, backends)
+        tt.LatencyTargetStrategy(0, backends)
 
 
 def test_highest_throughput_searches_batch_size(virtual_time: VirtualClock) -> None:

@@ -28,8 +28,8 @@ from torch import nn
 import tunetree as tt
 import tunetree.backends
 from tunetree import checkpoint
-from tunetree.backends import BACKEND_TYPES
 from tunetree.backends.base import Backend, Runner
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.checkpoint import format as checkpoint_format
 from tunetree.checkpoint import writer
 from tunetree.runtime.wrap import wrapped_paths
@@ -178,7 +178,7 @@ def no_builds(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
         def build(self: Backend, *args: Any, **kwargs: Any) -> Runner:
             raise AssertionError(f"{self.name} built a runner while loading: load must not tune")
 
-        for cls in {*tunetree.backends.BACKEND_TYPES, ArtifactBackend}:
+        for cls in {*BUILTIN_BACKENDS, ArtifactBackend}:
             monkeypatch.setattr(cls, "build", build)
 
     return forbid
@@ -288,7 +288,7 @@ def test_graph_key_json_round_trip() -> None:
 
 def _backends() -> list[Backend]:
     """Every backend tunetree knows, with its default configuration."""
-    return [cls() for cls in BACKEND_TYPES]
+    return [cls() for cls in BUILTIN_BACKENDS]
 
 
 def _backend_params() -> list[Any]:

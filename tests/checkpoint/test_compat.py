@@ -1,4 +1,5 @@
-"""Files written by the first release (format version 1, cache schema 1) still load.
+"""Files written by the first release: checkpoints (format version 1) still load; cache
+entries (schema 1) are a clean miss, never misread.
 
 The fixtures were written by ``tests/checkpoint/fixtures/make_fixtures.py`` with the code
 before persistence became two subpackages. Their environment record names the machine that
@@ -68,20 +69,27 @@ def test_v1_openvino_checkpoint_loads_its_runners(monkeypatch: pytest.MonkeyPatc
     _assert_expected("v1_openvino.tt", _outputs(tuned), atol=1e-5)
 
 
-@needs_openvino
-def test_v1_cache_entry_is_a_hit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _v1_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """The first release's cache (schema 1) in a temporary directory, its environment current."""
     directory = tmp_path / "cache"
     shutil.copytree(HERE / "v1_cache", directory)
     (entry,) = (directory / "entries").iterdir()
     body = json.loads((entry / "manifest.json").read_bytes().partition(b"\n")[2])
+    assert body["schema"] == 1
     recorded = keys.Environment(body["environment"]["hard"], body["environment"]["soft"])
     monkeypatch.setattr(keys, "environment", lambda device, kinds: recorded)
-    cache = tt.TuningCache(directory)
+    return directory, entry
 
-    def no_build(*args: Any) -> Any:
-        raise AssertionError("a cache hit must not build the backend")
 
-    monkeypatch.setattr(tt.backends.OpenVINO, "build", no_build)
+def _tune_counting_builds(cache: tt.TuningCache, monkeypatch: pytest.MonkeyPatch) -> Any:
+    built: list[int] = []
+    build = tt.backends.OpenVINO.build
+
+    def counted(self: Any, *args: Any) -> Any:
+        built.append(1)
+        return build(self, *args)
+
+    monkeypatch.setattr(tt.backends.OpenVINO, "build", counted)
     result = tt.tune(
         model(),
         inputs(),
@@ -90,14 +98,44 @@ def test_v1_cache_entry_is_a_hit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
         verbose=False,
         cache=cache,
     )
-    assert cache.stats.hits == 1 and cache.stats.misses == 0 and cache.stats.invalid == 0
+    monkeypatch.setattr(tt.backends.OpenVINO, "build", build)
     assert result.graphs[0].winner is not None
     assert result.graphs[0].winner.backend.kind == "openvino"
     _assert_expected("v1_cache", _outputs(result.model), atol=1e-5)
+    return result, len(built)
+
+
+@needs_openvino
+def test_a_v1_cache_entry_is_a_clean_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cache schema 2 keys name no tunetree module: the first release's entry is not found."""
+    directory, old = _v1_cache(tmp_path, monkeypatch)
+    cache = tt.TuningCache(directory)
+    _, builds = _tune_counting_builds(cache, monkeypatch)
+    assert builds == 1
+    assert cache.stats.hits == 0 and cache.stats.misses == 1 and cache.stats.invalid == 0
+    new = [e for e in (directory / "entries").iterdir() if e != old]
+    assert len(new) == 1 and old.exists()  # tuned afresh beside it; the old one left alone
+
+
+@needs_openvino
+def test_a_v1_entry_met_under_a_current_key_is_refused_not_misread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Even where a schema-1 manifest sits at a schema-2 key, it is refused by its schema."""
+    directory, old = _v1_cache(tmp_path, monkeypatch)
+    _tune_counting_builds(tt.TuningCache(directory), monkeypatch)
+    (current,) = [e for e in (directory / "entries").iterdir() if e != old]
+    for name in ("manifest.json", "placed.txt"):
+        (current / name).write_bytes((old / name).read_bytes())
+    cache = tt.TuningCache(directory)
+    with caplog.at_level("INFO", logger="tunetree"):
+        _, builds = _tune_counting_builds(cache, monkeypatch)
+    assert builds == 1 and cache.stats.hits == 0 and cache.stats.invalid == 1
+    assert "schema 1" in caplog.text
 
 
 def test_a_checkpoint_names_no_tunetree_module(tmp_path: Path) -> None:
-    """Moving a module (issue 27) cannot break a checkpoint: none is named in one.
+    """Moving a module cannot break a checkpoint: none is named in one.
 
     Every member of the archive is read, the manifest included; backends are recorded by kind.
     """

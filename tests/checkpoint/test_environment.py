@@ -9,7 +9,8 @@ import socket
 
 import torch
 
-from tunetree.backends import BACKEND_TYPES, Eager, OpenVINO
+from tunetree.backends import Eager, OpenVINO
+from tunetree.backends.registry import BUILTIN_BACKENDS
 from tunetree.checkpoint.environment import (
     NOT_INSTALLED,
     Difference,
@@ -58,7 +59,7 @@ def test_backend_libraries_are_recorded() -> None:
 
 
 def test_every_known_backend_kind_has_libraries() -> None:
-    for cls in BACKEND_TYPES:
+    for cls in BUILTIN_BACKENDS:
         for name in backend_libraries(cls.kind):
             try:
                 importlib.metadata.version(name)

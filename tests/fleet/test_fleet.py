@@ -17,6 +17,7 @@ from tunetree.candidates.budget import BUILD
 from tunetree.fleet import FleetReport, FleetRow, Job
 from tunetree.fleet.job import LIMIT_MARGIN_S
 from tunetree.fleet.placement import place
+from tunetree.fleet.hardware import hardware_class
 
 from . import jobs
 
@@ -95,7 +96,7 @@ def test_the_report_groups_rows_by_hardware_class_and_never_merges_them() -> Non
     assert [r.job for r in report.failed()] == ["b"]
     assert "failed: RuntimeError: no" in str(report) and "2.00x" in str(report)
     assert "threads" in str(report)
-    assert tt.fleet.hardware_class().startswith("cpu: ")
+    assert hardware_class().startswith("cpu: ")
 
 
 def test_fleet_tunes_jobs_over_ray_into_the_remote_and_a_new_host_builds_nothing(
@@ -114,7 +115,7 @@ def test_fleet_tunes_jobs_over_ray_into_the_remote_and_a_new_host_builds_nothing
         row = report[name]
         assert row.ok and row.builds > 0 and row.remote_stored > 0, row
         assert row.threads == torch.get_num_threads()  # the node's default, not Ray's one
-        assert row.hardware == tt.fleet.hardware_class() and row.node
+        assert row.hardware == hardware_class() and row.node
     assert report["broken"].error == "RuntimeError: this model cannot be built here"
     assert "no node" in (report["nowhere"].error or "")
     again = tt.fleet.tune(fleet[:2], remote=remote, cache_dir=str(tmp_path / "node-2"))

@@ -18,6 +18,7 @@ from torch import nn
 import tunetree as tt
 from tests.fakes import _FnRunner
 from tunetree.backends.base import Backend, Runner
+from tunetree.candidates.evaluate import Status
 from tunetree.generation import step_of
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.binding import Binder, original_forward
@@ -149,7 +150,7 @@ def test_a_decode_runner_that_corrupts_the_cache_is_rejected_naming_the_cache() 
     result = tune(gpt2(), PROMPTS, CorruptsCache(), tt.backends.Eager())
     for graph in result.graphs:
         (row,) = [r for r in graph.rows if r.backend.kind == "fake-corrupts-cache"]
-        assert row.status is tt.Status.REJECTED
+        assert row.status is Status.REJECTED
         assert "output cache.layers[0].keys differs from eager" in row.reason, row.reason
         assert graph.winner.backend.kind == "eager"
 
@@ -195,7 +196,7 @@ def test_decode_steps_on_a_static_cache_replay_a_cuda_graph_with_eagers_tokens()
     prefill = [g for g in result.graphs if g not in decode]
     for graph in prefill:
         (row,) = [r for r in graph.rows if r.backend.kind == "device-graph"]
-        assert row.status is tt.Status.OK or "initialised on first use" in row.reason, row.reason
+        assert row.status is Status.OK or "initialised on first use" in row.reason, row.reason
     for p, want in zip(prompts, expected, strict=True):
         assert torch.equal(call(result.model, **p), want)
 

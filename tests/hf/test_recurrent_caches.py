@@ -15,6 +15,7 @@ import torch
 
 import tunetree as tt
 from tests.fakes import Delayed
+from tunetree.candidates.evaluate import Status
 from tunetree.hf import is_cache_object
 from tunetree.signature.compare import compare
 from tunetree.signature.graph import GraphKey, detach_clone, flatten
@@ -98,7 +99,7 @@ def test_mamba_generate_tunes_with_identical_tokens() -> None:
     decode = [g for g in graphs if re.search(r"DynamicCache\(\d+ tensors: f32", str(g.graph.key))]
     assert decode, [str(g.graph.key) for g in graphs]
     for graph in graphs:
-        assert all(r.status is tt.Status.OK for r in graph.rows), graph.rows
+        assert all(r.status is Status.OK for r in graph.rows), graph.rows
     result.use(0)
     unseen = prompt(2, 8, 5)
     with torch.no_grad():

@@ -18,6 +18,7 @@ import torch
 
 import tunetree as tt
 from tunetree.candidates.budget import TIME_BUDGET_ERROR
+from tunetree.candidates.evaluate import Status
 from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.compare import compare
 from tunetree.signature.modules import module_paths
@@ -111,7 +112,7 @@ def _failures(result: tt.AutoTuneResult) -> list[tuple[str, str]]:
     for graphs in result.graphs.values():
         for graph in graphs:
             for row in graph.rows:
-                if row.status in (tt.Status.FAILED, tt.Status.REJECTED):
+                if row.status in (Status.FAILED, Status.REJECTED):
                     found.append((row.backend.name, f"{graph.path or '<model>'}: {row.reason}"))
     return sorted(set(found))
 

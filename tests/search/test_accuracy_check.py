@@ -7,6 +7,7 @@ import tunetree as tt
 from tests.accuracy.lossy import Chain, Lossy
 from tests.fakes import Delayed
 from tunetree.backends import Eager
+from tunetree.candidates.evaluate import Status
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
 """Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
@@ -66,7 +67,7 @@ def test_candidates_over_the_module_limit_are_rejected_on_their_own() -> None:
     result = budgeted(model, data(), tt.AccuracyBudget(max_error=0.01))
     rows = {g.path: g for g in result.graphs[1]}
     lossy = next(r for r in rows["stages.0"].rows if r.backend.kind == "fake-lossy")
-    assert lossy.status is tt.Status.REJECTED
+    assert lossy.status is Status.REJECTED
     assert "module limit" in lossy.reason
     assert lossy.error == pytest.approx(0.02, rel=1e-3)
     assert lossy_paths(result) == {"stages.1": "fake-lossy"}

@@ -11,6 +11,7 @@ from tests.clock import VirtualClock
 from tests.fakes import Busy, Delayed, Shortcut, spin
 from tunetree.candidates.budget import TIME_BUDGET_ERROR
 from tunetree.runtime.wrap import dispatcher_of, wrapped_paths
+from tunetree.search.auto_result import DepthRow, DepthStatus
 from tunetree.signature.graph import Graph, Sample
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
@@ -89,7 +90,7 @@ def test_depth_where_every_module_fails_is_skipped() -> None:
     model = two_level(root_tuned=12 * MS, broken=True)
     result = auto(model, max_depth=1)
     row1 = next(r for r in result.rows if r.depth == 1)
-    assert row1.status is tt.DepthStatus.SKIPPED
+    assert row1.status is DepthStatus.SKIPPED
     assert "every module failed" in row1.error and "broken" in row1.error
     assert result.depth == 0
     assert wrapped_paths(model) == []  # depth 0 wraps a copy
@@ -108,10 +109,10 @@ def test_time_budget_stops_new_depths_with_exact_error(virtual_time: VirtualCloc
     # Either the build is not started (it and the measurement after it do not fit), or it
     # started within the budget and ended past it and its candidate is not measured (no
     # measurement starts past the deadline): the depth keeps the untuned forward either way.
-    assert first.status is tt.DepthStatus.SKIPPED and first.error == TIME_BUDGET_ERROR
+    assert first.status is DepthStatus.SKIPPED and first.error == TIME_BUDGET_ERROR
     assert result.depth is None and result.skipped()
     assert rest and all(
-        r.error == TIME_BUDGET_ERROR and r.status is tt.DepthStatus.SKIPPED for r in rest
+        r.error == TIME_BUDGET_ERROR and r.status is DepthStatus.SKIPPED for r in rest
     )
     assert TIME_BUDGET_ERROR in str(result)
 
@@ -255,21 +256,21 @@ def test_opt_in_backend_tolerance_applies_end_to_end() -> None:
 
     model = two_level(root_tuned=1 * MS)
     result = auto(model, backend=Noisy(), max_depth=0)
-    assert result.rows[0].status is tt.DepthStatus.MEASURED
+    assert result.rows[0].status is DepthStatus.MEASURED
     assert result.depth == 0
 
 
 def test_depth_statuses_print_as_before() -> None:
     """The table shows each status as users knew it: the enum's text plus its reason."""
     result = auto(two_level(), backend=tt.backends.Eager(), max_depth=0)
-    assert result.rows[0].status is tt.DepthStatus.NO_CHANGE
+    assert result.rows[0].status is DepthStatus.NO_CHANGE
     assert result.depth is None
     assert "no change: every graph kept eager" in str(result)
-    twin = tt.DepthRow(2, 3, 3, tt.DepthStatus.SAME_CUT, same_as=1, error="Boom: x")
+    twin = DepthRow(2, 3, 3, DepthStatus.SAME_CUT, same_as=1, error="Boom: x")
     assert twin.status_text == "same cut as depth 1: Boom: x"
-    skipped = tt.DepthRow(1, 2, 2, tt.DepthStatus.SKIPPED, error=TIME_BUDGET_ERROR)
+    skipped = DepthRow(1, 2, 2, DepthStatus.SKIPPED, error=TIME_BUDGET_ERROR)
     assert skipped.status_text == f"skipped: {TIME_BUDGET_ERROR}"
-    assert tt.DepthRow(0, 1, 1).status_text == "not started"
+    assert DepthRow(0, 1, 1).status_text == "not started"
 
 
 def test_nothing_is_tuned_or_measured_when_no_candidate_but_eager_can_run() -> None:
@@ -282,7 +283,7 @@ def test_nothing_is_tuned_or_measured_when_no_candidate_but_eager_can_run() -> N
     )
     assert len(calls) <= 2  # the inspection's run (and its untimed first call), nothing measured
     assert result.depth is None and result.model is model and result.untuned is None
-    assert all(r.status is tt.DepthStatus.SKIPPED for r in result.rows)
+    assert all(r.status is DepthStatus.SKIPPED for r in result.rows)
     assert "tf32: TF32 is a CUDA feature" in result.rows[0].error
     assert "no candidate but eager can run on cpu" in str(result)
 

@@ -30,6 +30,7 @@ from tunetree.cache.decisions import (
     encode_decision,
 )
 from tunetree.cache.sealing import KEY_ENV, seal
+from tunetree.search.auto_result import DepthStatus
 from tunetree.signature.graph import Graph, GraphKey
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
@@ -132,7 +133,7 @@ def tune(cache: Any, m: nn.Module | None = None, **kw: Any) -> tt.AutoTuneResult
     )
 
 
-def statuses(result: tt.AutoTuneResult) -> list[tt.DepthStatus]:
+def statuses(result: tt.AutoTuneResult) -> list[DepthStatus]:
     return [r.status for r in result.rows]
 
 
@@ -142,7 +143,7 @@ def decision_files(directory: Path) -> list[Path]:
 
 def full_search(result: tt.AutoTuneResult) -> bool:
     """Every depth was tuned and judged here (no recorded decision was reused)."""
-    reused = (tt.DepthStatus.REUSED, tt.DepthStatus.NOT_MEASURED)
+    reused = (DepthStatus.REUSED, DepthStatus.NOT_MEASURED)
     return result.decision == "" and not any(r.status in reused for r in result.rows)
 
 
@@ -167,7 +168,7 @@ def test_a_second_run_reuses_the_decision_and_measures_only_the_chosen_depth(
     assert BUILDS == []
     assert measured == [["reused", "untuned"]]  # one measurement: the recorded depth
     assert second.depth == 1 and second.model is m
-    assert statuses(second) == [tt.DepthStatus.NOT_MEASURED, tt.DepthStatus.REUSED]
+    assert statuses(second) == [DepthStatus.NOT_MEASURED, DepthStatus.REUSED]
     assert second.rows[0].timing is None and second.rows[0].speedup is None
     assert second.speedup == pytest.approx(20 / 6, rel=0.05)  # measured here
     text = str(second)

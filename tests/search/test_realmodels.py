@@ -19,8 +19,10 @@ from tests.fakes import Busy, Delayed, Shortcut, spin
 from tests.models.zoo import Generator, Pipeline, hooked, state_digest, training_mode
 from tests.search.patching import patch_now, patch_side_by_side
 from tunetree.candidates.budget import TIME_BUDGET_ERROR
+from tunetree.candidates.evaluate import Status
 from tunetree.candidates.measure import Timing
 from tunetree.runtime.wrap import wrapped_paths
+from tunetree.search.auto_result import DepthStatus
 from tunetree.search.endtoend import UNTUNED
 
 MS = 1e-3
@@ -189,13 +191,13 @@ def test_time_budget_starts_no_build_expected_to_cross_it_and_marks_skipped_work
     assert clock[0] == 20.0
     assert len(a.builds) + len(b.builds) == 2
     row1 = result.rows[1]
-    assert TIME_BUDGET_ERROR in row1.error and row1.status is not tt.DepthStatus.SKIPPED
+    assert TIME_BUDGET_ERROR in row1.error and row1.status is not DepthStatus.SKIPPED
     skipped = [r for g in result.graphs[1] for r in g.rows if r.reason == TIME_BUDGET_ERROR]
     # kids.1 is kids.0's twin: it races kids.0's outcome only (issue 31), so the rows left
     # unbuilt are b on kids.0 and a and b on kids.1
     unbuilt = {g.path for g in result.graphs[1] for r in g.rows if r in skipped}
     assert unbuilt == {"kids.0", "kids.1"}
-    assert all(r.status is tt.Status.SKIPPED for r in skipped) and len(skipped) >= 3
+    assert all(r.status is Status.SKIPPED for r in skipped) and len(skipped) >= 3
     assert TIME_BUDGET_ERROR in str(result)
     err = caplog.text
     assert "ETA" in err and "budget left" in err
@@ -287,7 +289,7 @@ def test_mixed_plan_is_measured_against_the_single_runtime_plan() -> None:
         cache=False,
     )
     row = result.rows[0]
-    assert row.status is tt.DepthStatus.MEASURED, row.status_text
+    assert row.status is DepthStatus.MEASURED, row.status_text
     assert "mixed (fake-delayed, fake-shortcut)" in row.plans
     assert "fake-shortcut-only" in row.plans and "kept" in row.plans
     assert row.plans in str(result)

@@ -9,7 +9,9 @@ from torch import nn
 import tunetree as tt
 from tests.fakes import Delayed, Failing, Wrong, mlp
 from tests.fakes import quick_tune as tune
+from tunetree.candidates.evaluate import Status
 from tunetree.runtime.wrap import dispatcher_of
+from tunetree.signature.graph import GraphKey
 
 pytestmark = pytest.mark.usefixtures("virtual_time")
 """Every test here decides on timings its fakes declare (``tests/clock.py``, issue 33)."""
@@ -43,7 +45,7 @@ def test_failing_backends_become_rows_and_module_keeps_forward() -> None:
     data = [torch.randn(4, 16)]
     result = tune(model, data, [Failing("build"), Failing("run")], depth=1)
     rows = [r for g in result.graphs for r in g.rows]
-    assert {r.status for r in rows} == {tt.Status.FAILED}
+    assert {r.status for r in rows} == {Status.FAILED}
     assert any("exploded while building" in r.reason for r in rows)
     assert any(r.reason.startswith("run: RuntimeError") for r in rows)
     assert result.plan.entries == []
@@ -55,7 +57,7 @@ def test_wrong_numbers_are_rejected_with_the_difference() -> None:
     model = mlp()
     result = tune(model, [torch.randn(4, 16)], [Wrong(0.1), tt.backends.Eager()])
     wrong = result.graphs[0].rows[0]
-    assert wrong.status is tt.Status.REJECTED
+    assert wrong.status is Status.REJECTED
     assert "max abs diff 0.1" in wrong.reason
     assert result.graphs[0].winner.backend.kind == "eager"
 
@@ -175,9 +177,9 @@ def test_opaque_detection_looks_at_structure_not_text() -> None:
     class Thing:
         pass
 
-    assert tt.GraphKey.of((torch.ones(1), Thing()), {}).has_opaque
-    assert tt.GraphKey.of((), {"nested": [{"x": Thing()}]}).has_opaque
-    assert not tt.GraphKey.of((torch.ones(1), "object"), {"mode": "object"}).has_opaque
+    assert GraphKey.of((torch.ones(1), Thing()), {}).has_opaque
+    assert GraphKey.of((), {"nested": [{"x": Thing()}]}).has_opaque
+    assert not GraphKey.of((torch.ones(1), "object"), {"mode": "object"}).has_opaque
 
 
 def test_ranged_graph_is_measured_over_the_mix_with_per_shape_figures() -> None:
@@ -226,10 +228,10 @@ def test_twins_race_only_the_first_ones_winner_against_eager(share: bool) -> Non
     if share:
         twin = result.graphs[2]
         assert "twin of kids.0" in twin.strategy
-        skipped = [r for r in twin.rows if r.status is tt.Status.SKIPPED]
+        skipped = [r for r in twin.rows if r.status is Status.SKIPPED]
         assert [r.backend.kind for r in skipped] == ["fake-delayed"]
         assert "kids.0, where fake-shortcut won" in skipped[0].reason
-        assert all(r.timing is not None for r in twin.rows if r.status is tt.Status.OK)
+        assert all(r.timing is not None for r in twin.rows if r.status is Status.OK)
 
 
 def test_modules_that_differ_in_structure_are_no_twins() -> None:

@@ -19,6 +19,7 @@ from tunetree.candidates import budget, evaluate, measuring
 from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline, Stopwatch
 from tunetree.candidates.evaluate import GraphSession, screen_out
 from tunetree.candidates.measure import MeasureConfig, Timing, measure
+from tunetree.search.auto_result import DepthStatus
 from tunetree.signature.graph import Graph, Sample
 
 MS = 1e-3
@@ -188,8 +189,8 @@ def test_budget_holds_when_a_busy_neighbour_disturbs_every_call(
     virtual_time: VirtualClock,
 ) -> None:
     """As beside a busy process: calls up to 2x slower, and stalls of 30 ms (issue 33: on the
-    virtual clock, so the decisions are tested, not the machine; ``benchmarks/budget_under_load.py``
-    measures the real thing)."""
+    virtual clock, so the decisions are tested, not the machine;
+    ``benchmarks/investigations/budget_under_load.py`` measures the real thing)."""
     virtual_time.noise = Disturbance(jitter=1.0, stall_chance=0.05, stall_s=0.03, seed=3)
     result, wall = _budgeted(5.0)
     _assert_budget_held(result, wall, 5.0)
@@ -364,8 +365,8 @@ def test_a_depth_with_the_plan_of_a_measured_depth_is_not_measured_again() -> No
         cache=False,
     )
     row1, row2 = result.rows[1], result.rows[2]
-    assert row1.status is tt.DepthStatus.MEASURED
-    assert row2.status is tt.DepthStatus.SAME_PLAN and row2.same_as == 1
+    assert row1.status is DepthStatus.MEASURED
+    assert row2.status is DepthStatus.SAME_PLAN and row2.same_as == 1
     assert row2.timing is row1.timing
     assert "same plan as depth 1" in str(result)
     assert result.breakdown is not None

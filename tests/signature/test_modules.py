@@ -6,6 +6,7 @@ from torch import nn
 
 import tunetree as tt
 from tests.fakes import mlp
+from tunetree.signature.graph import Sample
 from tunetree.signature.modules import (
     find_module,
     module_paths,
@@ -50,13 +51,13 @@ def test_run_model_calls_the_module_or_the_call_function() -> None:
     model = mlp()
     x = torch.randn(2, 16)
     with torch.no_grad():
-        assert torch.equal(run_model(model, tt.Sample((x,)), None), model(x))
+        assert torch.equal(run_model(model, Sample((x,)), None), model(x))
         pipe = Pipeline()
         y = torch.randn(3, 4)
-        out = run_model(pipe, tt.Sample((y,)), lambda p, v: p.decode(p.encode(v)))
+        out = run_model(pipe, Sample((y,)), lambda p, v: p.decode(p.encode(v)))
         assert torch.equal(out, pipe.decode(pipe.encode(y)))
     with pytest.raises(tt.InvalidInputError, match="pass call="):
-        run_model(Pipeline(), tt.Sample((y,)), None)
+        run_model(Pipeline(), Sample((y,)), None)
 
 
 def test_resolve_device_prefers_the_given_one_then_the_weights() -> None:

@@ -14,6 +14,7 @@ from torch import nn
 import tunetree as tt
 from tests.fakes import mlp, quick_tune
 from tunetree.backends.base import Backend, Runner
+from tunetree.candidates.evaluate import Status
 from tunetree.signature.graph import Graph
 from tunetree.signature.state import ProcessState, process_state_kept
 
@@ -39,7 +40,7 @@ def test_a_failing_backend_leaves_no_process_setting_changed() -> None:
     before = ProcessState.now()
     result = quick_tune(mlp(), [torch.randn(2, 16)], [Meddling(), tt.backends.Eager()], cache=False)
     (row,) = [r for r in result.graphs[0].rows if r.backend.kind == "fake-meddling"]
-    assert row.status is tt.Status.FAILED and "conversion failed" in row.reason
+    assert row.status is Status.FAILED and "conversion failed" in row.reason
     assert before.changes(ProcessState.now()) == []
     assert "TUNETREE_TEST_MEDDLED" not in os.environ
     result.undo()

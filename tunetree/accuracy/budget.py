@@ -21,22 +21,35 @@ T = TypeVar("T")
 class AccuracyBudget:
     """The error tuning may introduce, held on the whole model's outputs.
 
-    ``max_error`` bounds ``metric`` (``"rel_l2"``, ``"max_abs"``, ``"cosine"`` or a
-    callable ``fn(eager_output, candidate_output) -> float``; see
-    :mod:`tunetree.accuracy.metrics`) between the tuned model's outputs and fp32 eager's, on
-    every call. ``max_drop`` with ``evaluate`` bounds a task metric instead (higher is better):
-    ``evaluate(model) -> float`` is called on the untuned and on the tuned model and the
-    score may fall by at most ``max_drop``. Both may be given; at least one must.
-
-    Each module's candidate is first admitted on its own outputs
-    (``module_max_error``, in ``metric`` when it is a name, else in ``rel_l2``; default:
-    ``max_error``, else :data:`DEFAULT_MODULE_MAX_ERROR`). The plan is then checked end to end
-    on the tuning inputs and on the ``holdout`` share of the dataset that was not used to
-    choose (at least one input when there are two or more). Hold out inputs like the tuning
+    Each module's candidate is first admitted on its own outputs; the plan is then checked end
+    to end on the tuning inputs and on the ``holdout`` share of the dataset that was not used
+    to choose (at least one input when there are two or more). Hold out inputs like the tuning
     ones: a held-out call of a shape outside the tuned ranges runs the original forward and
-    checks nothing.
+    checks nothing. (The time a tune may take is ``auto_tune``'s ``time_budget``.)
 
-    Example: ``tt.auto_tune(model, data, accuracy=tt.AccuracyBudget(max_error=1e-2))``.
+    Args:
+        max_error: The largest ``metric`` between the tuned model's outputs and fp32 eager's,
+            on every call.
+        metric: ``"rel_l2"``, ``"max_abs"``, ``"cosine"`` or a callable
+            ``fn(eager_output, candidate_output) -> float`` (:mod:`tunetree.accuracy.metrics`).
+        max_drop: With ``evaluate``, how far the task score may fall from the untuned model's.
+        evaluate: ``evaluate(model) -> float``, higher is better, called on the untuned and the
+            tuned model. At least one of ``max_error`` and ``max_drop`` must be given.
+        module_max_error: The limit each module's candidate is admitted under, in ``metric``
+            when it is a name, else in ``rel_l2`` (default: ``max_error``, else
+            :data:`DEFAULT_MODULE_MAX_ERROR`).
+        holdout: The share of the dataset kept back to check plans on.
+
+    Raises:
+        InvalidInputError: Neither bound given, a negative or NaN bound, ``max_drop`` and
+            ``evaluate`` not given together, an unknown metric, or a ``holdout`` outside
+            [0, 1).
+
+    Example:
+        >>> import tunetree as tt
+        >>> budget = tt.AccuracyBudget(max_error=1e-2)
+        >>> budget.module_max_error is None, budget.holdout
+        (True, 0.25)
     """
 
     max_error: float | None = None

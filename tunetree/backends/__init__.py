@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..signature.binding import original_forward
+from .._util.deprecation import Moved, moved_names
 from .autocast import Autocast
 from .base import Backend, ChangesResults, Runner
 from .cpu_features import cpu_supports
@@ -18,19 +18,26 @@ from .inductor import Inductor
 from .onnxruntime import OnnxRuntime
 from .onnxruntime_int8 import OnnxRuntimeInt8
 from .openvino import OpenVINO, OpenVINOBf16
-from .registry import BUILTIN_BACKENDS, backend_type, libraries_of, registered_backends
+from .registry import backend_type, registered_backends
 from .tf32 import Tf32
 from .torchao import TorchAO
-
-BACKEND_TYPES: tuple[type[Backend], ...] = BUILTIN_BACKENDS
-"""The backend classes that ship with tunetree (read-only; plugins and other subclasses are
-found by :func:`registered_backends` and :func:`backend_type`)."""
 
 
 def default_backends(device: torch.device) -> list[Backend]:
     """The result-preserving candidates tried by default on ``device``, in order.
 
     Backends that cannot run there are kept; the strategy drops them with one log line.
+
+    Args:
+        device: The device the model runs on.
+
+    Returns:
+        New backend objects.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> [b.kind for b in tt.backends.default_backends(torch.device("cpu"))]
+        ['inductor', 'openvino', 'onnxruntime', 'eager']
     """
     if device.type == "cuda":
         # Inductor refuses decode steps (a cache object in the inputs): their compiled
@@ -53,10 +60,22 @@ def reduced_precision_backends(device: torch.device) -> list[Backend]:
     """The results-changing candidates an accuracy budget adds on ``device``, in order.
 
     Each is checked by its measured error, never assumed: on a CPU OpenVINO in bf16 and
-    ``torch.autocast`` bf16 (both need a CPU with bf16 units, else they are left out) and ONNX
-    Runtime with int8 weights (dynamic quantization, any x86 CPU); on CUDA
-    TF32 matmuls, bf16 and fp16 autocast, and bf16 autocast compiled by Inductor (also with
-    CUDA graphs: at small batch a launch-bound model gains from bf16 only without launches).
+    ``torch.autocast`` bf16 (where the CPU has bf16 units) and ONNX Runtime with int8 weights;
+    on CUDA TF32 matmuls, bf16 and fp16 autocast, and bf16 autocast compiled by Inductor (also
+    with CUDA graphs: at small batch a launch-bound model gains from bf16 only without
+    launches).
+
+    Args:
+        device: The device the model runs on.
+
+    Returns:
+        New backend objects (none on other devices).
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> all(not b.preserves_results
+        ...     for b in tt.backends.reduced_precision_backends(torch.device("cpu")))
+        True
     """
     if device.type == "cuda":
         return [
@@ -80,7 +99,6 @@ def _cpu_has_bf16() -> bool:
 
 
 __all__ = [
-    "BACKEND_TYPES",
     "Autocast",
     "Backend",
     "ChangesResults",
@@ -96,8 +114,19 @@ __all__ = [
     "TorchAO",
     "backend_type",
     "default_backends",
-    "libraries_of",
-    "original_forward",
     "reduced_precision_backends",
     "registered_backends",
 ]
+
+_MOVED = {
+    "BACKEND_TYPES": Moved(
+        "tunetree.backends.registry",
+        "BUILTIN_BACKENDS",
+        use="`tunetree.backends.registered_backends()` (built-ins and plugins)",
+    ),
+    "libraries_of": Moved("tunetree.backends.registry"),
+    "original_forward": Moved("tunetree.signature.binding"),
+}
+"""Names this package exported before its API was narrowed, and where they live now."""
+
+__getattr__ = moved_names("tunetree.backends", _MOVED)

@@ -88,11 +88,22 @@ class AutocastRunner(Runner):
 
 @dataclasses.dataclass(frozen=True)
 class Autocast(ChangesResults):
-    """``torch.autocast(device_type, dtype)`` around the original forward.
+    """``torch.autocast(device_type, dtype)`` around the original forward (changes results).
 
-    ``dtype`` is ``"bf16"`` (CPU and GPUs) or ``"fp16"`` (CUDA only); ``compile=True`` also
-    ``torch.compile``-s the forward. Changes results: checked against eager with
-    ``Tolerances.uniform(atol, rtol)`` and only tried when asked for.
+    Args:
+        dtype: ``"bf16"`` (CPU and GPUs) or ``"fp16"`` (CUDA only).
+        compile: Also ``torch.compile`` the forward.
+        compile_mode: ``torch.compile``'s mode (e.g. ``"reduce-overhead"``: CUDA graphs too).
+        atol: Absolute tolerance against eager (keyword-only).
+        rtol: Relative tolerance against eager (keyword-only).
+
+    Raises:
+        InvalidInputError: An unknown dtype or compile mode, or a mode without ``compile``.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.Autocast("bf16", compile=True).preserves_results
+        False
     """
 
     kind: ClassVar[str] = "autocast"
@@ -147,9 +158,9 @@ class Autocast(ChangesResults):
     def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
         """The record's output dtypes: a bounded list of known dtype names or None.
 
-        Read from a file, so checked before anything uses them (an unhashable entry raised
-        an untyped TypeError before, issue 29); their count is checked against the module's
-        output by :meth:`load`, which has the module.
+        Read from a file, so checked before anything uses them (an unhashable entry must be a
+        typed error, not a ``TypeError``); their count is checked against the module's output
+        by :meth:`load`, which has the module.
         """
         saved_output_dtypes(saved)
 

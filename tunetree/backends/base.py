@@ -28,7 +28,13 @@ from .safe_config import check_plain
 
 
 class Runner(ABC):
-    """A built candidate: called like the module's forward for one graph."""
+    """A built candidate: called like the module's forward for one graph.
+
+    :meth:`Backend.build` returns one; tuning checks it against eager before it serves.
+
+    Args:
+        backend: The backend that built it.
+    """
 
     served: GraphKey | None = None
     """Set by a loader whose artifact serves less than the graph it was loaded for: the
@@ -38,9 +44,9 @@ class Runner(ABC):
     releasable: bool = True
     """Whether tuning may drop this runner once it lost (``GraphResult.release_runners``): a
     loser's session and thread pool must not slow what is measured after it. False for
-    device graphs: on the H200, dropping the losing captures of a decode graph made the
-    winner's first served ``generate`` fault (an illegal memory access, twice, on two models),
-    and they hold device memory, not threads."""
+    device graphs: dropping the losing captures of a decode graph can make the winner's first
+    served ``generate`` fault (an illegal memory access), and they hold device memory, not
+    threads."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -80,8 +86,8 @@ class Runner(ABC):
 
         A runner may drop what it built for those calls alone and build it again when a served
         call needs it: a device graph captures each new shape, and each capture holds a copy of
-        its inputs (a decode step's whole cache: on the H200, the captures of Llama-0.5B's
-        probes held 0.69 GiB at tuning's peak). The default keeps everything.
+        its inputs (a decode step's whole cache, a large share of tuning's peak memory). The
+        default keeps everything.
         """
         return
 
@@ -98,7 +104,23 @@ class Runner(ABC):
 
 @dataclasses.dataclass(frozen=True)
 class Backend(ABC):
-    """Base of every backend. Subclasses are frozen dataclasses; their fields are the config."""
+    """Base of every backend. Subclasses are frozen dataclasses; their fields are the config.
+
+    A subclass declares ``kind`` (registering it by being defined), ``libraries``, ``extra``,
+    and implements :meth:`unavailable_reason` and :meth:`build` (and :meth:`load` with
+    ``Runner.save`` when its runners can be stored). docs/architecture.md says how to add one.
+
+    Example:
+        >>> import dataclasses, typing, tunetree as tt
+        >>> from tunetree.backends.eager import EagerRunner
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class Mine(tt.backends.Backend):
+        ...     kind: typing.ClassVar[str] = "doc-example-mine"
+        ...     def build(self, module, graph, device):
+        ...         return EagerRunner(self, module)
+        >>> tt.backends.backend_type("doc-example-mine") is Mine
+        True
+    """
 
     kind: ClassVar[str] = "backend"
     """Stable identifier, stored in checkpoints and cache keys."""
@@ -120,7 +142,8 @@ class Backend(ABC):
     private pool): the budget then only decides whether to start the build."""
     typical_build_s: ClassVar[float | None] = None
     """Seconds a build of a small graph (about 30 modules, a two-layer transformer) typically
-    takes on a 2-core CPU, with its first run; None: unknown. A time budget orders and skips
+    takes on a small CPU (two cores), with its first run; None: unknown. The time budget scales
+    it by how much slower this machine built the other backends. A time budget orders and skips
     builds by it until this backend has been built in the tune (see :meth:`build_prior_s`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -241,7 +264,17 @@ class ChangesResults(Backend):
     """Base of opt-in backends that change numbers (quantisation, reduced precision).
 
     Never in the default strategy; checked against eager with the looser tolerance
-    ``atol + rtol * |eager|`` that the user sets here, and labelled in every table.
+    ``atol + rtol * |eager|`` that the user sets here, and labelled in every table. Under an
+    accuracy budget such a candidate is admitted by its measured error instead.
+
+    Args:
+        atol: Absolute tolerance (keyword-only).
+        rtol: Relative tolerance (keyword-only).
+
+    Example:
+        >>> import tunetree as tt
+        >>> isinstance(tt.backends.OpenVINOBf16(atol=0.1), tt.backends.ChangesResults)
+        True
     """
 
     preserves_results: ClassVar[bool] = False

@@ -6,8 +6,8 @@ later call with that signature needs none of the checks a device-graph runner ma
 arbitrary call (which capture, whether a cache is passed back, whether each input fits): the
 signature already says that every tensor fits its static buffer. So it is served the way a
 user serves a CUDA graph by hand: copy each tensor in, replay, clone the output. On a small
-model that is nearly all the host's work per call (issue 30: the runner's checks were part of
-what made tunetree's replay 1.03-1.07x the same capture driven by hand on the H200).
+model that is nearly all the host's work per call, so the runner's checks would be a visible
+share of it (``benchmarks/serving.py`` compares it with a capture driven by hand).
 """
 
 from __future__ import annotations

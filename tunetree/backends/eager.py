@@ -28,7 +28,13 @@ class EagerRunner(Runner):
 
 @dataclasses.dataclass(frozen=True)
 class Eager(Backend):
-    """Run the module unchanged. When eager wins, tunetree leaves the module unwrapped."""
+    """Run the module unchanged. When eager wins, tunetree leaves the module unwrapped.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.Eager().kind
+        'eager'
+    """
 
     kind: ClassVar[str] = "eager"
     typical_build_s: ClassVar[float | None] = 0.0  # no build: the module's own forward

@@ -368,8 +368,8 @@ def _saved_spec(
     The module's structure is learnt (:func:`learn_output_spec`) and must match the saved
     ``structure`` (this release) or ``spec`` (pytree JSON of the first release, read as data)
     node for node, plain containers included: a plain tuple saved where the module returns a
-    ``ModelOutput`` with a cache is refused (issue 29), since ``generate`` would then meet
-    another type. Without either, the learnt structure is used.
+    ``ModelOutput`` with a cache is refused, since ``generate`` would then meet another
+    type. Without either, the learnt structure is used.
     """
     learnt = learn_output_spec(module, key, device)
     if data.get("structure") is not None:
@@ -385,7 +385,7 @@ def learn_output_spec(module: nn.Module, key: GraphKey, device: torch.device) ->
     The call is made from the key alone (:func:`.synthetic.call_from_key`: cache objects
     only of the allow-listed inert classes, sizes they state bounded by the key and the
     model's config) and run under fake tensors (:func:`.fake_run.run_fake`), so no size in
-    a file makes it allocate (a batch fixed at 2^24 took a load to 3.3 GB before).
+    a file makes it allocate (a batch fixed at 2^24, say).
     BackendError when no call can be made or the forward cannot run on fake tensors.
     """
     limit = size_limit(key, module)

@@ -80,7 +80,7 @@ STATEFUL_REFUSAL = (
     "process (c10 'Cannot call numel() on tensor with symbolic sizes', torch 2.13 on GPT-2 "
     "generate); the exporting backends, and device graphs on a static cache, serve it"
 )
-"""Why Inductor refuses graphs whose inputs hold a cache object (issue 21)."""
+"""Why Inductor refuses graphs whose inputs hold a cache object."""
 
 
 def fresh_entry(forward: Any) -> Any:
@@ -377,8 +377,8 @@ def _mark_axes(sample: Sample, dims: list[AxisDims], soft: bool) -> None:
     Hard marks (``mark_dynamic``) make a compile that specializes an axis to one size fail;
     soft ones (``maybe_mark_dynamic``) let Dynamo guard and recompile. Hard marks carry no
     min and max: with a known largest size Inductor may choose kernels whose Triton compile
-    does not end (T5's fused position-bias softmax as a persistent reduction of 256 on the
-    H200: over 200 s, against 17 s unbounded); the range's ends are checked after the
+    does not end (a fused softmax compiled as a persistent reduction, many times the
+    unbounded compile's time); the range's ends are checked after the
     compile instead (:meth:`InductorRunner._unserved_range_end`).
     """
     leaves, _, where = sample_tensors(sample)
@@ -412,13 +412,25 @@ def _size_oblivious() -> Any:
 class Inductor(Backend):
     """``torch.compile(backend="inductor")``.
 
-    ``mode`` is one of None, ``"reduce-overhead"``, ``"max-autotune"``,
-    ``"max-autotune-no-cudagraphs"``; ``options`` are Inductor config entries
-    (given as a tuple of ``(name, value)`` pairs or a dict).
+    Args:
+        mode: None, ``"reduce-overhead"``, ``"max-autotune"`` or
+            ``"max-autotune-no-cudagraphs"``.
+        dynamic: ``torch.compile``'s ``dynamic``; ranged graphs are marked dynamic anyway.
+        fullgraph: Refuse a graph break.
+        options: Inductor config entries, as ``(name, value)`` pairs or a dict; a saved one
+            is checked against a list of known-safe options.
+
+    Raises:
+        InvalidInputError: Both ``mode`` and ``options`` given.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.Inductor(mode="max-autotune").kind
+        'inductor'
     """
 
     kind: ClassVar[str] = "inductor"
-    typical_build_s: ClassVar[float | None] = 12.0  # 3-12 s per graph on the 2-core EPYC
+    typical_build_s: ClassVar[float | None] = 12.0  # docs/measurements.md
     libraries: ClassVar[tuple[str, ...]] = ("triton",)
     quick_build: ClassVar[bool] = False
     mode: str | None = None

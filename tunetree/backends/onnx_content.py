@@ -1,6 +1,6 @@
 """What a saved ONNX model holds, read without ONNX Runtime: external data and precision.
 
-Both come from a file, so both are read from the content, never from the record (issue 29):
+Both come from a file, so both are read from the content, never from the record:
 
 * **External data.** A tensor's bytes may live in another file named inside the model. Every
   place a tensor can sit is scanned (initializers and sparse initializers of every graph and

@@ -142,11 +142,9 @@ class OnnxRuntimeRunner(Runner):
     def serve_alone(self) -> None:
         """Let the session's threads spin between calls: the process serves this model only.
 
-        Only when the user asks (:func:`tunetree.serve_alone`). Measured on the 2-core EPYC,
-        BERT-2L: spinning serves the whole model 14% faster (10.1 against 11.5 ms), but any
-        torch code between calls pays for it: BERT tuned at depth 2 took 47.7 ms against 14.4,
-        and eager work right after a spinning depth-0 call took 40.1 ms against 18.5 ms alone.
-        The session is rebuilt once, from the same model file.
+        Only when the user asks (:func:`tunetree.serve_alone`): spinning serves the whole model
+        faster, but any torch code between calls pays for it, several times over on a small
+        CPU (docs/measurements.md). The session is rebuilt once, from the same model file.
         """
         backend = self.backend
         assert isinstance(backend, OnnxRuntime)
@@ -226,16 +224,26 @@ class OnnxRuntimeRunner(Runner):
 class OnnxRuntime(Backend):
     """ONNX Runtime over a dynamo-exported ONNX model.
 
-    ``graph_optimization_level`` is one of disable, basic, extended, layout, all;
-    ``intra_op_num_threads`` / ``inter_op_num_threads`` None lets ONNX Runtime choose;
-    ``allow_spinning`` True lets the pool's idle threads spin (for a process that serves
-    this model only, see :func:`tunetree.serve_alone`); by default they sleep, so they take no
-    core from the code that runs between calls; ``providers`` overrides the execution
-    providers (default: CPU, or CUDA then CPU on a CUDA device).
+    Args:
+        graph_optimization_level: One of disable, basic, extended, layout, all.
+        intra_op_num_threads: Threads within an op (None: ONNX Runtime chooses).
+        inter_op_num_threads: Threads across ops (None: ONNX Runtime chooses).
+        allow_spinning: Let the pool's idle threads spin: only for a process that serves this
+            model alone (see :func:`tunetree.serve_alone`); by default they sleep, so they take
+            no core from the code that runs between calls.
+        providers: Execution providers (default: CPU, or CUDA then CPU on a CUDA device).
+
+    Raises:
+        InvalidInputError: An unknown optimization level.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.OnnxRuntime(intra_op_num_threads=2).extra
+        'onnx'
     """
 
     kind: ClassVar[str] = "onnxruntime"
-    typical_build_s: ClassVar[float | None] = 1.5  # export 0.3-3.5 s on the 2-core EPYC
+    typical_build_s: ClassVar[float | None] = 1.5  # docs/measurements.md
     extra: ClassVar[str | None] = "onnx"
     libraries: ClassVar[tuple[str, ...]] = ("onnxruntime", "onnx", "onnxscript")
     graph_optimization_level: str = "all"
@@ -309,9 +317,9 @@ class OnnxRuntime(Backend):
             options.intra_op_num_threads = self.intra_op_num_threads
         if self.inter_op_num_threads is not None:
             options.inter_op_num_threads = self.inter_op_num_threads
-        # No spinning by default, not even within a call: on the shared 2-core CPU, threads
-        # that spun only while a call ran (session.force_spinning_stop) served BERT-2L in 83 ms
-        # against 54 without spinning, beside other processes (issue 30).
+        # No spinning by default, not even within a call: threads that spin only while a
+        # call runs (session.force_spinning_stop) still take cores from other processes'
+        # work (benchmarks/serving.py measures it).
         spin = "1" if (self.allow_spinning if spinning is None else spinning) else "0"
         options.add_session_config_entry("session.intra_op.allow_spinning", spin)
         options.add_session_config_entry("session.inter_op.allow_spinning", spin)

@@ -4,21 +4,15 @@ The module is exported exactly as for :class:`~tunetree.backends.onnxruntime.Onn
 ``onnxruntime.quantization.quantize_dynamic`` then stores the weights of its MatMul (and
 Gemm) nodes in int8 and quantizes their activations on every call (MLAS's u8s8 kernels),
 and the session runs the quantized file. It is the reduced-precision candidate for CPUs
-without bf16 units (AVX2-only Xeon and EPYC), where OpenVINO bf16 and bf16 autocast do not
-help.
+without bf16 units (AVX2-only CPUs), where OpenVINO bf16 and bf16 autocast do not help.
 
-Measured on the 2-core EPYC (AVX-512 VNNI), random weights, weights ``qint8`` per tensor:
-the last hidden state of BERT-2L h256 at 8 x 128 moves by 0.35% (relative L2), at most
-0.017 (its values reach 4.6); BERT-4L by 0.5%, at most 0.027; a 4-layer
-``nn.TransformerEncoder`` d256 by 0.65%, at most 0.029; an MLP 4x1024 at batch 32 by 1.3%,
-at most 0.0024 (its values reach 0.18). ``per_channel`` lowered BERT-2L's error to 0.29%
-at about the same speed. The default tolerance, 0.1 absolute plus 0.1 relative, leaves a
-margin of 3 to 4 over the 4-layer models for deeper ones; it refuses a graph that
+The default tolerance, 0.1 absolute plus 0.1 relative, leaves a margin of 3 to 4 over the
+errors measured on small transformers (docs/measurements.md); it refuses a graph that
 quantization breaks, but it is no accuracy measure: an accuracy budget is.
 
 ONNX Runtime's own pre-processing (``quant_pre_process``) is not run: its symbolic shape
 inference fails on the dynamo exporter's BERT, and with that step skipped it made the
-quantized BERT-2L no faster (8.3 ms against 8.1 without it).
+quantized model no faster.
 """
 
 from __future__ import annotations
@@ -76,12 +70,24 @@ class OnnxRuntimeInt8(OnnxRuntime, ChangesResults):
     """ONNX Runtime over the exported model with int8 weights (dynamic quantization), CPU only.
 
     Changes results, so it is never chosen by default and is checked with its own ``atol`` and
-    ``rtol``. ``weight_type`` is ``"qint8"`` or ``"quint8"``; ``per_channel`` gives each output
-    channel its own scale; ``reduce_range`` uses 7-bit weights, ONNX Runtime's advice for CPUs
-    without VNNI, whose u8s8 kernels can saturate (None, the default: on exactly those CPUs,
-    see :func:`saturating_cpu`); ``op_types`` are the node
-    types whose weights are quantized (see :data:`OP_TYPES`). The session options are
-    :class:`OnnxRuntime`'s.
+    ``rtol``. Takes :class:`OnnxRuntime`'s session options first.
+
+    Args:
+        weight_type: ``"qint8"`` or ``"quint8"`` (keyword-only, as the rest).
+        per_channel: Give each output channel its own scale.
+        reduce_range: 7-bit weights, ONNX Runtime's advice for CPUs without VNNI, whose u8s8
+            kernels can saturate (None: on exactly those CPUs, see :func:`saturating_cpu`).
+        op_types: The node types whose weights are quantized (see :data:`OP_TYPES`).
+        atol: Absolute tolerance against eager.
+        rtol: Relative tolerance against eager.
+
+    Raises:
+        InvalidInputError: An unknown weight type or op type.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.OnnxRuntimeInt8(per_channel=True).preserves_results
+        False
     """
 
     kind: ClassVar[str] = "onnxruntime-int8"
@@ -202,11 +208,9 @@ def saturating_cpu() -> bool:
     """Whether this CPU lacks VNNI, so full-range u8s8 products can saturate.
 
     Without VNNI, MLAS multiplies u8 activations by s8 weights with ``vpmaddubsw``, whose 16-bit
-    sums of two products saturate; ONNX Runtime advises 7-bit weights there. Seen on a 2-core
-    AVX2-only EPYC: full-range int8 moved the backend's test MLPs' and
-    ``nn.TransformerEncoderLayer``'s outputs by up to 0.22 against their 0.1 tolerance (the same
-    tests held it on an AVX-512 VNNI EPYC); with 7-bit weights every one held it. Unknown (a
-    torch without the check) counts as lacking it.
+    sums of two products saturate; ONNX Runtime advises 7-bit weights there (full-range int8
+    breaks the default tolerance on such CPUs, docs/measurements.md). Unknown (a torch without
+    the check) counts as lacking it.
     """
     return not cpu_supports("_is_vnni_supported")
 

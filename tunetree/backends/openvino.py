@@ -28,9 +28,8 @@ import torch
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
-from ..signature.compare import Tolerances
 from ..signature.graph import Graph, GraphKey
-from .base import Backend, Runner
+from .base import Backend, ChangesResults, Runner
 from .dtypes import as_numpy, as_torch, carries, check_numpy_dtypes
 from .export_context import (
     attention_as_eager,
@@ -195,15 +194,26 @@ class OpenVINORunner(Runner):
 class OpenVINO(Backend):
     """OpenVINO runtime, f32 so results are kept.
 
-    ``device`` is an OpenVINO device name (``"CPU"``, ``"GPU.1"``, ``"AUTO"``); None maps the
-    torch device (cpu -> CPU, xpu:N -> GPU.N). ``precision`` is OpenVINO's
-    ``INFERENCE_PRECISION_HINT`` (f32 only here: see :class:`OpenVINOBf16`);
-    ``performance_hint`` is ``"LATENCY"`` or ``"THROUGHPUT"``; ``num_streams`` and
-    ``num_threads`` override OpenVINO's choice.
+    Args:
+        device: An OpenVINO device name (``"CPU"``, ``"GPU.1"``, ``"AUTO"``); None maps the
+            torch device (cpu -> CPU, xpu:N -> GPU.N).
+        precision: OpenVINO's ``INFERENCE_PRECISION_HINT``: f32 only here (see
+            :class:`OpenVINOBf16`).
+        performance_hint: ``"LATENCY"``, ``"THROUGHPUT"`` or ``"CUMULATIVE_THROUGHPUT"``.
+        num_streams: Overrides OpenVINO's choice of streams.
+        num_threads: Overrides OpenVINO's choice of threads.
+
+    Raises:
+        InvalidInputError: A precision other than f32, or an unknown hint.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.OpenVINO(performance_hint="THROUGHPUT").kind
+        'openvino'
     """
 
     kind: ClassVar[str] = "openvino"
-    typical_build_s: ClassVar[float | None] = 2.0  # conversion 1 to 2 s measured on the 2-core EPYC
+    typical_build_s: ClassVar[float | None] = 2.0  # docs/measurements.md
     extra: ClassVar[str | None] = "openvino"
     libraries: ClassVar[tuple[str, ...]] = ("openvino",)
     device: str | None = None
@@ -218,9 +228,9 @@ class OpenVINO(Backend):
                 f"OpenVINO(precision={self.precision!r}) would change results; use "
                 f"OpenVINOBf16(precision={self.precision!r}) for a reduced-precision candidate"
             )
-        if self.performance_hint not in ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT"):
+        if self.performance_hint not in _HINTS:
             raise InvalidInputError(
-                f"performance_hint must be LATENCY, THROUGHPUT or CUMULATIVE_THROUGHPUT, "
+                f"performance_hint must be one of {', '.join(_HINTS)}, "
                 f"not {self.performance_hint!r}"
             )
 
@@ -464,18 +474,34 @@ def _served_by(
 
 
 @dataclasses.dataclass(frozen=True)
-class OpenVINOBf16(OpenVINO):
+class OpenVINOBf16(OpenVINO, ChangesResults):
     """OpenVINO computing in bf16 (or f16 with ``precision="f16"``).
 
     Much faster on CPUs with bf16 units, but results change by about 1e-2, so it is never
-    chosen by default. It is checked with its own looser tolerances ``atol`` and ``rtol``.
+    chosen by default. It is checked with its own looser tolerances ``atol`` and ``rtol``
+    (keyword-only, from :class:`~tunetree.backends.base.ChangesResults`).
+
+    Args:
+        device: As for :class:`OpenVINO`.
+        precision: ``"bf16"`` or ``"f16"``.
+        performance_hint: As for :class:`OpenVINO`.
+        num_streams: As for :class:`OpenVINO`.
+        num_threads: As for :class:`OpenVINO`.
+        atol: Absolute tolerance against eager.
+        rtol: Relative tolerance against eager.
+
+    Raises:
+        InvalidInputError: A precision other than bf16 or f16.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.OpenVINOBf16(precision="f16", atol=0.1).tolerances().by_dtype
+        ... # doctest: +ELLIPSIS
+        {...}
     """
 
     kind: ClassVar[str] = "openvino-bf16"
-    preserves_results: ClassVar[bool] = False
     precision: str = "bf16"
-    atol: float = 5e-2
-    rtol: float = 5e-2
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -483,10 +509,6 @@ class OpenVINOBf16(OpenVINO):
             raise InvalidInputError(
                 f"OpenVINOBf16 precision must be 'bf16' or 'f16', not {self.precision!r}"
             )
-
-    def tolerances(self) -> Tolerances:
-        """Uniform tolerances from this backend's ``atol`` and ``rtol``."""
-        return Tolerances.uniform(self.atol, self.rtol)
 
     def unavailable_reason(self, device: torch.device) -> str | None:
         """OpenVINO's reasons, plus a CPU without bf16 units when ``precision`` is bf16."""

@@ -88,7 +88,13 @@ def load_plugins() -> list[type[Backend]]:
 def registered_backends() -> tuple[type[Backend], ...]:
     """Every backend class reachable by kind, one per kind.
 
-    The built-ins first, then the plugins' and any other defined in this process.
+    Returns:
+        The built-ins first, then the plugins' and any other defined in this process.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.Eager in tt.backends.registered_backends()
+        True
     """
     load_plugins()
     return tuple(_by_kind().values())
@@ -97,8 +103,22 @@ def registered_backends() -> tuple[type[Backend], ...]:
 def backend_type(kind: str) -> type[Backend]:
     """The backend class whose ``kind`` is ``kind``.
 
-    Plugins are loaded when no class that is already defined has it. BackendUnavailableError
-    names the known kinds otherwise.
+    Plugins (``tunetree.backends`` entry points) are loaded when no class already defined has
+    it.
+
+    Args:
+        kind: A backend kind, e.g. ``"openvino"``.
+
+    Returns:
+        The class.
+
+    Raises:
+        BackendUnavailableError: No class has that kind; the message names the known kinds.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.backend_type("openvino") is tt.backends.OpenVINO
+        True
     """
     found = _by_kind().get(kind)
     if found is None:

@@ -189,8 +189,8 @@ def build(node: list[Any], learn: Callable[[], pytree.TreeSpec]) -> pytree.TreeS
 
     The saved structure must match it node for node, plain containers included, else
     :class:`BackendError`: a record saying "a plain tuple" where the module returns a
-    ``ModelOutput`` holding a cache was accepted before (issue 29) and ``generate`` then
-    failed inside transformers on the loaded model.
+    ``ModelOutput`` holding a cache would make ``generate`` fail inside transformers on the
+    loaded model.
     """
     learnt = learn()
     if not _matches(node, describe(learnt)):

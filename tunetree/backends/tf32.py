@@ -62,7 +62,17 @@ class Tf32Runner(Runner):
 
 @dataclasses.dataclass(frozen=True)
 class Tf32(ChangesResults):
-    """fp32 matmuls and convolutions in TF32 on CUDA (changes results; opt-in)."""
+    """fp32 matmuls and convolutions in TF32 on CUDA (changes results; opt-in).
+
+    Args:
+        atol: Absolute tolerance against eager.
+        rtol: Relative tolerance against eager.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.Tf32().preserves_results
+        False
+    """
 
     kind: ClassVar[str] = "tf32"
     typical_build_s: ClassVar[float | None] = 0.1  # wraps the forward; nothing is compiled

@@ -100,12 +100,24 @@ class TorchAORunner(Runner):
 
 @dataclasses.dataclass(frozen=True)
 class TorchAO(ChangesResults):
-    """torchao quantisation of the module's linear layers (on a copy).
+    """torchao quantisation of the module's linear layers (on a copy; changes results).
 
-    ``scheme`` is one of :data:`SCHEMES`; ``compile=True`` also ``torch.compile``-s the
-    quantised forward (torchao's fast kernels often need it). Changes results: checked
-    against eager with ``Tolerances.uniform(atol, rtol)`` and only tried when asked for.
     Loading a saved runner quantises the module again (deterministic for these schemes).
+
+    Args:
+        scheme: One of :data:`SCHEMES`.
+        compile: Also ``torch.compile`` the quantised forward (torchao's fast kernels often
+            need it).
+        atol: Absolute tolerance against eager (keyword-only).
+        rtol: Relative tolerance against eager (keyword-only).
+
+    Raises:
+        InvalidInputError: An unknown scheme.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.backends.TorchAO("int8-dynamic").extra
+        'ao'
     """
 
     kind: ClassVar[str] = "torchao"

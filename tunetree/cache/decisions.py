@@ -64,8 +64,9 @@ from .sealing import seal, secret_from_env, unseal
 
 log = logging.getLogger(__name__)
 
-DECISION_SCHEMA = 1
-"""Version of the decision record and of its key composition."""
+DECISION_SCHEMA = 2
+"""Version of the decision record and of its key composition (2: strategies and backends
+named as :data:`tunetree.cache.keys.SCHEMA` 2 names them; a record of 1 is a miss)."""
 MAGIC = b"tunetree-depth-decision 1"
 """First line of a decision's envelope (an entry's is another: neither passes for the other)."""
 DIRECTORY = "decisions"

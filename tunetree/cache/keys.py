@@ -35,13 +35,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.names import stable_name
 from ..backends.base import Backend
 from ..candidates.evaluate import GraphSession
 from ..checkpoint.environment import environment_record, flatten_record
 from ..runtime.artifacts import BackendRecord
 
-SCHEMA = 1
-"""Version of the entry format and of the key composition; part of every key and manifest."""
+SCHEMA = 2
+"""Version of the entry format and of the key composition; part of every key and manifest.
+
+2: tunetree's classes are keyed as ``tunetree.<qualname>`` (1 named the module they lived in),
+so no key names a file of tunetree. Entries of schema 1 are never found under a schema-2 key,
+and one met anyway is refused by its manifest's schema: a miss, tuned again."""
 
 
 def digest(value: Any) -> str:
@@ -56,44 +61,14 @@ def canonical_json(value: Any) -> str:
 
 # --------------------------------------------------------------------------- stable values
 
-KEY_MODULE_NAMES = {
-    "tunetree._util.args": "tunetree._args",
-    "tunetree._util.fs": "tunetree._fs",
-    "tunetree._util.json_io": "tunetree._json",
-    "tunetree._util.plot": "tunetree._plot",
-    "tunetree._util.records": "tunetree._records",
-    "tunetree._util.table": "tunetree._table",
-    "tunetree._util.progress": "tunetree.progress",
-    "tunetree.signature.graph": "tunetree.graph",
-    "tunetree.signature.binding": "tunetree.binding",
-    "tunetree.signature.shapes": "tunetree.shapes",
-    "tunetree.signature.modules": "tunetree.modules",
-    "tunetree.signature.state": "tunetree.state",
-    "tunetree.signature.compare": "tunetree.compare",
-    "tunetree.signature.probes": "tunetree.probes",
-    "tunetree.signature.inspection": "tunetree.inspection",
-    "tunetree.runtime.plan": "tunetree.plan",
-    "tunetree.runtime.wrap": "tunetree.wrap",
-    "tunetree.runtime.artifacts": "tunetree.artifacts",
-    "tunetree.candidates.budget": "tunetree.budget",
-    "tunetree.candidates.measure": "tunetree.measure",
-    "tunetree.candidates.evaluate": "tunetree.evaluate",
-    "tunetree.candidates.strategy": "tunetree.strategy",
-    "tunetree.candidates.results": "tunetree.results",
-    "tunetree.search.tune": "tunetree.tune",
-    "tunetree.search.endtoend": "tunetree.endtoend",
-    "tunetree.search.auto": "tunetree.auto",
-    "tunetree.search.auto_result": "tunetree.auto",
-    "tunetree.search.accuracy_check": "tunetree.accuracy.fit",
-}
-"""tunetree's modules as keys name them: by where they lived before the core moved into rooms
-(issue 27), so a move changes no key of unchanged code. A module added later keys by its name."""
-
 
 def qualified_name(obj: Any) -> str:
-    """``module.qualname`` of a class or function, with tunetree's modules as keys name them."""
-    module = getattr(obj, "__module__", None) or ""
-    return f"{KEY_MODULE_NAMES.get(module, module)}.{obj.__qualname__}"
+    """``module.qualname`` of a class or function; any module of tunetree reads ``tunetree``.
+
+    So a key names no file inside tunetree, and moving code changes no key
+    (:func:`tunetree._util.names.stable_name`).
+    """
+    return stable_name(obj)
 
 
 def stable(value: Any, depth: int = 0) -> Any:

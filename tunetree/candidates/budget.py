@@ -64,7 +64,7 @@ def stopped_after(seconds: float) -> Iterator[None]:
     raised at this thread's next Python instruction, so a block inside a long C call (a
     compiler subprocess) stops when that call returns. Raised inside a finalizer or a weakref
     callback, the exception is printed and ignored by Python ("Exception ignored in"), and the
-    block went on (a ResNet's Inductor build ran 339 s against a 150 s budget): so it is set
+    block goes on, far past its budget: so it is set
     again every :data:`REFIRE_S` until the block ends. An exception set as the block ended is
     withdrawn before it can be raised outside it. The watcher is joined when the block ends,
     and after a stop the compiles Inductor had queued are cancelled
@@ -286,7 +286,21 @@ class PhaseTime:
 
 @dataclass(frozen=True)
 class TimeBreakdown:
-    """Where a tune's wall time went, phase by phase; the phases and ``other`` add up to it."""
+    """Where a tune's wall time went, phase by phase; the phases and ``other`` add up to it.
+
+    ``result.breakdown`` of :func:`tunetree.tune` and :func:`tunetree.auto_tune`;
+    ``print()`` it for a table.
+
+    Attributes:
+        wall_s: The tune's wall time.
+        phases: One :class:`PhaseTime` per phase (inspection, builds and checks per backend,
+            measurement, cache, end to end ...).
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.TimeBreakdown(wall_s=2.0).wall_s
+        2.0
+    """
 
     wall_s: float
     phases: tuple[PhaseTime, ...] = ()

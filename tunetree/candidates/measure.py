@@ -28,19 +28,31 @@ from .budget import Deadline
 class MeasureConfig:
     """How long and how often to measure.
 
-    ``warmup_s``: untimed calls per candidate before timing (at least ``min_warmup_calls``).
-    ``block_s``: target duration of one timed block of calls.
-    ``trials``: timed blocks per candidate (fewer when ``max_s_per_candidate`` would be
-    exceeded, but never fewer than ``min_trials``).
-    ``rematch``: when candidates' spreads overlap the fastest one's, time those finalists
-    again, alone together, with twice the trials (see :meth:`longer`): a close race is
-    decided on more evidence, not on one noisy round.
-    ``stop_when_clear``: stop the trials once every candidate has ``clear_after`` of them and
-    the fastest one's spread lies below every other's (the decision cannot change any more).
-    ``screen``: before measuring three or more candidates in full, a short screening
-    measurement (:meth:`screening`) drops those that cannot be within ``screen_margin`` of the
-    leader: their fastest quarter of blocks is slower than the leader's slowest quarter plus
-    the margin.
+    ``MeasureConfig.quick()``, ``first_look()``, ``screening()`` and ``confirming()`` are the
+    presets tuning uses; pass one as ``measure_config=``.
+
+    Args:
+        warmup_s: Untimed calls per candidate before timing, in seconds.
+        min_warmup_calls: At least this many untimed calls.
+        block_s: Target duration of one timed block of calls.
+        trials: Timed blocks per candidate (fewer when ``max_s_per_candidate`` would be
+            exceeded, never fewer than ``min_trials``).
+        min_trials: The fewest blocks a decision rests on.
+        max_s_per_candidate: The most time one candidate's trials may take.
+        rematch: When candidates' spreads overlap the fastest one's, time those finalists
+            again, alone together, with twice the trials (see :meth:`longer`).
+        stop_when_clear: Stop the trials once every candidate has ``clear_after`` of them and
+            the fastest one's spread lies below every other's.
+        clear_after: See ``stop_when_clear``.
+        screen: Before measuring three or more candidates in full, a short screening
+            measurement (:meth:`screening`) drops those whose fastest quarter of blocks is
+            slower than the leader's slowest quarter plus ``screen_margin``.
+        screen_margin: See ``screen``.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.MeasureConfig(rematch=False).trials
+        11
     """
 
     warmup_s: float = 0.2

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -17,8 +18,9 @@ from typing import ClassVar
 import torch
 
 from .._util.table import format_table
-from ..backends import Backend, default_backends, original_forward, reduced_precision_backends
+from ..backends import Backend, default_backends, reduced_precision_backends
 from ..errors import InvalidInputError
+from ..signature.binding import original_forward
 from ..signature.graph import Graph, Sample, flatten, unflatten
 from .evaluate import CandidateRow, GraphSession, Status
 
@@ -34,7 +36,25 @@ class StrategyOutcome:
 
 
 class Strategy:
-    """Base class: holds candidate backends in the order they are tried."""
+    """Base class of strategies: candidate backends in the order they are tried, and a choice.
+
+    Subclass it and implement :meth:`select` for a custom choice. Every graph gets its own copy
+    (:meth:`copy`), so no state is shared between graphs or tunes.
+
+    Args:
+        backends: The candidates, in order.
+
+    Raises:
+        InvalidInputError: No backend, or an object that is not a backend.
+
+    Example:
+        >>> import tunetree as tt
+        >>> class Second(tt.Strategy):
+        ...     def select(self, measured):
+        ...         return measured[min(1, len(measured) - 1)]
+        >>> Second([tt.backends.Eager()]).describe()
+        'Second'
+    """
 
     fastest_wins: ClassVar[bool] = False
     """True when :meth:`select` picks the fastest candidate: candidates that cannot be within
@@ -111,7 +131,17 @@ class Strategy:
 class FirstWinsStrategy(Strategy):
     """The first candidate, in the given order, that builds and matches eager wins.
 
-    Later candidates are not built (cheapest tuning).
+    Later candidates are not built (the cheapest tuning).
+
+    Args:
+        backends: The candidates, most preferred first.
+
+    Raises:
+        InvalidInputError: No backend, or an object that is not a backend.
+
+    Example:
+        >>> import tunetree as tt
+        >>> strategy = tt.FirstWinsStrategy([tt.backends.OpenVINO(), tt.backends.Eager()])
     """
 
     def run(self, session: GraphSession) -> StrategyOutcome:
@@ -131,7 +161,19 @@ class FirstWinsStrategy(Strategy):
 
 
 class OneBackendStrategy(FirstWinsStrategy):
-    """Use exactly one backend; the module keeps its forward if that backend fails."""
+    """Use exactly one backend; the module keeps its forward if that backend fails.
+
+    Args:
+        backend: The one candidate.
+
+    Raises:
+        InvalidInputError: ``backend`` is not a backend.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.OneBackendStrategy(tt.backends.Eager()).describe()
+        'OneBackendStrategy'
+    """
 
     def __init__(self, backend: Backend) -> None:
         super().__init__([backend])
@@ -162,9 +204,17 @@ class _TwinsNarrowed(Strategy):
 class MinLatencyStrategy(_TwinsNarrowed):
     """Measure every candidate; the lowest median latency wins.
 
-    Modules with the same structure and graph as one already tuned (the layers of a stack)
-    race only that one's winner against eager (see :meth:`Strategy.for_twin`); pass
-    ``share_twins=False`` to tune each in full.
+    Args:
+        backends: The candidates.
+        share_twins: False tunes every twin (a module with the structure and graph of one
+            already tuned) in full instead of racing that one's winner against eager.
+
+    Raises:
+        InvalidInputError: No backend, or an object that is not a backend.
+
+    Example:
+        >>> import tunetree as tt
+        >>> strategy = tt.MinLatencyStrategy([tt.backends.OnnxRuntime(), tt.backends.Eager()])
     """
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
@@ -175,14 +225,24 @@ class MinLatencyStrategy(_TwinsNarrowed):
 class HighestThroughputStrategy(_TwinsNarrowed):
     """Measure every candidate; the highest throughput (samples per second) wins.
 
-    With ``search_max_batch_size=True`` each usable candidate is also rebuilt at doubled
-    batch sizes (along axis 0) until throughput grows by less than 5 % or memory runs
-    out; the largest useful batch is reported per row and throughput is compared there.
-    The tuned plan still serves the graph that was recorded. Off by default.
-
     Modules with the same structure and graph as one already tuned (the layers of a stack)
-    race only that one's winner against eager (see :meth:`Strategy.for_twin`); pass
-    ``share_twins=False`` to tune each in full.
+    race only that one's winner against eager (see :meth:`Strategy.for_twin`).
+
+    Args:
+        backends: The candidates.
+        search_max_batch_size: Also rebuild each usable candidate at doubled batch sizes (along
+            axis 0) until throughput grows by less than 5 % or memory runs out; the largest
+            useful batch is reported per row and throughput is compared there. The tuned plan
+            still serves the graph that was recorded.
+        max_batch_size: The largest batch that search tries.
+        share_twins: False tunes every twin in full.
+
+    Raises:
+        InvalidInputError: No backend, or an object that is not a backend.
+
+    Example:
+        >>> import tunetree as tt
+        >>> strategy = tt.HighestThroughputStrategy([tt.backends.Inductor(), tt.backends.Eager()])
     """
 
     def __init__(
@@ -251,37 +311,84 @@ class HighestThroughputStrategy(_TwinsNarrowed):
         return f"HighestThroughputStrategy{extra}"
 
 
-class LatencyBudgetStrategy(Strategy):
-    """The first candidate, in the given order, whose median latency is within ``budget_ms``.
+class LatencyTargetStrategy(Strategy):
+    """The first candidate, in the given order, whose median latency is within a target.
 
-    When none is, the fastest one.
+    When none is, the fastest one. Use it when "fast enough" matters more than "fastest": the
+    order of ``backends`` is the order of preference. (The time a tune may take is
+    ``auto_tune``'s ``time_budget``; the error it may add is an ``AccuracyBudget``.)
+
+    Args:
+        target_ms: The latency per call, in milliseconds, a candidate must reach.
+        backends: The candidates, most preferred first.
+
+    Raises:
+        InvalidInputError: ``target_ms`` is not positive.
+
+    Example:
+        >>> import tunetree as tt
+        >>> strategy = tt.LatencyTargetStrategy(5.0, [tt.backends.Eager()])
+        >>> strategy.describe()
+        'LatencyTargetStrategy(5 ms)'
     """
 
-    def __init__(self, budget_ms: float, backends: Sequence[Backend]) -> None:
-        if budget_ms <= 0:
-            raise InvalidInputError("budget_ms must be positive")
+    def __init__(self, target_ms: float, backends: Sequence[Backend]) -> None:
+        if target_ms <= 0:
+            raise InvalidInputError("target_ms must be positive")
         super().__init__(backends)
-        self.budget_ms = budget_ms
+        self.target_ms = target_ms
 
     def select(self, measured: list[CandidateRow]) -> CandidateRow:
-        """The first measured candidate within ``budget_ms``, else the fastest one."""
+        """The first measured candidate within ``target_ms``, else the fastest one."""
         for row in measured:
-            if row.latency_s is not None and row.latency_s * 1e3 <= self.budget_ms:
+            if row.latency_s is not None and row.latency_s * 1e3 <= self.target_ms:
                 return row
         fastest = min(measured, key=lambda r: r.latency_s or float("inf"))
-        log.info("no candidate within %.3g ms; using the fastest, %s", self.budget_ms, fastest)
+        log.info("no candidate within %.3g ms; using the fastest, %s", self.target_ms, fastest)
         return fastest
 
     def describe(self) -> str:
-        """The strategy's name as reports show it, with its budget."""
-        return f"LatencyBudgetStrategy({self.budget_ms:g} ms)"
+        """The strategy's name as reports show it, with its target."""
+        return f"LatencyTargetStrategy({self.target_ms:g} ms)"
+
+
+class LatencyBudgetStrategy(LatencyTargetStrategy):
+    """Deprecated name of :class:`LatencyTargetStrategy` (``budget_ms`` is ``target_ms``).
+
+    Kept for one release; constructing it warns.
+    """
+
+    def __init__(self, budget_ms: float, backends: Sequence[Backend]) -> None:
+        warnings.warn(
+            "LatencyBudgetStrategy(budget_ms, backends) is renamed "
+            "tunetree.LatencyTargetStrategy(target_ms, backends)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        super().__init__(budget_ms, backends)
+
+    @property
+    def budget_ms(self) -> float:
+        """The old name of :attr:`target_ms`."""
+        return self.target_ms
 
 
 def default_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrategy:
     """Highest throughput over every registered backend that runs on ``device``.
 
-    Only backends that keep the model's results are considered. Backends that cannot run here are
-    left out with one log line naming what to install.
+    Only backends that keep the model's results are considered. Backends that cannot run here
+    are left out with one log line naming what to install.
+
+    Args:
+        device: The device the model runs on.
+
+    Returns:
+        A :class:`HighestThroughputStrategy`; ``print()`` it to see its backends.
+
+    Example:
+        >>> import tunetree as tt
+        >>> all(b.preserves_results for b in tt.default_strategy("cpu").backends)
+        True
     """
     dev = torch.device(device)
     chosen = []
@@ -304,9 +411,19 @@ def accuracy_strategy(
     """:func:`default_strategy` plus the results-changing candidates an accuracy budget allows.
 
     What ``auto_tune(accuracy=...)`` tries when no strategy is given: every default backend and
-    :func:`tunetree.backends.reduced_precision_backends` that run on ``device`` (with
-    ``quick``, only those that build quickly). Each candidate is admitted by its measured error
-    (see :class:`tunetree.AccuracyBudget`).
+    :func:`tunetree.backends.reduced_precision_backends` that run on ``device``. Each candidate
+    is admitted by its measured error (see :class:`tunetree.AccuracyBudget`).
+
+    Args:
+        device: The device the model runs on.
+        quick: Only the backends that build quickly.
+
+    Returns:
+        A :class:`HighestThroughputStrategy`.
+
+    Example:
+        >>> import tunetree as tt
+        >>> strategy = tt.accuracy_strategy("cpu")
     """
     dev = torch.device(device)
     base = quick_strategy(dev) if quick else default_strategy(dev)
@@ -327,6 +444,17 @@ def quick_strategy(device: torch.device | str = "cpu") -> HighestThroughputStrat
 
     What ``auto_tune(quick=True)`` tries: on a CPU OpenVINO, ONNX Runtime and eager, without
     Inductor's compiles; on CUDA graph capture, ONNX Runtime and eager.
+
+    Args:
+        device: The device the model runs on.
+
+    Returns:
+        A :class:`HighestThroughputStrategy`.
+
+    Example:
+        >>> import tunetree as tt
+        >>> "inductor" in [b.kind for b in tt.quick_strategy("cpu").backends]
+        False
     """
     quick = [b for b in default_strategy(device).backends if b.quick_build]
     return HighestThroughputStrategy(quick)

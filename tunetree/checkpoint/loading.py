@@ -62,17 +62,41 @@ def load(
 ) -> Any:
     """Rebuild a tuned model from a checkpoint, without tuning.
 
-    ``model`` is a freshly built, untuned model of the same architecture. Its weights are
-    replaced by the saved ones, each saved runner is rebuilt from its artifacts, and the
-    model to call is returned (a shallow copy when the whole model was tuned, as after
-    :func:`tunetree.tune`). Raises :class:`IncompatibleCheckpointError` for another format
-    version or environment (``ignore`` waives named record entries, e.g. ``("host",)``),
-    and :class:`CheckpointError` for a damaged or hostile file. Nothing is unpickled.
+    Its weights replace the model's, each saved runner is rebuilt from its artifacts and
+    checked against eager on the model's own weights before it serves, and the model to call
+    is returned (a shallow copy when the whole model was tuned). Nothing is unpickled. Saved
+    backend configurations are checked against allow-lists that cannot name programs, paths
+    or code.
 
-    Saved backend configurations are checked against allow-lists that cannot name programs,
-    paths or code (:class:`UntrustedConfigError` otherwise). ``trust_config=True`` skips
-    that check: pass it only for a file you wrote yourself, since such a configuration can
-    make compiling run any program it names.
+    Args:
+        model: A freshly built, untuned model of the same architecture.
+        path: The checkpoint :func:`save` wrote.
+        ignore: Environment record entries whose differences are waived, e.g. ``("host",)``
+            for containers whose host name changes.
+        device: Where to load (default: the recorded device type).
+        trust_config: Skip the configuration allow-lists: only for a file you wrote yourself,
+            since such a configuration can make compiling run any program it names.
+
+    Returns:
+        The tuned model to call.
+
+    Raises:
+        IncompatibleCheckpointError: Another format version or environment (every difference
+            listed).
+        CheckpointError: A damaged or hostile file, or a runner that fails its check.
+        UntrustedConfigError: A saved configuration outside the allow-lists.
+        InvalidInputError: ``model`` already carries a tune.
+
+    Example:
+        >>> import tempfile, torch, tunetree as tt
+        >>> x, model = torch.randn(2, 8), torch.nn.Linear(8, 8).train(False)
+        >>> result = tt.tune(model, [x], strategy=tt.OneBackendStrategy(
+        ...     tt.backends.Eager()), cache=False, verbose=False,
+        ...     measure_config=tt.MeasureConfig.quick())
+        >>> path = tt.save(result, tempfile.mkdtemp() + "/linear.tt")
+        >>> fast = tt.load(torch.nn.Linear(8, 8).train(False), path)
+        >>> torch.equal(fast(x), result.model(x))
+        True
     """
     path = Path(os.fspath(path))
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)

@@ -1,74 +1,110 @@
 """The environment record's schema, checked before any entry of a record read from a file is used.
 
 Every entry must be present with its type, lists and strings bounded, backend kinds of the closed
-form :data:`~tunetree.runtime.artifacts.KIND`.
+form :data:`~tunetree.runtime.artifacts.KIND`. Read with the same typed field reader as the
+manifests (:class:`~tunetree._util.records.Fields`), so a problem names its dotted field.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .._util.records import Fields
 from ..runtime.artifacts import KIND
 
 MAX_TEXT = 4096
 """Longest string entry accepted in a record."""
 MAX_ITEMS = 4096
 """Longest list, or object of versions or accelerators, accepted in a record."""
+MAX_COUNT = 1 << 20
+"""Largest count (cores, devices) accepted in a record."""
+_ACCELERATOR_TEXTS = ("driver", "runtime", "cudnn")
+_ACCELERATOR_LISTS = ("names", "capabilities")
 
 
-def _text(value: Any) -> bool:
-    return isinstance(value, str) and len(value) <= MAX_TEXT
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 20
-
-
-def _texts(value: Any) -> bool:
-    return isinstance(value, list) and len(value) <= MAX_ITEMS and all(map(_text, value))
-
-
-def _object(value: Any, entries: dict[str, Any]) -> str | None:
-    """The first problem of an object whose ``entries`` map names to checks."""
-    if not isinstance(value, dict):
-        return "is not an object"
-    for name, check in entries.items():
-        if name not in value:
-            return f"{name!r} is missing"
-        if not check(value[name]):
-            return f"{name!r} has the wrong type or size"
-    return None
-
-
-def _accelerator(value: Any) -> bool:
-    optional = {"names": _texts, "capabilities": _texts, "driver": _text, "runtime": _text}
-    optional["cudnn"] = _text
-    return (
-        isinstance(value, dict)
-        and _count(value.get("count"))
-        and all(check(value[k]) for k, check in optional.items() if k in value)
-    )
+class _Malformed(Exception):
+    """A field of the record that does not fit the schema."""
 
 
 def record_problem(record: Any) -> str | None:
-    """What is wrong with a parsed environment record, or None when it fits the schema."""
-    top = {
-        "host": _text,
-        "os": lambda v: _object(v, {"system": _text, "release": _text, "machine": _text}) is None,
-        "cpu": lambda v: (
-            _object(v, {"model": _text, "flags": _texts, "logical_cores": _count}) is None
-        ),
-        "accelerators": lambda v: (
-            isinstance(v, dict)
-            and len(v) <= MAX_ITEMS
-            and all(_text(k) and _accelerator(a) for k, a in v.items())
-        ),
-        "backends": lambda v: _texts(v) and all(KIND.fullmatch(k) for k in v),
-        "versions": lambda v: (
-            isinstance(v, dict)
-            and len(v) <= MAX_ITEMS
-            and all(_text(k) and _text(x) for k, x in v.items())
-        ),
-    }
-    problem = _object(record, top)
-    return f"the record {problem}" if problem else None
+    """What is wrong with a parsed environment record, or None when it fits the schema.
+
+    Args:
+        record: The JSON value read from a file.
+
+    Returns:
+        The first problem, naming its field (e.g. ``field 'cpu.flags' is missing``), or None.
+    """
+    try:
+        _check(Fields(record, "", _Malformed))
+    except _Malformed as exc:
+        return str(exc)
+    return None
+
+
+def _check(record: Fields) -> None:
+    _text(record, "host")
+    system = record.child("os")
+    for name in ("system", "release", "machine"):
+        _text(system, name)
+    cpu = record.child("cpu")
+    _text(cpu, "model")
+    _texts(cpu, "flags")
+    _count(cpu, "logical_cores")
+    accelerators = _bounded_object(record, "accelerators")
+    for name in accelerators.data:
+        _key(accelerators, name)
+        _accelerator(accelerators.child(name))
+    for kind in _texts(record, "backends"):
+        if not KIND.fullmatch(kind):
+            raise record.fail("backends", f"holds {kind[:40]!r}, not a backend kind")
+    versions = _bounded_object(record, "versions")
+    for name in versions.data:
+        _key(versions, name)
+        _text(versions, name)
+
+
+def _accelerator(device: Fields) -> None:
+    _count(device, "count")
+    for name in _ACCELERATOR_TEXTS:
+        if name in device.data:
+            _text(device, name)
+    for name in _ACCELERATOR_LISTS:
+        if name in device.data:
+            _texts(device, name)
+
+
+def _text(fields: Fields, name: str) -> str:
+    value: str = fields.get(name, str)
+    if len(value) > MAX_TEXT:
+        raise fields.fail(name, f"is longer than {MAX_TEXT} characters")
+    return value
+
+
+def _key(fields: Fields, name: str) -> None:
+    if len(name) > MAX_TEXT:
+        raise fields.fail(name[:40], f"is named by more than {MAX_TEXT} characters")
+
+
+def _count(fields: Fields, name: str) -> int:
+    value: int = fields.get(name, int)
+    if not 0 <= value <= MAX_COUNT:
+        raise fields.fail(name, f"is {value}, not a count in 0..{MAX_COUNT}")
+    return value
+
+
+def _texts(fields: Fields, name: str) -> list[str]:
+    value: list[Any] = fields.get(name, list)
+    if len(value) > MAX_ITEMS:
+        raise fields.fail(name, f"holds more than {MAX_ITEMS} items")
+    for item in value:
+        if not isinstance(item, str) or len(item) > MAX_TEXT:
+            raise fields.fail(name, f"holds a {type(item).__name__}, not a string of a known size")
+    return value
+
+
+def _bounded_object(fields: Fields, name: str) -> Fields:
+    child = fields.child(name)
+    if len(child.data) > MAX_ITEMS:
+        raise fields.fail(name, f"holds more than {MAX_ITEMS} entries")
+    return child

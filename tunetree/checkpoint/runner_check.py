@@ -1,6 +1,6 @@
 """A loaded runner is checked against eager, on the model's own weights, before it serves.
 
-A checkpoint's artifacts are hostile until checked (issue 29): the weights inside an
+A checkpoint's artifacts are hostile until checked: the weights inside an
 OpenVINO IR or an ONNX model can be scaled, or changed only in directions the tuning samples
 never spanned, and the manifest resealed; a record can claim a precision its content does not
 have. ``tt.load`` has the model, so every runner it rebuilds is run beside eager on calls

@@ -9,8 +9,8 @@ and then puts it in place:
   missing, the old target is renamed aside (``<name>.old-<host>-<pid>-<hex>``), the new one
   renamed in, and the old one deleted.
 
-A save killed between those two renames left no checkpoint at its path (issue 29), and every
-killed save left its staging files. :func:`recover` puts such an ``.old`` copy back when the
+A save killed between those two renames leaves no checkpoint at its path, and every killed
+save leaves its staging files. :func:`recover` puts such an ``.old`` copy back when the
 target is missing, and removes the staging and ``.old`` leftovers of writers that are gone
 (a process of this host that no longer runs, or anything older than an hour); ``save`` and
 ``load`` run it first.

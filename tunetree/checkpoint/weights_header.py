@@ -1,9 +1,9 @@
 """The weights member's safetensors header, checked without loading a tensor.
 
 ``tunetree info`` has no model and loads no weights, yet must refuse what ``tt.load`` refuses
-for the file (issue 29: info checked only their SHA-256, so a header length past the end of
-the member, a negative or lying shape, or a pickle stored as weights read "compatible"). Both
-read the header here: its length within the member, JSON of bounded size and depth, every
+for the file (a SHA-256 alone would call a header length past the end of the member, a
+negative or lying shape, or a pickle stored as weights "compatible"). Both read the header
+here: its length within the member, JSON of bounded size and depth, every
 tensor of a known dtype with a shape of sizes, and byte ranges that tile the data exactly
 (what safetensors itself requires), so the fit to the model is all that is left to the load.
 """

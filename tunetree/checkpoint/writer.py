@@ -50,14 +50,37 @@ def save(
 ) -> Path:
     """Save a tuned model (or a tune result) so that :func:`load` can rebuild it without tuning.
 
-    The file holds its weights, its plan, the winning runners' artifacts and the environment record.
-    Only what the plan reaches is written; losing candidates leave no trace.
-
-    ``compress_checkpoint=False`` writes a directory with the same content. The write is
-    atomic: a temporary file (or directory) beside ``path`` is filled, flushed to disk and
+    The file holds its weights, its plan, the winning runners' artifacts and the environment
+    record. Only what the plan reaches is written; losing candidates leave no trace. The write
+    is atomic: a temporary file (or directory) beside ``path`` is filled, flushed to disk and
     put at the target in one step (:func:`.staging.install`), so a save killed halfway leaves
     the previous checkpoint intact; what a killed save left beside it is cleaned up first.
-    Returns the path written.
+
+    Args:
+        model_or_result: ``result.model``, or the result of :func:`tunetree.tune` or
+            :func:`tunetree.auto_tune` itself.
+        path: Where to write (a ``.tt`` file, or a directory without compression).
+        compress_checkpoint: False writes a directory with the same content.
+
+    Returns:
+        The path written.
+
+    Raises:
+        InvalidInputError: The target's directory is missing, the target is a directory that
+            is not a checkpoint, or the model holds modules no ``state_dict`` reaches (in a
+            plain ``dict``/``list`` attribute).
+        BackendError: A winning runner cannot be saved.
+        CheckpointError: The weights cannot be written as safetensors.
+
+    Example:
+        >>> import tempfile, torch, tunetree as tt
+        >>> model = torch.nn.Linear(8, 8).train(False)
+        >>> result = tt.tune(model, [torch.randn(2, 8)], strategy=tt.OneBackendStrategy(
+        ...     tt.backends.Eager()), cache=False, verbose=False,
+        ...     measure_config=tt.MeasureConfig.quick())
+        >>> path = tt.save(result, tempfile.mkdtemp() + "/linear.tt")
+        >>> path.name
+        'linear.tt'
     """
     model, plan, graphs = _model_and_plan(model_or_result)
     _refuse_hidden_modules(model)

@@ -16,9 +16,14 @@ the hard environment, and rows name their hardware class.
 
 from __future__ import annotations
 
-from .hardware import hardware_class
+from .._util.deprecation import Moved, moved_names
 from .job import Job
 from .launch import tune
 from .report import FleetReport, FleetRow
 
-__all__ = ["FleetReport", "FleetRow", "Job", "hardware_class", "tune"]
+__all__ = ["FleetReport", "FleetRow", "Job", "tune"]
+
+_MOVED = {"hardware_class": Moved("tunetree.fleet.hardware")}
+"""Names this package exported before its API was narrowed, and where they live now."""
+
+__getattr__ = moved_names("tunetree.fleet", _MOVED)

@@ -78,14 +78,28 @@ def resolve(ref: str) -> Callable[..., Any]:
 class Job:
     """One model to tune on the fleet.
 
-    ``build()`` returns the model (in eval mode), ``data()`` the dataset ``auto_tune`` takes;
-    ``auto_tune`` holds its other options (``time_budget``, ``max_depth``, ``strategy``...;
-    ``cache`` is the fleet's). ``resources`` places the job: ``{"GPU": 1}``, ``{"CPU": 2}``
-    or a custom resource a kind of node offers (``{"xeon-spr": 1}``). Without ``"CPU"`` the
-    job takes every CPU of the node and tunes with the node's default thread count; with
-    ``{"CPU": n}`` it tunes with ``n`` threads (see the module docstring).
-    ``time_limit``: seconds the job may run on its node before its worker is stopped (None:
-    the default of :meth:`limit_s`; ``math.inf``: no limit).
+    Args:
+        name: The job's name (unique in one :func:`tunetree.fleet.tune`).
+        build: ``"module:function"`` (or a callable) returning the model in eval mode; run on
+            the worker, so the model is built where it is measured.
+        data: ``"module:function"`` (or a callable) returning the dataset ``auto_tune`` takes.
+        auto_tune: ``auto_tune``'s other options (``time_budget``, ``max_depth``,
+            ``strategy``...; ``cache`` is the fleet's).
+        resources: Ray resources that place the job: ``{"GPU": 1}``, ``{"CPU": 2}`` or a
+            custom resource a kind of node offers (``{"xeon-spr": 1}``). Without ``"CPU"`` the
+            job takes every CPU of the node and tunes with the node's default thread count;
+            with ``{"CPU": n}`` it tunes with ``n`` threads (see the module docstring).
+        time_limit: Seconds the job may run on its node before its worker is stopped (None:
+            the default of :meth:`limit_s`; ``math.inf``: no limit).
+
+    Raises:
+        InvalidInputError: No name, an ``auto_tune`` option the fleet sets itself, or a
+            resource amount that is negative or not a number.
+
+    Example:
+        >>> import tunetree as tt
+        >>> job = tt.fleet.Job("bert", build="models:build_bert", data="models:traffic",
+        ...                    auto_tune={"time_budget": 600})
     """
 
     name: str

@@ -48,17 +48,32 @@ def tune(
 ) -> FleetReport:
     """Tune every job on a node that offers its resources, into the shared cache ``remote``.
 
-    ``remote``: ``s3://BUCKET/PREFIX`` (default ``$TUNETREE_CACHE_REMOTE`` here); the nodes
-    need the S3 endpoint and credentials (and ``$TUNETREE_CACHE_KEY`` when entries are
-    signed) in their own environment. ``cache_dir``: each node's local cache (default its
-    ``$TUNETREE_CACHE_DIR`` or ``~/.cache/tunetree``). Returns one row per job, in order; a
-    job that fails, or runs past its time limit (:meth:`Job.limit_s`; its worker is then
-    stopped), is a row with the reason. Each job tunes with the threads hosts of its kind
-    serve with (:class:`Job`); its row says how many.
+    Imports Ray only when called (``pip install 'tunetree[fleet]'``). Each job tunes with the
+    threads hosts of its kind serve with (:class:`Job`); its row says how many.
+
+    Args:
+        jobs: The jobs.
+        remote: ``s3://BUCKET/PREFIX`` (default ``$TUNETREE_CACHE_REMOTE`` here); the nodes need
+            the S3 endpoint and credentials and ``$TUNETREE_CACHE_KEY`` (a remote is read only
+            for entries signed with it) in their own environment.
+        address: A Ray cluster's address (``"auto"``); None starts or joins a local Ray.
+        cache_dir: Each node's local cache (default its ``$TUNETREE_CACHE_DIR`` or
+            ``~/.cache/tunetree``).
+        runtime_env: Ray's runtime environment for the tasks.
+
+    Returns:
+        A :class:`FleetReport`: one row per job, in order; a job that fails, or runs past its
+        time limit (:meth:`Job.limit_s`; its worker is then stopped), is a row with the reason.
 
     Raises:
-        InvalidInputError: not a list of jobs, two jobs of one name, or a malformed remote.
+        InvalidInputError: An object that is not a :class:`Job`, two jobs with one name, or a
+            malformed remote.
         MissingDependencyError: Ray is not installed.
+
+    Example:
+        >>> import tunetree as tt
+        >>> jobs = [tt.fleet.Job("mlp", build="models:mlp", data="models:mlp_data")]
+        >>> # report = tt.fleet.tune(jobs, remote="s3://bucket/tunetree")  # needs Ray and S3
     """
     jobs = list(jobs)
     if not all(isinstance(j, Job) for j in jobs):

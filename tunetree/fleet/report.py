@@ -9,7 +9,23 @@ from .._util.table import escape_controls, format_table
 
 @dataclass
 class FleetRow:
-    """One job on one node: where it ran, what tuning found and cost, or why it failed."""
+    """One job on one node: where it ran, what tuning found and cost, or why it failed.
+
+    Attributes:
+        job: The job's name.
+        status: ``"ok"`` or ``"failed"``.
+        node: The Ray node it ran on.
+        hardware: The node's hardware class (rows are never merged across classes).
+        depth: The depth ``auto_tune`` kept (None: the untuned model).
+        speedup: ``auto_tune``'s side-by-side speed-up.
+        builds: Candidates built (0 when every graph came from the cache).
+        cache_hits: Graphs served by the cache.
+        remote_hits: Graphs served by the remote tier.
+        remote_stored: Entries pushed to the remote tier.
+        tuning_s: ``auto_tune``'s wall time.
+        wall_s: The job's wall time, build and data included.
+        error: Why it failed.
+    """
 
     job: str
     status: str = "ok"
@@ -43,7 +59,17 @@ class FleetRow:
 
 @dataclass
 class FleetReport:
-    """The rows of a :func:`tunetree.fleet.tune`, in job order."""
+    """The rows of a :func:`tunetree.fleet.tune`, in job order; ``print()`` it for a table.
+
+    Attributes:
+        rows: One :class:`FleetRow` per job.
+
+    Example:
+        >>> import tunetree as tt
+        >>> report = tt.fleet.FleetReport([tt.fleet.FleetRow("mlp", hardware="cpu: x")])
+        >>> len(report.rows)
+        1
+    """
 
     rows: list[FleetRow] = field(default_factory=list)
 

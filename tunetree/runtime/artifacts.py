@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.names import stable_name
 from .._util.records import Fields
 from ..backends import backend_type
 from ..backends.base import Backend, Runner
@@ -59,10 +60,11 @@ def allowed_elements(read_bytes: int) -> int:
 
 @dataclass(frozen=True)
 class BackendRecord:
-    """A backend as JSON: its ``kind`` and ``config`` (what rebuilds it), plus class path and name.
+    """A backend as JSON: its ``kind`` and ``config`` (what rebuilds it), plus class and name.
 
-    The class path (the cache keys on it) and display name (checkpoints show it) are kept where
-    known.
+    The class (the cache keys on it, as :func:`~tunetree._util.names.stable_name` names it:
+    ``tunetree.Inductor``, never the module it lives in) and the display name (checkpoints show
+    it) are kept where known.
 
     Reads both shapes the first release wrote: ``{kind, name, config}`` in checkpoints and
     ``{kind, class, config}`` in the cache.
@@ -84,7 +86,7 @@ class BackendRecord:
         config = json.loads(json.dumps(backend.config(), sort_keys=True, allow_nan=True))
         if for_checkpoint:
             return cls(backend.kind, config, name=backend.name)
-        return cls(backend.kind, config, f"{klass.__module__}.{klass.__qualname__}")
+        return cls(backend.kind, config, stable_name(klass))
 
     def to_json(self) -> dict[str, Any]:
         """This record as JSON data; class and name only where known."""

@@ -114,11 +114,17 @@ class SkippedWork:
 
 @dataclass
 class AutoTuneResult:
-    """What :func:`auto_tune` did. ``result.model`` is always the thing to call.
+    """What :func:`auto_tune` did; ``print()`` it for the table of depths.
 
-    When depth 0 wins, ``model`` is a new wrapper sharing the original's parameters and
-    the object given in stays untuned; when a deeper depth wins its modules are wrapped
-    in place; when nothing beats the untuned model, ``model`` is the untuned object.
+    Attributes:
+        model: The thing to call (the untuned model when no depth beat it).
+        depth: The selected depth (None: untuned); ``rows``: one ``DepthRow`` per depth.
+
+    Example:
+        >>> import torch, tunetree as tt; model = torch.nn.Linear(8, 8).eval()
+        >>> tt.auto_tune(model, [torch.randn(2, 8)], quick=True, cache=False, verbose=False,
+        ...     strategy=tt.OneBackendStrategy(tt.backends.Eager())).model is model
+        True
     """
 
     model: Any

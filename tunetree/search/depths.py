@@ -69,7 +69,7 @@ def against_fastest_untuned(measured: list[DepthRow], before: Timing) -> None:
     """Each depth's speed-up against the fastest untuned timing of the run.
 
     A runtime measured beside the untuned model can slow it down (ONNX Runtime's or
-    OpenVINO's threads stay busy after their calls: 20x was seen on a 2-core machine), which
+    OpenVINO's threads stay busy after their calls, many times over on a small CPU), which
     would flatter the plan measured with it and choose a depth that is no faster. The untuned
     model is only ever slowed by such company, so its fastest timing is the honest reference.
     """

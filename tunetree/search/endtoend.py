@@ -3,7 +3,7 @@
 It includes the noise check and the single-runtime alternative to a plan that mixes runtimes.
 
 A depth's ratio is only honest when the tuned and untuned models are timed in the same
-interleaved :func:`tunetree.measure` call (a load change between two separate calls moves
+interleaved ``candidates.measure`` call (a load change between two separate calls moves
 every ratio). Runtimes' thread pools can disturb each other, so a plan whose graphs use
 several runtimes may be slower end to end than its per-graph figures add up to: it is
 measured against the plan that keeps to the runtime which won most graphs.
@@ -43,7 +43,7 @@ def side_by_side(
 
     ``samples``: a subset of them to time on (a ``generate`` call is long: see
     :func:`tunetree.generation.end_to_end_samples`). The trial rounds stop at ``deadline``
-    (see :func:`tunetree.measure`).
+    (see ``candidates.measure``).
     """
     timed = info.samples if samples is None else samples
     calls = {

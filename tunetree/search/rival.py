@@ -2,8 +2,8 @@
 
 Depths are measured one at a time, each beside the untuned model, and compared by their
 speed-ups: two depths' latencies never come from the same measurement, so a load change or a
-runtime's threads between the two runs can rank them wrongly (on a 2-core CPU a depth-2 plan
-was kept at 1.08x the time of OpenVINO serving the whole model at depth 0). When depth 0 ran
+runtime's threads between the two runs can rank them wrongly (docs/measurements.md has a
+case). When depth 0 ran
 each backend on the whole model, the best of them is therefore timed once more side by side
 with the selected plan and the untuned model, through the user's ``call``, and the faster is
 kept (the whole-model backend within the tie tolerance: it is the shallower, simpler plan).
@@ -115,8 +115,8 @@ def decide(
     It must beat the untuned model, and be no slower than the selected plan (if any) by more
     than ``tie_tolerance``. The untuned model's time is the fastest of the run
     (``fastest_untuned_s``, from the earlier measurements, and this one): beside another
-    runtime it runs slower (on the 2-core Intel Xeon, 1.04 s beside ONNX Runtime against
-    898 ms before tuning), which kept a rival that was 0.95x the untuned model.
+    runtime it runs slower, which would keep a rival slower than the untuned model
+    (docs/measurements.md).
     """
     rival = timings[WHOLE_MODEL].median_s
     untuned = timings[UNTUNED].median_s

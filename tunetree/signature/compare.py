@@ -27,7 +27,17 @@ from .graph import dtype_name, flatten
 
 @dataclass(frozen=True)
 class Tolerance:
-    """Allowed difference ``atol + rtol * |reference|`` for one dtype."""
+    """Allowed difference ``atol + rtol * |reference|`` for one dtype.
+
+    Args:
+        atol: Absolute part.
+        rtol: Relative part, times the reference's magnitude.
+
+    Example:
+        >>> import tunetree as tt
+        >>> tt.Tolerance(atol=1e-4, rtol=1e-3)
+        Tolerance(atol=0.0001, rtol=0.001)
+    """
 
     atol: float
     rtol: float
@@ -43,10 +53,19 @@ DEFAULT_TOLERANCES: Mapping[torch.dtype, Tolerance] = {
 
 @dataclass(frozen=True)
 class Tolerances:
-    """Per-dtype tolerances.
+    """Per-dtype tolerances a candidate's outputs are compared with eager's under.
 
+    The defaults are the README's table (float32: ``atol=1e-4``, ``rtol=1e-3``);
     ``Tolerances.uniform(atol, rtol)`` sets one for every float dtype, e.g. for an opt-in
-    reduced-precision candidate whose error the user accepts.
+    reduced-precision candidate whose error the user accepts. Pass as ``tolerances=``.
+
+    Args:
+        by_dtype: A :class:`Tolerance` per floating dtype.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> tt.Tolerances.uniform(1e-2, 1e-2).by_dtype[torch.float32]
+        Tolerance(atol=0.01, rtol=0.01)
     """
 
     by_dtype: Mapping[torch.dtype, Tolerance] = field(

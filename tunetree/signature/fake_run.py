@@ -2,8 +2,8 @@
 
 Loading a checkpoint must learn what the module returns (a ``ModelOutput``, a cache object)
 and may run the module to check a runner, on calls whose sizes come from the file. Run for
-real, a file of a few KB could make that allocate gigabytes (a batch fixed at 2^24 grew a
-load to 3.3 GB, issue 29). Under torch's ``FakeTensorMode`` every tensor carries only its
+real, a file of a few KB could make that allocate gigabytes (a batch fixed at 2^24, say).
+Under torch's ``FakeTensorMode`` every tensor carries only its
 metadata, so the forward runs in Python as usual, its output has the real structure and
 classes, and the bytes each new tensor would take are counted: the largest total alive at
 once is the peak a real run would reach (within what the allocator adds), known before any

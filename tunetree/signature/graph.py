@@ -61,8 +61,23 @@ MAX_DIM_SIZE = 2**31 - 1
 class Dim:
     """A named dynamic axis: every size from ``min`` to ``max`` (inclusive) is served.
 
-    Axes of different inputs that carry the same name always have the same size in one
-    call (the batch axis of ``input_ids`` and ``attention_mask``). ``tt.Dim("batch", 1, 64)``.
+    Axes of different inputs that carry the same name always have the same size in one call
+    (the batch axis of ``input_ids`` and ``attention_mask``).
+
+    Args:
+        name: An identifier; a string elsewhere in ``dynamic_shapes`` reuses it.
+        min: The smallest size served.
+        max: The largest size served.
+
+    Raises:
+        InvalidInputError: The name is not an identifier, or the bounds are not integers with
+            ``1 <= min <= max`` (within a bound on sizes).
+
+    Example:
+        >>> import tunetree as tt
+        >>> batch = tt.Dim("batch", 1, 64)
+        >>> batch.accepts(8), batch.accepts(65)
+        (True, False)
     """
 
     name: str

@@ -50,7 +50,7 @@ FAST_PATH_OPS: dict[str, type[nn.Module]] = {
 
 Without autograd, in eval mode, these modules run one fused kernel instead of their
 submodules; eager is then already close to what a backend makes of the same math (on a
-2-core Xeon the demo encoder was left untuned: no depth beat it). A forward hook on such a
+small CPU no depth of the demo encoder may beat it). A forward hook on such a
 module turns its fast path off, so inspection records none inside it."""
 
 
@@ -96,7 +96,19 @@ class DepthSummary:
 
 @dataclass
 class ModelInfo:
-    """The result of :func:`inspect`: executed modules in execution order, and eager outputs."""
+    """The result of :func:`inspect`: executed modules in execution order, and eager outputs.
+
+    ``print()`` it for the module tree and how many modules each cut depth wraps.
+
+    Attributes:
+        modules: Each executed module's record by path (``""`` is the root).
+        samples: The recorded calls of the root.
+        outputs: Eager's outputs of those calls.
+        total_s: Eager's time for all calls.
+        device: Where the model ran.
+        root_called: False when the object itself is never called through ``__call__`` (a
+            pipeline or a ``generate`` loop): depth 0 is then the outermost modules it calls.
+    """
 
     modules: dict[str, ModuleRecord]
     samples: list[Sample]
@@ -440,23 +452,43 @@ def inspect(
 ) -> ModelInfo:
     """Run ``model`` once per dataset item with forward hooks and record every executed module.
 
-    ``dataset`` items are what the model is called with: a tensor, a tuple/list of
-    positional arguments, or a dict of keyword arguments. ``model`` may also be a plain
-    object whose attributes hold modules, run by ``call(model, *args, **kwargs)``.
-    ``dynamic_shapes``: None makes axes whose size varies across the recorded calls dynamic
-    (one graph serves a range of sizes); False keys every exact shape apart; a
-    torch.export-style nest of :class:`tunetree.Dim` declares the root's dimensions (the
-    root is then also run, unrecorded, at the ranges' ends so every module sees them).
     ``print()`` the result for the module tree and, per depth, how many modules a cut wraps,
-    what depth 0 is for this model and how much of the time no module covers.
+    what depth 0 is for this model and how much of the time no module covers. Recording never
+    changes the model: buffers and the RNG state are put back afterwards, and a module's
+    recorded output is its forward's own, before the user's forward hooks. Copies of calls are
+    rationed (:mod:`tunetree.signature.recording`): a generation step is copied a few times per
+    ``generate``, never once per token; a call not copied still counts, and its sizes still
+    widen its graph's ranges.
 
-    Recording never changes the model: buffers and the RNG state are put back afterwards,
-    and a module's recorded output is its forward's own, before the user's forward hooks.
-    Copies of calls are rationed (:mod:`tunetree.signature.recording`): a generation step is
-    copied a few times per ``generate``, never once per token, and all copies together stay
-    within ``max_record_bytes`` (default: a quarter of the device's free memory); a call not
-    copied still counts, and its sizes still widen its graph's ranges. ``max_depth`` records
-    modules down to that depth only (a tune of shallower cuts needs no deeper one).
+    Args:
+        model: An ``nn.Module``, or a plain object whose attributes hold modules (a pipeline),
+            run by ``call``.
+        dataset: What the model is called with, one item per call: a tensor, a tuple or list of
+            positional arguments, or a dict of keyword arguments.
+        call: ``call(model, *args, **kwargs)`` runs one item (default: ``model(*args, **kwargs)``).
+        device: Where to run (default: the model's).
+        max_samples_per_graph: Calls kept per graph for checking candidates.
+        dynamic_shapes: None makes axes whose size varies across the calls dynamic (one graph
+            serves a range of sizes); False keys every exact shape apart; a torch.export-style
+            nest of :class:`tunetree.Dim` declares the root's dimensions (the root is then also
+            run, unrecorded, at the ranges' ends so every module sees them).
+        max_record_bytes: The most all copies of calls may take (default: a quarter of the
+            device's free memory).
+        max_depth: Record modules down to this depth only (a tune of shallower cuts needs no
+            deeper one).
+
+    Returns:
+        A :class:`ModelInfo`: every executed module with its depth, calls and time share.
+
+    Raises:
+        InvalidInputError: The dataset is empty, or no module ran.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+        >>> info = tt.inspect(model, [torch.randn(2, 8)])
+        >>> sorted(info.modules)
+        ['', '0', '1']
     """
     samples = as_samples(dataset)
     dev = resolve_device(model, device)

@@ -35,7 +35,7 @@ FREE_MEMORY_SHARE = 0.25
 MODEL_SHARE = 0.25
 """The most copies of recorded calls may take, as a share of the model's own bytes: on top of
 the model, eager's working memory, the captures and one candidate's, tuning's peak should stay
-within 1.5x of eager ``generate``'s (issue 28; at 0.5 a 0.6B model's peak was 1.72x)."""
+within 1.5x of eager ``generate``'s (``benchmarks/generate.py --memory-trace`` measures it)."""
 PER_ITEM = 2
 """Copies of one kind of generation step (one pattern) per dataset item."""
 MIN_BUDGET_BYTES = 64 << 20

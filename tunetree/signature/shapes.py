@@ -594,10 +594,24 @@ def rebatch(dataset: Iterable[Any], batch_sizes: Sequence[int]) -> list[Sample]:
     """Every dataset item re-batched to each of ``batch_sizes`` along its batch axis.
 
     The batch axis is axis 0 of every tensor whose leading size is the first tensor's; rows are
-    sliced or repeated.
-
-    For a user with one real input who will serve several batch sizes:
+    sliced or repeated. For a user with one real input who will serve several batch sizes:
     ``tt.auto_tune(model, tt.rebatch([x], [1, 8, 32]))``.
+
+    Args:
+        dataset: Items as :func:`tunetree.inspect` takes them.
+        batch_sizes: The batch sizes to make of each item.
+
+    Returns:
+        One sample per item and batch size, in that order.
+
+    Raises:
+        InvalidInputError: ``batch_sizes`` is empty or not positive, or an item has no tensor
+            with a batch axis.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> [s.args[0].shape[0] for s in tt.rebatch([torch.randn(2, 4)], [1, 8])]
+        [1, 8]
     """
     if not batch_sizes or any(not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise InvalidInputError("batch_sizes must be a non-empty list of positive integers")

@@ -2,7 +2,7 @@
 
 A checkpoint holds graph keys, not samples: loading learns a saved runner's output structure
 by running the module on a call made here, and checks a loaded runner against eager on calls
-made here. The key comes from a file, so nothing in it chooses code (issue 29): tensors are
+made here. The key comes from a file, so nothing in it chooses code: tensors are
 made by torch, constants are plain values, and a cache object is built only as one of the
 allow-listed inert classes (:data:`tunetree.hf.INERT_CACHE_CLASSES`), its attribute names
 checked and the sizes it states bounded by the key's own tensors and the model's config. No

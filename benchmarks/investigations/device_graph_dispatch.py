@@ -1,6 +1,6 @@
 """The Python a device-graph call pays around its replay, measured on the CPU (issue 30).
 
-Run: ``python -m benchmarks.device_graph_dispatch`` (alone on the machine).
+Run: ``python -m benchmarks.investigations.device_graph_dispatch`` (alone on the machine).
 
 On a GPU a small model served by a device graph costs its replay plus the host's work around
 it; the work is what tunetree adds to copying the inputs in and cloning the outputs by hand.
@@ -21,8 +21,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import argparse
 import os

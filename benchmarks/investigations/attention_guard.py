@@ -1,6 +1,6 @@
 """What keeping eager's zeros on fully masked attention rows costs an exported graph (issue 30).
 
-Run: ``python -m benchmarks.attention_guard [--rounds N]`` (alone on the machine).
+Run: ``python -m benchmarks.investigations.attention_guard [--rounds N]`` (alone on the machine).
 
 Eager's attention gives zeros for a query row that a boolean mask hides entirely; an exported
 softmax gives the mean of the values there, so tunetree exports attention with a guard
@@ -16,8 +16,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import argparse
 import collections
@@ -31,8 +31,8 @@ import torch
 
 from tunetree.backends.export_context import attention_as_eager
 
-from . import common, runner_overhead
-from .interleave import interleaved_passes
+from .. import common, runner_overhead
+from ..common.interleave import interleaved_passes
 
 HOST = torch.device("cpu")
 

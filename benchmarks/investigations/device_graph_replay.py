@@ -1,6 +1,6 @@
 """Is tunetree's CUDA graph capture itself slower to replay than one made by hand? (issue 30)
 
-Run: ``python -m benchmarks.device_graph_replay`` (CUDA only; about a minute).
+Run: ``python -m benchmarks.investigations.device_graph_replay`` (CUDA only; about a minute).
 
 ``runner_overhead --device cuda`` times tunetree's device-graph runner beside CUDA graphs by hand
 with every call timed; the gap it finds could be the capture (tunetree shares one memory pool
@@ -19,8 +19,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import argparse
 import statistics
@@ -32,8 +32,8 @@ from torch import nn
 from tunetree.backends.device_graph import DeviceGraph, ShapeSetRunner
 from tunetree.signature.graph import GraphKey, Sample
 
-from .common import command_line, header
-from .runner_overhead import CudaGraphsByHand, bert2, device_graph_call, mlp, replay_call
+from ..common import command_line, header
+from ..runner_overhead import CudaGraphsByHand, bert2, device_graph_call, mlp, replay_call
 
 
 def by_hand(

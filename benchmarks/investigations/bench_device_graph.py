@@ -1,8 +1,9 @@
 """Median latency of eager, device-graph capture, Inductor and autocast on a CUDA GPU.
 
-Run on a machine with a CUDA GPU: ``python benchmarks/bench_device_graph.py`` (or
-``python -m benchmarks.bench_device_graph``). Prints, per model, each candidate's build time,
-median latency per call and its spread (measured by :func:`tunetree.measure`, like every other
+Run on a machine with a CUDA GPU: ``python benchmarks/investigations/bench_device_graph.py`` (or
+``python -m benchmarks.investigations.bench_device_graph``). Prints, per model, each candidate's
+build time,
+median latency per call and its spread (measured by ``candidates.measure``, like every other
 benchmark: blocks of calls after one untimed call, device synchronised, candidates
 interleaved over trials), speed-up over eager, and whether its outputs match eager (default
 tolerances; the backend's own for opt-in ones). fp32 with TF32 off, as in DESIGN.md's H200
@@ -15,8 +16,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import argparse
 import time
@@ -31,7 +32,7 @@ from tunetree.candidates.measure import MeasureConfig, measure
 from tunetree.signature.compare import Tolerances, compare_all
 from tunetree.signature.graph import Graph, Sample
 
-from . import common
+from .. import common
 
 
 def mlp(device: torch.device) -> tuple[nn.Module, Sample]:

@@ -1,6 +1,6 @@
 """Timing that alternates approaches call by call, as a serving process does (issue 30).
 
-:func:`tunetree.measure` times blocks of back-to-back calls, each block after an untimed
+``candidates.measure`` times blocks of back-to-back calls, each block after an untimed
 call: what a runtime costs once it has the machine to itself. In a serving process a call
 follows other work (another runtime, the user's code), and pays for what that left behind
 (a cold cache, threads still spinning or asleep). :func:`interleaved_passes` times that: the

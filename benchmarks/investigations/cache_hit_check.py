@@ -1,6 +1,7 @@
 """What checking a cached or loaded runner costs (issue 29): with and without the check.
 
-Run: ``python -m benchmarks.cache_hit_check`` (``--rounds N``). Each model is tuned once with
+Run: ``python -m benchmarks.investigations.cache_hit_check`` (``--rounds N``). Each model is tuned
+once with
 OpenVINO into a fresh cache; then ``tt.tune`` is run again on the same inspection, every graph
 a hit, ``--rounds`` times with the hit's probe check (value probes and range ends, as a fresh
 build is checked) and without it (the check switched off), the two interleaved in rotating
@@ -16,8 +17,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import argparse
 import os

@@ -1,6 +1,7 @@
 """Where a CPU decode step could gain at fp32: its linear layers, plain or prepacked (issue 28).
 
-Run: ``python -m benchmarks.packed_linear --model llama-0.1b --batches 1,4,8`` (alone on the
+Run: ``python -m benchmarks.investigations.packed_linear --model llama-0.1b --batches 1,4,8``
+(alone on the
 machine).
 
 A decode step's time is mostly its matrix products (74% of eager's batch-4 step of the 0.1B
@@ -20,8 +21,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import argparse
 import functools
@@ -31,9 +32,9 @@ import statistics
 import torch
 from torch import nn
 
-from . import common
-from .generate_models import configs
-from .interleave import timed
+from .. import common
+from ..common.generate_models import configs
+from ..common.interleave import timed
 
 HOST = torch.device("cpu")
 

@@ -1,7 +1,7 @@
 """Does ``time_budget`` hold on a busy machine? (issue 18, part 4)
 
-    python -m benchmarks.budget_under_load --budget 60 --out benchmarks/results/budget-under-load
-    python -m benchmarks.budget_under_load --quick --models mlp --budget 10     # a smoke run
+    python -m benchmarks.investigations.budget_under_load --budget 60
+    python -m benchmarks.investigations.budget_under_load --quick --models mlp --budget 10
 
 Per model, ``tt.auto_tune`` runs with the default strategy, ``time_budget=--budget`` and no
 tuning cache, while ``--spinners`` other processes (default 1) each keep a core busy with a
@@ -18,8 +18,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import contextlib
 import subprocess
@@ -31,8 +31,8 @@ from typing import Any
 import tunetree as tt
 from tunetree._util.table import format_table
 
-from . import common
-from .tuning_cost import build, load
+from .. import common
+from ..tuning_cost import build, load
 
 DEFAULT_MODELS = ["encoder", "bert", "llama", "roberta"]
 GRACE = 1.10

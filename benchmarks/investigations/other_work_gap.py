@@ -1,13 +1,14 @@
 """Why the user's other work is slower right after a tuned CPU call (issue 30), on the CPU.
 
-Run: ``python -m benchmarks.other_work_gap`` (alone on the machine).
+Run: ``python -m benchmarks.investigations.other_work_gap`` (alone on the machine).
 
 The serving benchmark times the other work (an eager MLP, about 5 ms) right after a tuned
 BERT-2L call against the other work right after itself. This script adds what separates the
 causes: right after an eager call of the same model, right after 10 ms of sleep (no call at
 all), and right after the ONNX Runtime or OpenVINO call followed by a 2 ms sleep or by a tiny
 torch matmul (which wakes torch's own thread pool before the other work). Rounds are a Williams
-design (:func:`benchmarks.interleave.rotations`); per round and case, the median of six; then the
+design (:func:`benchmarks.common.interleave.rotations`); per round and case, the median of six;
+then the
 median of the rounds, over ``alone``.
 """
 
@@ -17,8 +18,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import argparse
 import statistics
@@ -28,8 +29,8 @@ from typing import Any
 
 import torch
 
-from . import common, serving
-from .interleave import rotations
+from .. import common, serving
+from ..common.interleave import rotations
 
 
 def main() -> None:

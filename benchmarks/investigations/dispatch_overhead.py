@@ -1,9 +1,10 @@
 """What the dispatcher costs per call: routing a call to its runner, ranged graphs included.
 
-Run: ``python -m benchmarks.dispatch_overhead`` (``--quick``: a small MLP whose root is
+Run: ``python -m benchmarks.investigations.dispatch_overhead`` (``--quick``: a small MLP whose root
+is
 wrapped with an eager runner, seconds; otherwise the 4x1024 MLP at batch 32 tuned with the
 default strategy on batch sizes 1..32, so the call at batch 32 is served by a ranged graph).
-Measured side by side in one :func:`tunetree.measure` run:
+Measured side by side in one ``candidates.measure`` run:
 
 - ``runner``: the winning runner called directly, and ``tuned``: the tuned model;
 - ``null``: a runner that returns at once, and ``dispatch(null)``: the same runner behind a
@@ -19,8 +20,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 from typing import Any
 
@@ -30,9 +31,10 @@ from torch import nn
 import tunetree as tt
 from tunetree.backends import Eager
 from tunetree.backends.base import Runner
+from tunetree.candidates.measure import measure
 from tunetree.runtime.wrap import Dispatcher, dispatcher_of, wrap
 
-from .common import command_line, header, parser, write_json
+from ..common import command_line, header, parser, write_json
 
 
 class _Null(Runner):
@@ -79,7 +81,7 @@ def main() -> None:
     routed = Dispatcher(model, "", {key: null})
     print(f"graph {key}, served by {runner.backend.name}")
     config = tt.MeasureConfig.quick() if args.quick else tt.MeasureConfig()
-    timings = tt.measure(
+    timings = measure(
         {
             "runner": lambda: runner(x),
             "tuned": lambda: tuned(x),

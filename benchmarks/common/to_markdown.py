@@ -1,6 +1,6 @@
 """Turn a suite JSON file into the markdown table committed under results/.
 
-python -m benchmarks.to_markdown out/suite-cpu/suite-cpu.json
+python -m benchmarks.common.to_markdown out/suite-cpu/suite-cpu.json
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.common"
 
 import json
 import sys

@@ -1,4 +1,11 @@
-"""Shared bits of the benchmark scripts: the run header, output files, thread settings."""
+"""Helpers shared by the benchmark suites and investigations: the run header, output files,
+thread settings, calling a model as its user does.
+
+The package also holds the models the benchmarks build (:mod:`.models`,
+:mod:`.generate_models`), the alternating timing of serving-like passes (:mod:`.interleave`),
+the memory trace of a tune (:mod:`.memory_trace`) and ``to_markdown`` (results JSON as a
+table); none of them is run on its own except ``python -m benchmarks.common.to_markdown``.
+"""
 
 from __future__ import annotations
 
@@ -44,8 +51,18 @@ def header(command: str) -> dict[str, Any]:
     return info
 
 
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root."""
+
+
 def command_line() -> str:
-    return "python -m " + " ".join(["benchmarks." + Path(sys.argv[0]).stem, *sys.argv[1:]])
+    """The command that started this run, as ``python -m benchmarks...`` (however it was run)."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        module = ".".join(script.relative_to(ROOT).with_suffix("").parts)
+    except ValueError:
+        module = "benchmarks." + script.stem
+    return "python -m " + " ".join([module, *sys.argv[1:]])
 
 
 def write_json(out: Path | None, name: str, payload: Any) -> None:
@@ -62,3 +79,11 @@ def cuda_setup(device: str) -> None:
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
+
+
+def caller(model: Any) -> Any:
+    """The model called as the user calls it (a pipeline's ``call`` aside), for ``measure``."""
+    from tunetree.signature.graph import Sample
+    from tunetree.signature.modules import run_model
+
+    return lambda *a, **k: run_model(model, Sample(a, k), None)

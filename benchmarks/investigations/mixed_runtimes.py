@@ -1,11 +1,11 @@
 """Mixed runtimes in one plan (issue 11, problem 7): is a plan whose graphs run on several
 runtimes slower end to end than its per-graph figures add up to?
 
-    python -m benchmarks.mixed_runtimes --device cpu --out out/mixed     # BERT-2L, depth 1
-    python -m benchmarks.mixed_runtimes --quick                          # seconds: a check
+    python -m benchmarks.investigations.mixed_runtimes --device cpu  # BERT-2L, depth 1
+    python -m benchmarks.investigations.mixed_runtimes --quick  # seconds: a check
 
 Tunes one depth of each model with Inductor, OpenVINO and ONNX Runtime (``--quick``: the
-tiny models without Inductor), then measures, in one interleaved ``tunetree.measure`` call,
+tiny models without Inductor), then measures, in one interleaved ``candidates.measure`` call,
 the untuned model, the greedy plan (every graph's own winner) and the single-runtime plan
 (every graph on the runtime that won most graphs, eager elsewhere): the two plans
 ``auto_tune`` now chooses between. Per plan it prints the sum of its per-graph latencies
@@ -19,8 +19,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 from typing import Any
 
@@ -33,7 +33,8 @@ from tunetree.runtime.wrap import wrap
 from tunetree.search.endtoend import UNTUNED, runtime_name, side_by_side, single_runtime_plan
 from tunetree.search.tune import plan_from, tune_cut
 
-from . import common, models
+from .. import common
+from ..common import models
 
 DEFAULT_MODELS = ["bert"]
 

@@ -1,6 +1,7 @@
 """What compiling the decode step gives on the CPU: a mark for a compiled CPU candidate (issue 28).
 
-Run: ``python -m benchmarks.cpu_static_compile --model llama-0.1b --batches 1,4`` (alone on
+Run: ``python -m benchmarks.investigations.cpu_static_compile --model llama-0.1b --batches 1,4``
+(alone on
 the machine).
 
 tunetree leaves the 0.1B Llama's ``generate`` untuned on the 2-core CPU: ONNX Runtime and
@@ -20,8 +21,8 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "benchmarks"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
 
 import argparse
 import os
@@ -32,9 +33,9 @@ from typing import Any
 
 import torch
 
-from . import common
-from .generate_models import configs
-from .interleave import rotations
+from .. import common
+from ..common.generate_models import configs
+from ..common.interleave import rotations
 
 APPROACHES = ("eager", "eager static", "hf static", "compiled static", "compiled frozen static")
 
@@ -56,7 +57,8 @@ def _approaches(model: Any, tokens: int) -> dict[str, Callable[[torch.Tensor], t
     eager_forward = model.forward
     compiled = torch.compile(model.forward, dynamic=False)
     # Freezing folds the weights in as constants, so Inductor's CPU lowering prepacks the
-    # linear layers' weights for oneDNN (what benchmarks.packed_linear measures layer by layer).
+    # linear layers' weights for oneDNN (what investigations.packed_linear measures layer by
+    # layer).
     frozen = torch.compile(model.forward, dynamic=False, options={"freezing": True})
     no_compile = {"cache_implementation": "static", "disable_compile": True}
 
