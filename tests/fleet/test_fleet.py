@@ -15,9 +15,9 @@ import torch
 import tunetree as tt
 from tunetree.candidates.budget import BUILD
 from tunetree.fleet import FleetReport, FleetRow, Job
+from tunetree.fleet.hardware import hardware_class
 from tunetree.fleet.job import LIMIT_MARGIN_S
 from tunetree.fleet.placement import place
-from tunetree.fleet.hardware import hardware_class
 
 from . import jobs
 
