@@ -18,18 +18,6 @@ import pytest
 
 PACKAGES = ("tunetree", "tunetree.backends", "tunetree.fleet")
 
-OWNED_ELSEWHERE = {
-    # Their docstrings live in modules another change restructures (search/auto.py,
-    # search/tune.py, runtime/wrap.py, cache/tuning.py, backends/device_graph.py); they get
-    # their sections there.
-    "tunetree.auto_tune",
-    "tunetree.tune",
-    "tunetree.TuneResult",
-    "tunetree.unwrap",
-    "tunetree.serve_alone",
-    "tunetree.TuningCache",
-    "tunetree.backends.DeviceGraph",
-}
 NO_EXAMPLE = {"tunetree.ModelInfo", "tunetree.backends.Runner", "tunetree.fleet.FleetRow"}
 """Objects a user receives but never builds: their attributes say what they hold."""
 
@@ -45,14 +33,7 @@ def _public() -> list[tuple[str, Any]]:
     return found
 
 
-def _marks(name: str) -> list[Any]:
-    if name in OWNED_ELSEWHERE:
-        return [pytest.mark.xfail(reason="documented where another change owns it")]
-    return []
-
-
-PUBLIC = [pytest.param(name, value, id=name, marks=_marks(name)) for name, value in _public()]
-EXAMPLES = [pytest.param(name, value, id=name) for name, value in _public()]
+PUBLIC = [pytest.param(name, value, id=name) for name, value in _public()]
 
 
 def _parameters(value: Any) -> list[str]:
@@ -95,7 +76,7 @@ def test_the_docstring_has_its_sections(name: str, value: Any) -> None:
         assert ">>>" in doc, f"{name} has no example"
 
 
-@pytest.mark.parametrize(("name", "value"), EXAMPLES)
+@pytest.mark.parametrize(("name", "value"), PUBLIC)
 def test_the_examples_run(name: str, value: Any) -> None:
     finder = doctest.DocTestFinder(recurse=False)
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

@@ -450,15 +450,32 @@ class ShapeSetRunner(Runner):
 class DeviceGraph(Backend):
     """Capture the module's forward in a CUDA graph (XPU graph on Intel GPUs) and replay it.
 
-    Keeps results: the replay runs the very kernels eager runs. A capture has static
-    shapes: one capture per graph, or for a ranged graph one per input shape, at most
-    ``max_shapes`` (the recorded ones at build, new ones on their first call; beyond the
-    bound a call runs eager). ``compile=True`` captures the Inductor-compiled forward
-    (``torch.compile(mode=compile_mode)``, a mode that does not capture graphs itself)
-    instead of eager. ``clone_outputs=False`` returns the static output tensors
-    themselves: faster, but the next call overwrites them. ``decode_only=True`` builds only
-    for graphs whose inputs hold a cache object (decode steps on a static cache, one shape
-    each), where a compiled capture is worth its compile; other graphs get a row saying so.
+    Keeps results: the replay runs the very kernels eager runs, without the launch cost of
+    each. A capture has static shapes: one capture per graph, or for a ranged graph one per
+    input shape (the recorded ones at build, new ones on their first call).
+
+    Args:
+        compile: Capture the Inductor-compiled forward instead of eager.
+        compile_mode: ``torch.compile``'s mode under ``compile``; one that captures graphs
+            itself is refused.
+        clone_outputs: False returns the static output tensors themselves: faster, but the
+            next call overwrites them.
+        max_shapes: The most captures of a ranged graph; beyond it a call runs eager.
+        decode_only: Build only for graphs whose inputs hold a cache object (decode steps on
+            a static cache, one shape each), where a compiled capture is worth its compile;
+            other graphs get a row saying so.
+
+    Raises:
+        InvalidInputError: ``max_shapes`` below 1, or a ``compile_mode`` that captures graphs.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> backend = tt.backends.DeviceGraph(max_shapes=4)
+        >>> backend.unavailable_reason(torch.device("cpu"))
+        'device graphs need a CUDA or XPU device'
+        >>> model = torch.nn.Linear(8, 8).cuda().eval()  # doctest: +SKIP
+        >>> result = tt.tune(model, [torch.randn(2, 8, device="cuda")],
+        ...     strategy=tt.OneBackendStrategy(backend))  # doctest: +SKIP
     """
 
     kind: ClassVar[str] = "device-graph"

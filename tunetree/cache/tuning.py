@@ -66,16 +66,37 @@ def default_directory() -> Path:
 
 
 class TuningCache:
-    """A tuning cache in ``directory`` (created if needed); see the module docstring.
+    """A tuning cache: graphs tuned before are loaded instead of built, checked before they serve.
 
-    ``directory`` defaults to :func:`default_directory`. ``remote``: an ``s3://BUCKET/PREFIX``
-    shared by the hosts of a fleet (a :class:`~tunetree.cache.remote.RemoteTier` for other
-    timeouts or a signing key; default ``$TUNETREE_CACHE_REMOTE``; False: none), needs
-    ``tunetree[remote]``; only entries signed with ``$TUNETREE_CACHE_KEY`` are read from it,
-    unless ``trust_unsigned`` (see :class:`~tunetree.cache.remote.RemoteTier`).
-    ``lock_timeout_s`` bounds how long a miss waits for another process
-    tuning the same graph, and a measurement for the device lock; after it, work goes on
-    without the lock.
+    Pass it as ``cache=`` to :func:`tunetree.tune` or :func:`tunetree.auto_tune` (the
+    default directory is used without one); the module docstring says what an entry holds
+    and how it is validated.
+
+    Args:
+        directory: Where entries live, created if needed (None: :func:`default_directory`).
+        remote: An ``s3://BUCKET/PREFIX`` shared by the hosts of a fleet (a
+            :class:`~tunetree.cache.remote.RemoteTier` for other timeouts or a signing key;
+            None: ``$TUNETREE_CACHE_REMOTE``; False: none); needs ``tunetree[remote]``.
+        lock_timeout_s: How long a miss waits for another process tuning the same graph,
+            and a measurement for the device lock; after it, work goes on without the lock.
+        trust_unsigned: Read remote entries not signed with ``$TUNETREE_CACHE_KEY`` (see
+            :class:`~tunetree.cache.remote.RemoteTier`).
+
+    Raises:
+        CacheError: A ``directory`` that cannot be used, or a ``remote`` that is not an
+            ``s3://`` URL.
+        MissingDependencyError: A remote without ``boto3`` installed.
+
+    Example:
+        >>> import tempfile, torch, tunetree as tt
+        >>> cache = tt.TuningCache(tempfile.mkdtemp(), remote=False)
+        >>> model = torch.nn.Linear(8, 8).eval()
+        >>> for _ in range(2):
+        ...     result = tt.tune(model, [torch.randn(2, 8)], cache=cache, verbose=False,
+        ...         strategy=tt.OneBackendStrategy(tt.backends.Eager()),
+        ...         measure_config=tt.MeasureConfig.quick())
+        >>> cache.stats.stored, result.graphs[0].cached
+        (1, True)
     """
 
     def __init__(

@@ -155,6 +155,21 @@ def load_pretrained(
     Raises:
         InvalidInputError: as :func:`build_pretrained`.
         CheckpointError: as :func:`tunetree.load`.
+
+    Example:
+        >>> import tempfile, torch, transformers, tunetree as tt
+        >>> directory = tempfile.mkdtemp()
+        >>> transformers.BertModel(transformers.BertConfig(vocab_size=32, hidden_size=8,
+        ...     num_hidden_layers=1, num_attention_heads=1, intermediate_size=8)
+        ... ).save_pretrained(directory)
+        >>> model, ids = transformers.AutoModel.from_pretrained(directory), torch.tensor([[1, 2]])
+        >>> result = tt.tune(model.eval(), [ids], strategy=tt.OneBackendStrategy(
+        ...     tt.backends.Eager()), cache=False, verbose=False,
+        ...     measure_config=tt.MeasureConfig.quick())
+        >>> path = tt.save(result, directory + "/model.tt")
+        >>> fast = tt.load_pretrained(directory, path, task="feature-extraction")
+        >>> torch.equal(fast(ids).last_hidden_state, model(ids).last_hidden_state)
+        True
     """
     model = build_pretrained(directory, task, device)
     return load(model, path, ignore=ignore, device=device)

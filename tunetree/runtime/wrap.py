@@ -335,8 +335,23 @@ def serve_alone(model: Any) -> int:
     post-processing, another model, the web server) spinning threads take the cores from that
     work. Only runners of the root module (depth 0) are told, and not those serving
     generation steps (a graph taking a cache): the generate loop runs torch code between
-    them, which spinning threads would slow down. Returns how many were told. The runners
-    are shared with every model they serve.
+    them, which spinning threads would slow down. The runners are shared with every model
+    they serve.
+
+    Args:
+        model: A tuned model (``result.model``); anything else tells no runner.
+
+    Returns:
+        How many runners were told.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> model = torch.nn.Linear(8, 8).eval()
+        >>> result = tt.tune(model, [torch.randn(2, 8)], strategy=tt.OneBackendStrategy(
+        ...     tt.backends.OnnxRuntime()), cache=False, verbose=False,
+        ...     measure_config=tt.MeasureConfig.quick())
+        >>> tt.serve_alone(result.model), tt.serve_alone(model)
+        (1, 0)
     """
     if not isinstance(model, nn.Module):
         return 0
@@ -394,7 +409,26 @@ def copy_along(model: Any, paths: list[str]) -> Any:
 
 
 def unwrap(model: Any) -> list[str]:
-    """Remove every dispatcher from ``model``; returns the paths that were unwrapped."""
+    """Remove every wrap from ``model``, so that each module runs its own forward again.
+
+    For a model whose modules were wrapped in place at a deeper cut (``result.undo()`` does
+    it for the tune's own model), e.g. before tuning it again: a wrapped model is refused.
+
+    Args:
+        model: A tuned model, or one whose modules were wrapped in place.
+
+    Returns:
+        The paths of the modules unwrapped (``""`` for the root).
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> model = torch.nn.Linear(8, 8).eval()
+        >>> result = tt.tune(model, [torch.randn(2, 8)], strategy=tt.OneBackendStrategy(
+        ...     tt.backends.OnnxRuntime()), cache=False, verbose=False,
+        ...     measure_config=tt.MeasureConfig.quick())
+        >>> tt.unwrap(result.model), tt.unwrap(result.model)
+        ([''], [])
+    """
     undone = []
     for path, module in module_paths(model):
         if dispatcher_of(module) is not None:

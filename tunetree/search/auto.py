@@ -129,55 +129,69 @@ def auto_tune(
 ) -> AutoTuneResult:
     """Tune every distinct cut from ``min_depth`` to ``max_depth`` and keep the fastest depth.
 
-    Each depth is measured end to end side by side with the untuned model on ``dataset``; the best
-    speed-up wins (the shallowest within ``tie_tolerance``), or the untuned model when no depth
-    beats it.
+    Each depth is measured end to end side by side with the untuned model on ``dataset``; the
+    best speed-up wins (the shallowest within ``tie_tolerance``), or the untuned model when no
+    depth beats it. A graph tuned at one depth is reused at every other depth that wraps the
+    same module with the same graph, and a plan already measured is not measured again.
+    ``print(result)`` and ``result.timing()`` show where the time went, by phase. The model's
+    buffers, parameters and the RNG state are never changed.
 
-    The settings shared with :func:`tunetree.tune` (``strategy`` to ``allow_training``) are
-    those of :class:`tunetree.TuneConfig`: pass them as keywords or as ``config=``; a keyword
-    beside ``config=`` must agree with it (else :class:`~tunetree.errors.InvalidInputError`).
+    Args:
+        model: An ``nn.Module`` in eval mode, or a pipeline, as in :func:`tunetree.tune`.
+        dataset: What the model is called with, one item per call.
+        min_depth: The shallowest cut tried.
+        max_depth: The deepest cut tried (None: :data:`MAX_DEFAULT_DEPTH`, or
+            :data:`QUICK_MAX_DEPTH` with ``quick``).
+        tie_tolerance: Speed-ups within this fraction of the best count as a tie, won by the
+            shallowest depth.
+        time_budget: Seconds from the call, held within about 10 % (``"default"``:
+            :data:`DEFAULT_TIME_BUDGET_S`, or :data:`QUICK_TIME_BUDGET_S` with ``quick``;
+            None: unlimited). No depth, graph, build or measurement is started that is
+            expected to cross it, up to a quarter of it is kept for the end-to-end
+            measurement of the depth in progress, and the skipped work is marked "time budget
+            used up" (``result.skipped()``); eager is always there.
+        quick: A first look: only backends that build quickly
+            (:func:`tunetree.quick_strategy`, when ``strategy`` is None), shallow depths,
+            :meth:`MeasureConfig.first_look` (when ``measure_config`` is None), a 60 s budget.
+        accuracy: Opt into results that change (a :class:`tunetree.AccuracyBudget`):
+            reduced-precision candidates (:func:`tunetree.accuracy_strategy`, when
+            ``strategy`` is None) are admitted by their measured error, and each depth's plan
+            is checked end to end, also on a held-out share of ``dataset``, and repaired until
+            it holds the budget (``result.pareto()`` shows latency against error).
+        reuse_decision: Record the depth chosen in the tuning cache; a later call with the
+            same key whose plan comes whole from the cache checks it against eager and
+            measures it once beside the untuned model, no other depth. False: measure all.
+        config: The settings below as one :class:`tunetree.TuneConfig`; a keyword given
+            beside it must agree with it.
+        strategy: The candidates per graph (None: :func:`tunetree.default_strategy` for the
+            device); every graph gets its own copy.
+        device: Where to tune (None: where the model's weights are).
+        dry_run: Report what each depth would wrap; tune nothing.
+        call: ``call(model, *args, **kwargs)`` runs one item (None: ``model(...)``).
+        tolerances: How close to eager a candidate's outputs must be (None: the defaults).
+        measure_config: How candidates are timed (None: :class:`tunetree.MeasureConfig`).
+        verbose: Progress on the ``tunetree.progress`` logger at INFO (else DEBUG).
+        cache: The tuning cache consulted per graph, as in :func:`tunetree.tune`.
+        dynamic_shapes: As in :func:`tunetree.tune`; every depth is measured on the same
+            mix of recorded shapes.
+        allow_training: Tune a model in training mode (its eval behaviour); refused otherwise.
 
-    ``strategy=None`` uses :func:`tunetree.default_strategy` for the device; every graph
-    gets its own copy. A graph tuned at one depth is reused at every other depth that
-    wraps the same module with the same graph, and a depth whose plan is one already measured
-    is not measured again.
+    Returns:
+        An :class:`tunetree.AutoTuneResult`: call ``result.model``; ``print(result)`` shows
+        every depth.
 
-    ``time_budget`` (seconds, counted from the call; ``"default"``:
-    :data:`DEFAULT_TIME_BUDGET_S`, 300 s, or :data:`QUICK_TIME_BUDGET_S`, 60 s, with
-    ``quick``; None: unlimited) is held within about 10 %: no depth, graph, build or
-    measurement is started that is expected to cross it (a build is expected to take as long
-    as the longest one of its backend so far), up to a quarter of the budget is kept for the
-    end-to-end measurement of the depth in progress, and measurements stop their trials at
-    it. The skipped work is marked "time budget used up" (``result.skipped()`` lists it);
-    eager is always there, so a depth cut short keeps what was measured.
+    Raises:
+        InvalidInputError: Depths or ``tie_tolerance`` out of range, no depth to try, a negative
+            ``time_budget``, or as :func:`tunetree.tune` does.
+        CacheError: As :func:`tunetree.tune`.
 
-    ``quick=True`` is a first look: only backends that build quickly
-    (:func:`tunetree.quick_strategy`, when ``strategy`` is None), depths up to
-    :data:`QUICK_MAX_DEPTH` (when ``max_depth`` is None), shorter measurements
-    (:meth:`MeasureConfig.first_look`, when ``measure_config`` is None) and a 60 s budget.
-
-    ``print(result)`` and ``result.timing()`` show where the time went, by phase.
-    ``dry_run`` reports what each depth would wrap and tunes nothing. Progress is logged on
-    ``tunetree.progress`` (INFO; DEBUG with ``verbose=False``): stderr when logging is not
-    configured, else as the application's logging configuration says. ``cache`` is the
-    tuning cache consulted per graph, as in :func:`tunetree.tune` (None: the default
-    directory; False: none). ``dynamic_shapes`` as
-    in :func:`tunetree.tune`; every depth is measured on the same mix of recorded shapes.
-    Training-mode models are refused unless ``allow_training=True`` (as in
-    :func:`tunetree.tune`); the model's buffers, parameters and the RNG state are never changed.
-
-    ``accuracy`` (a :class:`tunetree.AccuracyBudget`) opts into results that change: the
-    strategy (when None, :func:`tunetree.accuracy_strategy`) adds reduced-precision candidates,
-    each admitted by its measured error on its module's outputs; each depth's plan is then
-    checked end to end on the tuning inputs, on the held-out share of ``dataset`` (not used to
-    choose) and with the budget's ``evaluate``, and repaired graph by graph, largest error
-    first, until it holds the budget. ``print(result)`` shows every plan checked and
-    ``result.pareto()`` their latency against error.
-
-    ``reuse_decision``: the depth chosen is recorded in the tuning cache (and its remote); a
-    later call with the same key whose recorded plan comes whole from the cache checks it
-    against eager, measures it once beside the untuned model and no other depth
-    (:mod:`tunetree.search.decision`). False: every depth is measured.
+    Example:
+        >>> import torch, tunetree as tt
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+        >>> result = tt.auto_tune(model, [torch.randn(2, 8)], dry_run=True, cache=False,
+        ...     verbose=False)
+        >>> [(row.depth, row.modules, row.graphs) for row in result.rows]
+        [(0, 1, 1), (1, 2, 2)]
     """
     cfg = settings(
         config,

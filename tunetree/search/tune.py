@@ -51,7 +51,26 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TuneResult:
-    """What :func:`tune` did. ``result.model`` is always the thing to call."""
+    """What :func:`tune` did; ``print()`` it for every candidate of every graph.
+
+    Attributes:
+        model: The thing to call (tuned; the model itself where nothing was wrapped).
+        depth: The cut that was tuned.
+        plan: The winner of each graph, as :func:`tunetree.save` records it.
+        graphs: Each graph's candidates and winner.
+        info: The :func:`tunetree.inspect` result the tune worked from.
+        dry_run: Nothing was tuned, only reported.
+        original: The model given in; :meth:`undo` unwraps it.
+        breakdown: Where the tuning time went, by phase (None for a dry run).
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+        >>> result = tt.tune(model, [torch.randn(2, 8)], depth=1, dry_run=True, cache=False,
+        ...     verbose=False)
+        >>> print(result)
+        Dry run at depth 1: would tune 2 modules, 2 graphs (...% of eager time). Nothing was tuned.
+    """
 
     model: Any
     depth: int
@@ -61,7 +80,6 @@ class TuneResult:
     dry_run: bool = False
     original: Any = field(default=None, repr=False)
     breakdown: TimeBreakdown | None = None
-    """Where the tuning time went, by phase (None for a dry run)."""
 
     def timing(self) -> str:
         """The tuning time by phase as a table (see :class:`tunetree.TimeBreakdown`)."""
@@ -481,31 +499,59 @@ def tune(
 ) -> TuneResult:
     """Tune one cut: every executed module at ``depth`` plus executed leaves shallower than it.
 
-    Each graph (input signature) of each module gets its own copy of ``strategy`` (default:
-    :func:`default_strategy` for the device).
+    Each graph (input signature) of each module gets its own copy of the strategy; the
+    winner of each serves it, checked against eager on the recorded calls, so results are
+    kept. At depth 0 ``result.model`` is a new object sharing the model's parameters and the
+    object given in stays untuned (for a pipeline, or a model whose forward never runs
+    through ``__call__`` such as a ``generate`` loop, depth 0 is the outermost modules it
+    calls: ``print(tt.inspect(...))`` says which). At deeper cuts the modules inside
+    ``model`` are wrapped in place (``result.undo()`` reverts). Tuning never changes the
+    model's buffers, parameters or the RNG state.
 
-    Returns a :class:`TuneResult`; call ``result.model``. At depth 0 that is a new object
-    sharing the model's parameters and the object given in stays untuned: for a pipeline,
-    or a model whose forward never runs through ``__call__`` (a ``generate`` loop), depth 0
-    is the outermost modules it calls (``print(tt.inspect(...))`` says which), and they are
-    wrapped in shallow copies inside a shallow copy of the object. At deeper cuts the
-    modules inside ``model`` are wrapped in place (``result.undo()`` reverts).
+    Args:
+        model: An ``nn.Module`` in eval mode, or a plain object whose attributes hold modules
+            (a pipeline), run by ``call``.
+        dataset: What the model is called with, one item per call (a tensor, a tuple of
+            positional arguments or a dict of keywords), as in :func:`tunetree.inspect`.
+        depth: The cut: 0 the whole model, 1 its children, and so on.
+        config: The settings below as one :class:`tunetree.TuneConfig`; a keyword given
+            beside it must agree with it.
+        strategy: The candidates per graph and how the winner is picked (None:
+            :func:`tunetree.default_strategy` for the device).
+        device: Where to tune (None: where the model's weights are).
+        call: ``call(model, *args, **kwargs)`` runs one item (None: ``model(...)``).
+        tolerances: How close to eager a candidate's outputs must be (None: the defaults).
+        measure_config: How candidates are timed (None: :class:`tunetree.MeasureConfig`).
+        dry_run: Report what the cut would wrap; tune nothing.
+        verbose: Progress on the ``tunetree.progress`` logger at INFO (else DEBUG).
+        info: The model's :func:`tunetree.inspect` result, when already at hand.
+        cache: The tuning cache for graphs tuned before (same module structure, graph,
+            strategy, environment): None or True ``$TUNETREE_CACHE_DIR`` or
+            ``~/.cache/tunetree``, a path another directory, a :class:`tunetree.TuningCache`,
+            False none.
+        dynamic_shapes: None (axes that vary across the items become ranges served by one
+            runner), False (every exact shape is its own graph) or a torch.export-style nest
+            of :class:`tunetree.Dim` for the model's inputs.
+        allow_training: Tune a model with modules in training mode (its eval behaviour; the
+            runners serve eval mode only); refused otherwise.
 
-    The settings (``strategy`` to ``allow_training``) are those of :class:`tunetree.TuneConfig`:
-    pass them as keywords or as ``config=``; a keyword beside ``config=`` must agree with it.
+    Returns:
+        A :class:`TuneResult`: call ``result.model``; ``print(result)`` shows every candidate.
 
-    A model with modules in training mode is refused (call ``model.eval()``), unless
-    ``allow_training=True``: its eval behaviour is then tuned, and the runners serve eval
-    mode only. Tuning never changes the model's buffers, parameters or the RNG state.
+    Raises:
+        InvalidInputError: The model is in training mode, already tuned or on another device
+            than ``device``, the dataset is empty, or a setting is of the wrong kind or
+            disagrees with ``config``.
+        CacheError: A ``cache`` of none of the kinds above, or a directory that cannot be used.
 
-    ``cache``: graphs tuned before (same module structure, graph, strategy, environment)
-    are loaded from the tuning cache instead of built; None or True uses
-    ``$TUNETREE_CACHE_DIR`` or ``~/.cache/tunetree``, a path another directory, False none
-    (see :class:`tunetree.TuningCache`).
-
-    ``dynamic_shapes``: None (axes that vary across the samples become ranges served by
-    one runner), False (every exact shape is its own graph) or a torch.export-style nest
-    of :class:`tunetree.Dim` for the model's inputs (see :func:`tunetree.inspect`).
+    Example:
+        >>> import torch, tunetree as tt
+        >>> x, model = torch.randn(2, 8), torch.nn.Linear(8, 8).eval()
+        >>> result = tt.tune(model, [x], strategy=tt.OneBackendStrategy(
+        ...     tt.backends.Eager()), cache=False, verbose=False,
+        ...     measure_config=tt.MeasureConfig.quick())
+        >>> torch.equal(result.model(x), model(x))
+        True
     """
     cfg = settings(
         config,
