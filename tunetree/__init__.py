@@ -32,6 +32,7 @@ from .errors import (
     TunetreeError,
     UntrustedConfigError,
 )
+from .live import jit
 from .runtime.plan import Plan, PlanEntry
 from .runtime.wrap import serve_alone, unwrap
 from .search.auto import auto_tune
@@ -92,6 +93,7 @@ __all__ = [
     "default_strategy",
     "fleet",
     "inspect",
+    "jit",
     "load",
     "measure",
     "quick_strategy",
