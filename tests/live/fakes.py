@@ -1,5 +1,4 @@
-"""A model whose own forward is slow and a backend that skips the wait: tt.jit's test fixtures.
-"""
+"""A model whose own forward is slow and a backend that skips the wait: tt.jit's test fixtures."""
 
 from __future__ import annotations
 

@@ -135,10 +135,13 @@ class _Reader:
             items = [self.read(v) for v in body]
             return tuple(items) if tag == "tuple" else items
         if tag == "dict" and isinstance(body, list):
-            out = {}
-            for pair in body:
-                if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
-                    raise MalformedCallsError("a keyword argument is not a [name, value] pair")
-                out[pair[0]] = self.read(pair[1])
-            return out
+            return self._mapping(body)
         raise MalformedCallsError(f"an argument has the unknown tag {tag!r}")
+
+    def _mapping(self, body: list[Any]) -> dict[str, Any]:
+        out = {}
+        for pair in body:
+            if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+                raise MalformedCallsError("a keyword argument is not a [name, value] pair")
+            out[pair[0]] = self.read(pair[1])
+        return out

@@ -72,6 +72,7 @@ class Served:
     # ------------------------------------------------------------------ serving
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run one call as the model would (same arguments, same outputs)."""
         if getattr(self.model, "training", False):
             self._give_up("the model is in training mode (tuned runners serve eval mode only)")
             return self._invoke(self.model, args, kwargs)
@@ -230,6 +231,9 @@ class Served:
                 lambda: self.status in (TUNED, UNTUNED) and not self._busy, timeout
             )
             return self.status == TUNED
+
+    def _settled(self) -> bool:
+        return self.status in (TUNED, UNTUNED) and not self._busy
 
     def tune_now(self) -> None:
         """Tune on the calls recorded so far now (or at the next call when none are)."""
