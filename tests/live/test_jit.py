@@ -155,7 +155,8 @@ def test_training_mode_serves_eager_with_a_reason_and_one_warning(
     served = tt.jit(model, cache=tmp_path, limits=limits(), **fakes.options())
     with caplog.at_level(logging.WARNING, logger="tunetree"):
         outs = serve(served, [1, 2, 3, 4, 5, 6])
-    assert served.status == "untuned" and "training mode" in served.reason
+    assert served.status == "untuned" and served.tunes == 0
+    assert served.reason == "the model is in training mode (tuned runners serve eval mode only)"
     assert not served.wait(timeout=5) and served.result is None
     assert [r.getMessage() for r in caplog.records].count(
         "tt.jit: serving the model's own forward: " + served.reason
@@ -163,6 +164,20 @@ def test_training_mode_serves_eager_with_a_reason_and_one_warning(
     model.eval()
     assert same(outs, eager([1, 2, 3, 4, 5, 6]))
     assert fakes.BUILDS == []
+
+
+def test_a_model_put_in_training_mode_after_the_swap_runs_its_own_forward(
+    tmp_path: Path,
+) -> None:
+    model = fakes.model()
+    served = tt.jit(model, cache=tmp_path, limits=limits(), **fakes.options())
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+    model.train()  # the tuned copy is not: its runners must not serve training calls
+    fakes.RUNS.clear()
+    serve(served, [2, 3])
+    assert fakes.RUNS == [] and served.status == "untuned"
+    assert "training mode" in served.reason
 
 
 def test_a_tuning_failure_serves_eager_with_its_reason(

@@ -48,6 +48,7 @@ class Served:
         reason: why it is in that status, in words.
         tunes: tunes finished so far (a re-tune for wider ranges counts too).
         builds: candidates built by this process's tunes (0 on a warm start).
+        tuned_on: the calls the last finished tune ran on (what a warm start reads back).
     """
 
     def __init__(self, model: Any, call: CallFn | None, recorder: Recorder) -> None:
@@ -57,6 +58,7 @@ class Served:
         self.status, self.reason = RECORDING, "recording calls"
         self.tunes = 0
         self.builds = 0
+        self.tuned_on: list[Sample] = []
         self.tuner: Tuner | None = None
         self.persist: Any = None
         """Called with the samples of a tuned plan (keeps them in the cache); None: not kept."""
@@ -163,6 +165,7 @@ class Served:
                 return
             self.builds += job.builds
             self.tunes += 1
+            self.tuned_on = job.samples
         if error or result is None:
             self._give_up(f"tuning failed: {error}")
             return
