@@ -1,7 +1,7 @@
 """tt.jit on live traffic beside eager and auto_tune, and the warm start of a second process.
 
 Run: ``python benchmarks/jit.py`` (BERT-base from its config, 12 layers h768, on the CPU;
-``--model small`` for a 2-layer h128 BERT to try it quickly). One process:
+``--model small`` for a 4-layer h256 BERT to try it quickly). One process:
 
 1. **eager**: the traffic trace (``--calls`` calls, batch 1-8, sequence 16-128, seeded) on the
    model itself, every call timed.
@@ -48,9 +48,9 @@ def build(name: str) -> Any:
     import transformers
 
     torch.manual_seed(0)
-    if name == "small":
+    if name == "small":  # the BERT-4L h256 of DESIGN.md's tables
         config = transformers.BertConfig(
-            num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512
+            num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024
         )
     else:
         config = transformers.BertConfig()  # BERT-base: 12 layers, h768, 110M parameters
@@ -154,6 +154,8 @@ def side_by_side(models: dict[str, Any], calls: list[dict[str, Any]], rounds: in
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
     import tunetree as tt
 
     cache = args.cache or tempfile.mkdtemp(prefix="tt-jit-bench-")
@@ -164,10 +166,12 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     eager = timed(model, calls)
     served = tt.jit(model, cache=cache, tuner_nice=args.nice, **options(args))
     while_tuning: list[float] = []
+    threads_seen: set[int] = set()  # torch's intra-op threads as serving sees them
     start = time.perf_counter()
     for call in itertools.cycle(calls):
         if served.status in ("tuned", "untuned"):
             break
+        threads_seen.add(torch.get_num_threads())
         while_tuning += timed(served, [call])
     tuned_after_s = time.perf_counter() - start
     if served.status != "tuned":
@@ -199,6 +203,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "tuning_median_ms": 1e3 * statistics.median(while_tuning) if while_tuning else None,
         "tuning_worst_ms": 1e3 * max(while_tuning) if while_tuning else None,
         "swap_after_s": tuned_after_s,
+        "threads": torch.get_num_threads(),
+        "threads_while_tuning": sorted(threads_seen),
         "jit_reason": served.reason,
         "jit_builds": served.builds,
         "nice": args.nice,
@@ -216,7 +222,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 def print_report(r: dict[str, Any]) -> None:
     mean = r["mean_ms"]
     print(f"tt.jit on {r['model']} BERT, {r['calls']}-call trace (batch 1-8, seq 16-128)")
-    print(f"load average {r['load_before']:.2f} before, {r['load_after']:.2f} after")
+    print(
+        f"load average {r['load_before']:.2f} before, {r['load_after']:.2f} after; torch "
+        f"threads {r['threads']}, seen while tuning {r['threads_while_tuning']}"
+    )
     print(
         f"eager                  median {r['eager_median_ms']:.1f} ms, worst "
         f"{r['eager_worst_ms']:.1f} ms per call"

@@ -170,6 +170,7 @@ class Served:
             self._give_up(f"tuning failed: {error}")
             return
         if result.depth is None:
+            log.debug("tt.jit: the tune that left the model untuned:\n%s", result)
             self._give_up(
                 f"no plan was faster than the model's own forward on {len(job.samples)} "
                 "recorded calls"

@@ -117,7 +117,10 @@ class Tuner:
             except Exception as exc:  # any failure leaves the model served eagerly
                 error = f"{type(exc).__name__}: {exc}"
                 log.debug("tt.jit: tuning failed\n%s", traceback.format_exc())
-            self.finish(job, result, error)
+            try:
+                self.finish(job, result, error)
+            except Exception as exc:  # the supervisor must outlive any one tune
+                log.warning("tt.jit: handling a finished tune failed: %s", exc)
 
     def _tune(self, samples: list[Sample]) -> AutoTuneResult:
         return auto_tune(
