@@ -48,6 +48,11 @@ def build(name: str) -> Any:
     import transformers
 
     torch.manual_seed(0)
+    if name == "mlp":  # DESIGN.md's MLP 4x1024
+        layers: list[torch.nn.Module] = []
+        for _ in range(4):
+            layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers).eval()
     if name == "small":  # the BERT-4L h256 of DESIGN.md's tables
         config = transformers.BertConfig(
             num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024
@@ -57,11 +62,17 @@ def build(name: str) -> Any:
     return transformers.BertModel(config).eval()
 
 
-def trace(count: int, seed: int = 0) -> list[dict[str, Any]]:
-    """``count`` calls with batch 1-8 and sequence 16-128, a padded mask on some."""
+def trace(count: int, seed: int = 0, model: str = "base") -> list[dict[str, Any]]:
+    """``count`` calls with batch 1-8 and sequence 16-128, a padded mask on some.
+
+    For the MLP: ``{"input": x}`` with batch 1-32.
+    """
     import torch
 
     g = torch.Generator().manual_seed(seed)
+    if model == "mlp":
+        sizes = torch.randint(1, 33, (count,), generator=g).tolist()
+        return [{"input": torch.randn(b, 1024, generator=g)} for b in sizes]
     calls = []
     for _ in range(count):
         batch = int(torch.randint(1, 9, (1,), generator=g))
@@ -113,7 +124,7 @@ def child(args: argparse.Namespace) -> None:
 
     builds = counting_builds()
     model = build(args.model)
-    calls = trace(args.calls, seed=1)
+    calls = trace(args.calls, seed=1, model=args.model)
     start = time.perf_counter()
     served = tt.jit(model, cache=args.cache, **options(args))
     first_tuned = None
@@ -161,7 +172,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     cache = args.cache or tempfile.mkdtemp(prefix="tt-jit-bench-")
     load_before = os.getloadavg()[0]
     model = build(args.model)
-    calls = trace(args.calls)
+    calls = trace(args.calls, model=args.model)
     timed(model, calls[:2])  # warm-up
     eager = timed(model, calls)
     served = tt.jit(model, cache=cache, tuner_nice=args.nice, **options(args))
@@ -221,7 +232,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_report(r: dict[str, Any]) -> None:
     mean = r["mean_ms"]
-    print(f"tt.jit on {r['model']} BERT, {r['calls']}-call trace (batch 1-8, seq 16-128)")
+    shape = "batch 1-32" if r["model"] == "mlp" else "batch 1-8, seq 16-128"
+    print(f"tt.jit on {r['model']}, {r['calls']}-call trace ({shape})")
     print(
         f"load average {r['load_before']:.2f} before, {r['load_after']:.2f} after; torch "
         f"threads {r['threads']}, seen while tuning {r['threads_while_tuning']}"
@@ -255,7 +267,7 @@ def print_report(r: dict[str, Any]) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=["base", "small"], default="base")
+    parser.add_argument("--model", choices=["base", "small", "mlp"], default="base")
     parser.add_argument("--calls", type=int, default=24, help="calls in the traffic trace")
     parser.add_argument("--rounds", type=int, default=6, help="side-by-side passes")
     parser.add_argument("--time-budget", type=float, default=300.0)
