@@ -147,11 +147,20 @@ def child(args: argparse.Namespace) -> None:
                 "builds": len(builds),
                 "status": served.status,
                 "reason": served.reason,
+                "phases": phases(served.result),
                 "load": os.getloadavg()[0],
             }
         ),
         flush=True,
     )
+
+
+def phases(result: Any) -> str:
+    """The warm tune's largest phases, e.g. ``inspection 1.2 s, cache 0.8 s``."""
+    if result is None or result.breakdown is None:
+        return ""
+    top = sorted(result.breakdown.phases, key=lambda p: -p.seconds)[:4]
+    return ", ".join(f"{p.label} {p.seconds:.1f} s" for p in top)
 
 
 def side_by_side(models: dict[str, Any], calls: list[dict[str, Any]], rounds: int) -> dict:
@@ -185,6 +194,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         threads_seen.add(torch.get_num_threads())
         while_tuning += timed(served, [call])
     tuned_after_s = time.perf_counter() - start
+    first_reason = served.reason
+    timed(served, calls)  # calls outside the first ranges may start a re-tune: let it end
+    served.wait(timeout=args.time_budget * 3)
     if served.status != "tuned":
         print(f"left untuned: {served.reason}")
     samples = served.tuned_on or served.recorder.samples()
@@ -216,7 +228,9 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "swap_after_s": tuned_after_s,
         "threads": torch.get_num_threads(),
         "threads_while_tuning": sorted(threads_seen),
-        "jit_reason": served.reason,
+        "jit_reason": first_reason,
+        "jit_final_reason": served.reason,
+        "jit_tunes": served.tunes,
         "jit_builds": served.builds,
         "nice": args.nice,
         "recorded_calls": len(samples),
