@@ -263,6 +263,7 @@ def print_report(r: dict[str, Any]) -> None:
             f"{r['tuning_worst_ms']:.1f} ms, over {r['tuning_calls']} calls; swap after "
             f"{r['swap_after_s']:.1f} s ({r['jit_reason']})"
         )
+    print(f"after one more pass    {r['jit_tunes']} tunes: {r['jit_final_reason']}")
     print(
         f"side by side (mean per call over the trace): eager {mean['eager']:.1f} ms, "
         f"tt.jit after swap {mean['jit']:.1f} ms ({mean['eager'] / mean['jit']:.2f}x eager), "
@@ -277,6 +278,7 @@ def print_report(r: dict[str, Any]) -> None:
         f"{w['eager_calls_before']} eager calls before it, {w['builds']} builds "
         f"({w['reason']}; load {w['load']:.2f})"
     )
+    print(f"                       its tune's largest phases: {w['phases']}")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
