@@ -269,3 +269,34 @@ def test_unknown_options_are_refused() -> None:
         tt.jit(fakes.model(), datset=[1])
     with pytest.raises(tt.InvalidInputError, match="verbose"):
         tt.jit(fakes.model(), verbose=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_builds_run_at_lower_priority_and_the_served_plan_is_loaded_at_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tuner_module.auto_tune
+    priorities: list[int] = []
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner_module, "auto_tune", watched)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), tuner_nice=5, **fakes.options())
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+    assert priorities == [min(19, mine + 5), mine]  # the build, then the reload (no build)
+    assert fakes.BUILDS == ["Slow"]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+def test_share_calls_false_keeps_the_traffic_out_of_the_cache(tmp_path: Path) -> None:
+    served = tt.jit(
+        fakes.model(), cache=tmp_path, limits=limits(), share_calls=False, **fakes.options()
+    )
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+    assert not (tmp_path / "jit").exists()
+    assert any((tmp_path / "entries").iterdir())  # the plan itself is cached as usual
