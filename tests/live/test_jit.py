@@ -300,3 +300,30 @@ def test_share_calls_false_keeps_the_traffic_out_of_the_cache(tmp_path: Path) ->
     assert served.wait(timeout=120)
     assert not (tmp_path / "jit").exists()
     assert any((tmp_path / "entries").iterdir())  # the plan itself is cached as usual
+
+
+def test_a_failed_retune_keeps_the_plan_that_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = tt.jit(
+        fakes.model(),
+        cache=tmp_path,
+        limits=limits(retune_min_calls=2, retune_share=0.5),
+        **fakes.options(),
+    )
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(tuner_module, "auto_tune", broken)
+    serve(served, [12, 16])  # outside 1..4: a re-tune starts, and fails
+    assert served.wait(timeout=60) and served.status == "tuned"
+    assert (
+        served.reason
+        == "still serving the earlier plan (tuning failed: RuntimeError: out of memory)"
+    )
+    fakes.RUNS.clear()
+    assert same(serve(served, [3, 20, 24]), eager([3, 20, 24]))
+    assert len(fakes.RUNS) == 1 and served.tunes == 2  # no re-tune loop on later outside calls

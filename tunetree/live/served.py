@@ -66,6 +66,7 @@ class Served:
         self._recording = True
         self._busy = False
         self._want = False
+        self._retune = True
         self._generation = 0
         self._result: AutoTuneResult | None = None
         self._warned: set[str] = set()
@@ -123,7 +124,11 @@ class Served:
             log.debug("tt.jit: an outside call was not recorded: %s", exc)
             return
         share = watch.outside / (watch.inside + watch.outside)
-        if watch.outside >= limits.retune_min_calls and share >= limits.retune_share:
+        if (
+            self._retune
+            and watch.outside >= limits.retune_min_calls
+            and share >= limits.retune_share
+        ):
             watch.inside = watch.outside = 0
             self._start(f"{share:.0%} of calls ran outside the tuned ranges")
 
@@ -166,15 +171,19 @@ class Served:
             self.builds += job.builds
             self.tunes += 1
             self.tuned_on = job.samples
-        if error or result is None:
-            self._give_up(f"tuning failed: {error}")
-            return
-        if result.depth is None:
-            log.debug("tt.jit: the tune that left the model untuned:\n%s", result)
-            self._give_up(
-                f"no plan was faster than the model's own forward on {len(job.samples)} "
+        if error or result is None or result.depth is None:
+            if result is not None:
+                log.debug("tt.jit: the tune that left the model untuned:\n%s", result)
+            why = (
+                f"tuning failed: {error}"
+                if error or result is None
+                else f"no plan was faster than the model's own forward on {len(job.samples)} "
                 "recorded calls"
             )
+            if self._serving[1] is not None:  # a re-tune: keep the plan that serves now
+                self._keep(why)
+            else:
+                self._give_up(why)
             return
         speedup = result.speedup
         with self._state:
@@ -191,6 +200,14 @@ class Served:
         log.info("tt.jit: swapped in the tuned model: %s", self.reason)
         if self.persist is not None:
             self.persist(job.samples)
+
+    def _keep(self, why: str) -> None:
+        """A re-tune came to nothing: the current plan serves on, no more re-tunes by traffic."""
+        with self._state:
+            self._busy, self._retune = False, False
+            self.status, self.reason = TUNED, f"still serving the earlier plan ({why})"
+            self._state.notify_all()
+        log.warning("tt.jit: %s", self.reason)
 
     def looking(self) -> None:
         """A warm lookup is under way: no tune starts before it ends."""
@@ -231,9 +248,7 @@ class Served:
         this waits for more calls (or :meth:`tune_now`).
         """
         with self._state:
-            self._state.wait_for(
-                lambda: self.status in (TUNED, UNTUNED) and not self._busy, timeout
-            )
+            self._state.wait_for(self._settled, timeout)
             return self.status == TUNED
 
     def _settled(self) -> bool:
@@ -245,7 +260,7 @@ class Served:
             if self.status == UNTUNED:
                 self._recording = True
                 self.status, self.reason = RECORDING, "recording calls (tune_now)"
-        self._want = True
+        self._want = self._retune = True
         self._start("tune_now")
 
     def undo(self) -> Any:
