@@ -198,7 +198,7 @@ class Served:
             self.recorder.mark()
             self._state.notify_all()
         log.info("tt.jit: swapped in the tuned model: %s", self.reason)
-        if self.persist is not None:
+        if self.persist is not None and job.cold:  # a warm start read them from there
             self.persist(job.samples)
 
     def _keep(self, why: str) -> None:
@@ -218,15 +218,19 @@ class Served:
     def not_found(self) -> None:
         """The warm lookup found nothing: go on recording."""
         with self._state:
+            if self.status != RECORDING:  # given up or undone meanwhile
+                return
             self._busy = False
             self.reason = "recording calls (none recorded in the cache for this model)"
         if self.recorder.ready():
             self._start("traffic")
 
-    def warm(self, samples: list[Sample], where: str) -> TuneJob:
-        """A warm start's job: calls read from the cache (``where``)."""
-        self.recorder.replace(samples)
+    def warm(self, samples: list[Sample], where: str) -> TuneJob | None:
+        """A warm start's job: calls read from the cache (``where``); None if given up."""
         with self._state:
+            if self.status != RECORDING:  # given up or undone meanwhile
+                return None
+            self.recorder.replace(samples)
             self.status = TUNING
             self.reason = (
                 f"loading the plan tuned on {len(samples)} calls recorded in the {where} cache"

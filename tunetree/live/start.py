@@ -113,8 +113,9 @@ def _warm_start(served: Served, cache: TuningCache, device: Any) -> None:
         if found is None:
             served.not_found()
         else:
-            assert served.tuner is not None
-            served.tuner.submit(served.warm(*found))
+            job = served.warm(*found)
+            if job is not None and served.tuner is not None:
+                served.tuner.submit(job)
 
     def persist(samples: list[Sample]) -> None:
         try:

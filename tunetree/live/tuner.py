@@ -17,12 +17,14 @@ from the cache, as a second process would (nothing is built), and that copy is t
 
 from __future__ import annotations
 
+import atexit
 import copy
 import logging
 import os
 import queue
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +39,24 @@ from ..signature.modules import CallFn, module_paths
 log = logging.getLogger("tunetree.live")
 
 DEFAULT_NICE = 10
+THREAD_NAME = "tunetree-jit"
+EXIT_WAIT_S = 10.0
+"""At interpreter exit, how long the JIT's threads still at work are waited for."""
+
+
+def _wait_at_exit() -> None:
+    """Let background work end before the interpreter finalizes (bounded by EXIT_WAIT_S).
+
+    A daemon thread still inside torch's native code when the interpreter finalizes can
+    abort the process; a short job (keeping the calls, a warm load) ends well within this.
+    """
+    end = time.monotonic() + EXIT_WAIT_S
+    for thread in threading.enumerate():
+        if thread.name.startswith(THREAD_NAME) and thread is not threading.current_thread():
+            thread.join(max(0.0, end - time.monotonic()))
+
+
+atexit.register(_wait_at_exit)
 
 
 @dataclass
@@ -98,29 +118,48 @@ class Tuner:
         self.model, self.call, self.cache = model, call, cache
         self.options, self.nice, self.finish = options, nice, finish
         self._jobs: queue.SimpleQueue[TuneJob | Callable[[], None]] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="tunetree-jit", daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()
+        self._running = False
 
     def submit(self, job: TuneJob | Callable[[], None]) -> None:
-        """Run a tune (or any callable, e.g. the warm lookup) on the supervisor thread."""
+        """Run a tune (or any callable, e.g. the warm lookup) on the supervisor thread.
+
+        The thread is started for a burst of work and ends when the queue is empty, so
+        nothing keeps a served model alive once its caller drops it.
+        """
         self._jobs.put(job)
+        with self._lock:
+            if self._running:
+                return
+            self._running = True
+        threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True).start()
 
     def _loop(self) -> None:
         while True:
-            job = self._jobs.get()
-            if not isinstance(job, TuneJob):
-                job()
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._running = False
+                        return
                 continue
-            result, error = None, ""
-            try:
-                result = self._run(job)
-            except Exception as exc:  # any failure leaves the model served eagerly
-                error = f"{type(exc).__name__}: {exc}"
-                log.debug("tt.jit: tuning failed\n%s", traceback.format_exc())
-            try:
-                self.finish(job, result, error)
-            except Exception as exc:  # the supervisor must outlive any one tune
-                log.warning("tt.jit: handling a finished tune failed: %s", exc)
+            if isinstance(job, TuneJob):
+                self._do(job)
+            else:
+                job()
+
+    def _do(self, job: TuneJob) -> None:
+        result, error = None, ""
+        try:
+            result = self._run(job)
+        except Exception as exc:  # any failure leaves the model served eagerly
+            error = f"{type(exc).__name__}: {exc}"
+            log.debug("tt.jit: tuning failed\n%s", traceback.format_exc())
+        try:
+            self.finish(job, result, error)
+        except Exception as exc:  # the supervisor must outlive any one tune
+            log.warning("tt.jit: handling a finished tune failed: %s", exc)
 
     def _tune(self, samples: list[Sample]) -> AutoTuneResult:
         return auto_tune(
@@ -163,7 +202,7 @@ class Tuner:
             except BaseException as exc:
                 out["error"] = exc
 
-        thread = threading.Thread(target=build, name="tunetree-jit-builder", daemon=True)
+        thread = threading.Thread(target=build, name=f"{THREAD_NAME}-builder", daemon=True)
         thread.start()
         thread.join()
         if "error" in out:
