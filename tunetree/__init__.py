@@ -39,6 +39,7 @@ from .errors import (
     TunetreeError,
     UntrustedConfigError,
 )
+from .live import jit
 from .pretrained import load_pretrained
 from .runtime.wrap import serve_alone, unwrap
 from .search.auto import auto_tune
@@ -83,6 +84,7 @@ __all__ = [
     "default_strategy",
     "fleet",
     "inspect",
+    "jit",
     "load",
     "load_pretrained",
     "quick_strategy",

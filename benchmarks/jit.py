@@ -1,0 +1,305 @@
+"""tt.jit on live traffic beside eager and auto_tune, and the warm start of a second process.
+
+Run: ``python benchmarks/jit.py`` (BERT-base from its config, 12 layers h768, on the CPU;
+``--model small`` for a 4-layer h256 BERT to try it quickly). One process:
+
+1. **eager**: the traffic trace (``--calls`` calls, batch 1-8, sequence 16-128, seeded) on the
+   model itself, every call timed.
+2. **while tuning**: ``tt.jit(model, cache=DIR)`` served the trace in a loop, back to back in
+   one thread, until the swap: the median and worst call latency while recording and tuning
+   (goal: median at most 2x eager's, no call over 1 s).
+3. **after the swap** and **auto_tune on the same calls**: ``served`` and
+   ``tt.auto_tune(model, <the calls tt.jit tuned on>)`` (its own empty cache) timed side by
+   side on the trace, passes alternating in every order (goal: within 5 %).
+4. **warm second process**: a fresh interpreter with the same model and cache: seconds from
+   ``tt.jit(...)`` to the first call served tuned (calls go on eagerly meanwhile), and the
+   backend builds it made (goal: at most 5 s, 0 builds).
+
+Prints one table and the load average before and after; ``--json`` writes the numbers. Only
+ratios measured in one run mean anything; on a shared machine note the load.
+"""
+
+from __future__ import annotations
+
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def build(name: str) -> Any:
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    if name == "mlp":  # DESIGN.md's MLP 4x1024
+        layers: list[torch.nn.Module] = []
+        for _ in range(4):
+            layers += [torch.nn.Linear(1024, 1024), torch.nn.ReLU()]
+        return torch.nn.Sequential(*layers).eval()
+    if name == "small":  # the BERT-4L h256 of DESIGN.md's tables
+        config = transformers.BertConfig(
+            num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024
+        )
+    else:
+        config = transformers.BertConfig()  # BERT-base: 12 layers, h768, 110M parameters
+    return transformers.BertModel(config).eval()
+
+
+def trace(count: int, seed: int = 0, model: str = "base") -> list[dict[str, Any]]:
+    """``count`` calls with batch 1-8 and sequence 16-128, a padded mask on some.
+
+    For the MLP: ``{"input": x}`` with batch 1-32.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    if model == "mlp":
+        sizes = torch.randint(1, 33, (count,), generator=g).tolist()
+        return [{"input": torch.randn(b, 1024, generator=g)} for b in sizes]
+    calls = []
+    for _ in range(count):
+        batch = int(torch.randint(1, 9, (1,), generator=g))
+        seq = int(torch.randint(16, 129, (1,), generator=g))
+        ids = torch.randint(0, 30000, (batch, seq), generator=g)
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        mask[0, seq // 2 :] = 0
+        calls.append({"input_ids": ids, "attention_mask": mask})
+    return calls
+
+
+def counting_builds() -> list[str]:
+    """Count every backend build of this process (by backend kind)."""
+    from tunetree.backends import BACKEND_TYPES
+
+    builds: list[str] = []
+    for cls in BACKEND_TYPES:
+        original = cls.build
+
+        def counting(self: Any, *a: Any, _original: Any = original, **k: Any) -> Any:
+            builds.append(self.kind)
+            return _original(self, *a, **k)
+
+        cls.build = counting  # type: ignore[method-assign]
+    return builds
+
+
+def timed(fn: Any, calls: list[dict[str, Any]]) -> list[float]:
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for call in calls:
+            start = time.perf_counter()
+            fn(**call)
+            out.append(time.perf_counter() - start)
+    return out
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"time_budget": args.time_budget}
+
+
+def child(args: argparse.Namespace) -> None:
+    """The warm second process: time from tt.jit(...) to the first call served tuned."""
+    import torch
+
+    import tunetree as tt
+
+    builds = counting_builds()
+    model = build(args.model)
+    calls = trace(args.calls, seed=1, model=args.model)
+    start = time.perf_counter()
+    served = tt.jit(model, cache=args.cache, **options(args))
+    first_tuned = None
+    served_eager = 0
+    with torch.no_grad():
+        for call in itertools.cycle(calls):
+            tuned = served.status == "tuned"
+            served(**call)
+            if tuned:
+                first_tuned = time.perf_counter() - start
+                break
+            served_eager += 1
+            if served.status == "untuned" or time.perf_counter() - start > args.child_limit:
+                break
+    print(
+        json.dumps(
+            {
+                "first_tuned_s": first_tuned,
+                "eager_calls_before": served_eager,
+                "builds": len(builds),
+                "status": served.status,
+                "reason": served.reason,
+                "phases": phases(served.result),
+                "load": os.getloadavg()[0],
+            }
+        ),
+        flush=True,
+    )
+
+
+def phases(result: Any) -> str:
+    """The warm tune's largest phases, e.g. ``inspection 1.2 s, cache 0.8 s``."""
+    if result is None or result.breakdown is None:
+        return ""
+    top = sorted(result.breakdown.phases, key=lambda p: -p.seconds)[:4]
+    return ", ".join(f"{p.label} {p.seconds:.1f} s" for p in top)
+
+
+def side_by_side(models: dict[str, Any], calls: list[dict[str, Any]], rounds: int) -> dict:
+    """Mean seconds per call of each model over the trace, passes in every order."""
+    per: dict[str, list[float]] = {name: [] for name in models}
+    orders = list(itertools.permutations(models))
+    for r in range(rounds):
+        for name in orders[r % len(orders)]:
+            per[name].append(statistics.fmean(timed(models[name], calls)))
+    return {name: statistics.median(v) for name, v in per.items()}
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    import tunetree as tt
+
+    cache = args.cache or tempfile.mkdtemp(prefix="tt-jit-bench-")
+    load_before = os.getloadavg()[0]
+    model = build(args.model)
+    calls = trace(args.calls, model=args.model)
+    timed(model, calls[:2])  # warm-up
+    eager = timed(model, calls)
+    served = tt.jit(model, cache=cache, tuner_nice=args.nice, **options(args))
+    while_tuning: list[float] = []
+    threads_seen: set[int] = set()  # torch's intra-op threads as serving sees them
+    start = time.perf_counter()
+    for call in itertools.cycle(calls):
+        if served.status in ("tuned", "untuned"):
+            break
+        threads_seen.add(torch.get_num_threads())
+        while_tuning += timed(served, [call])
+    tuned_after_s = time.perf_counter() - start
+    first_reason = served.reason
+    timed(served, calls)  # calls outside the first ranges may start a re-tune: let it end
+    served.wait(timeout=args.time_budget * 3)
+    if served.status != "tuned":
+        print(f"left untuned: {served.reason}")
+    samples = served.tuned_on or served.recorder.samples()
+    auto = tt.auto_tune(
+        build(args.model),
+        samples,
+        cache=tempfile.mkdtemp(prefix="tt-jit-auto-"),
+        verbose=False,
+        **options(args),
+    )
+    means = side_by_side(
+        {"eager": model, "jit": served, "auto_tune": auto.model}, calls, args.rounds
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, __file__, "--child", "--model", args.model, "--cache", cache]
+    command += ["--calls", str(args.calls), "--time-budget", str(args.time_budget)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-3000:])
+    warm = json.loads(done.stdout.strip().splitlines()[-1])
+    report = {
+        "model": args.model,
+        "calls": args.calls,
+        "eager_median_ms": 1e3 * statistics.median(eager),
+        "eager_worst_ms": 1e3 * max(eager),
+        "tuning_calls": len(while_tuning),
+        "tuning_median_ms": 1e3 * statistics.median(while_tuning) if while_tuning else None,
+        "tuning_worst_ms": 1e3 * max(while_tuning) if while_tuning else None,
+        "swap_after_s": tuned_after_s,
+        "threads": torch.get_num_threads(),
+        "threads_while_tuning": sorted(threads_seen),
+        "jit_reason": first_reason,
+        "jit_final_reason": served.reason,
+        "jit_tunes": served.tunes,
+        "jit_builds": served.builds,
+        "nice": args.nice,
+        "recorded_calls": len(samples),
+        "mean_ms": {k: 1e3 * v for k, v in means.items()},
+        "auto_tune_depth": auto.depth,
+        "warm": warm,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+    }
+    print_report(report)
+    return report
+
+
+def print_report(r: dict[str, Any]) -> None:
+    mean = r["mean_ms"]
+    shape = "batch 1-32" if r["model"] == "mlp" else "batch 1-8, seq 16-128"
+    print(f"tt.jit on {r['model']}, {r['calls']}-call trace ({shape})")
+    print(
+        f"load average {r['load_before']:.2f} before, {r['load_after']:.2f} after; torch "
+        f"threads {r['threads']}, seen while tuning {r['threads_while_tuning']}"
+    )
+    print(
+        f"eager                  median {r['eager_median_ms']:.1f} ms, worst "
+        f"{r['eager_worst_ms']:.1f} ms per call"
+    )
+    if r["tuning_median_ms"] is not None:
+        print(
+            f"tt.jit while tuning    median {r['tuning_median_ms']:.1f} ms "
+            f"({r['tuning_median_ms'] / r['eager_median_ms']:.2f}x eager), worst "
+            f"{r['tuning_worst_ms']:.1f} ms, over {r['tuning_calls']} calls; swap after "
+            f"{r['swap_after_s']:.1f} s ({r['jit_reason']})"
+        )
+    print(f"after one more pass    {r['jit_tunes']} tunes: {r['jit_final_reason']}")
+    print(
+        f"side by side (mean per call over the trace): eager {mean['eager']:.1f} ms, "
+        f"tt.jit after swap {mean['jit']:.1f} ms ({mean['eager'] / mean['jit']:.2f}x eager), "
+        f"auto_tune on the same {r['recorded_calls']} calls {mean['auto_tune']:.1f} ms "
+        f"({mean['eager'] / mean['auto_tune']:.2f}x eager, depth {r['auto_tune_depth']}); "
+        f"jit / auto_tune {mean['jit'] / mean['auto_tune']:.3f}"
+    )
+    w = r["warm"]
+    first = "never" if w["first_tuned_s"] is None else f"{w['first_tuned_s']:.2f} s"
+    print(
+        f"warm second process    first tuned call {first} after tt.jit(...), "
+        f"{w['eager_calls_before']} eager calls before it, {w['builds']} builds "
+        f"({w['reason']}; load {w['load']:.2f})"
+    )
+    print(f"                       its tune's largest phases: {w['phases']}")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["base", "small", "mlp"], default="base")
+    parser.add_argument("--calls", type=int, default=24, help="calls in the traffic trace")
+    parser.add_argument("--rounds", type=int, default=6, help="side-by-side passes")
+    parser.add_argument("--time-budget", type=float, default=300.0)
+    parser.add_argument("--nice", type=int, default=10, help="tt.jit's tuner_nice")
+    parser.add_argument("--cache", default="", help="tuning cache directory (default: fresh)")
+    parser.add_argument("--json", default="", help="write the numbers here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-limit", type=float, default=600.0, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    if arguments.child:
+        child(arguments)
+    else:
+        numbers = main(arguments)
+        if arguments.json:
+            Path(arguments.json).write_text(json.dumps(numbers, indent=2))

@@ -1,0 +1,48 @@
+"""A second process serving :mod:`tests.live.fakes`' model through ``tt.jit``.
+
+``python -m tests.live.app '<json>'`` prints one JSON line: the status after waiting, builds
+made here, whether the first call after ``tt.jit`` (and the wait) ran on the tuned runner, and
+whether its outputs match eager. ``{"cache": DIR, "remote": URL}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import torch
+
+import tunetree as tt
+from tests.live import fakes
+
+
+def main(config: dict[str, Any]) -> dict[str, Any]:
+    remote = config.get("remote")
+    cache = tt.TuningCache(config["cache"], remote=remote) if remote else config["cache"]
+    eager = fakes.model()
+    x = fakes.calls([3])[0]
+    with torch.no_grad():
+        expected = eager(x)
+    start = time.perf_counter()
+    served = tt.jit(fakes.model(), cache=cache, **fakes.options())
+    tuned = served.wait(timeout=120)
+    ready_s = time.perf_counter() - start
+    fakes.RUNS.clear()
+    with torch.no_grad():
+        out = served(x)
+    return {
+        "tuned": tuned,
+        "status": served.status,
+        "reason": served.reason,
+        "builds": list(fakes.BUILDS),
+        "served_builds": served.builds,
+        "first_call_tuned": len(fakes.RUNS) == 1,
+        "equal": torch.equal(out, expected),
+        "ready_s": ready_s,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(json.loads(sys.argv[1]))))

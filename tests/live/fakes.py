@@ -1,0 +1,93 @@
+"""A model whose own forward is slow and a backend that skips the wait: tt.jit's test fixtures."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+import tunetree as tt
+from tests.fakes import spin
+from tunetree.backends.base import Backend, Runner
+from tunetree.signature.graph import Graph, GraphKey
+
+BUILDS: list[str] = []
+RUNS: list[int] = []
+"""One entry per call a :class:`FastRunner` served."""
+
+
+class Slow(nn.Module):
+    """``tanh(lin(x))`` after a busy wait of ``delay_s`` (what a runner saves)."""
+
+    def __init__(self, delay_s: float = 0.004) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.delay_s = delay_s
+
+    def compute(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.lin(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spin(self.delay_s)
+        return self.compute(x)
+
+
+def model(seed: int = 0) -> Slow:
+    torch.manual_seed(seed)
+    return Slow().eval()
+
+
+def calls(rows: list[int]) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(r, 8, generator=g) for r in rows]
+
+
+class FastRunner(Runner):
+    def __init__(self, backend: Backend, module: Slow) -> None:
+        super().__init__(backend)
+        self.module = module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        RUNS.append(1)
+        return self.module.compute(x)
+
+    def save(self, directory: Path) -> dict[str, Any]:
+        (directory / "note.txt").write_text("fast\n")
+        return {"note": "note.txt"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Fast(Backend):
+    """Serves :class:`Slow` without its wait; refuses other modules."""
+
+    kind: ClassVar[str] = "test-live-fast"
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        if not isinstance(module, Slow):
+            raise tt.BackendError("only Slow")
+        BUILDS.append(type(module).__name__)
+        return FastRunner(self, module)
+
+    def load(
+        self,
+        module: nn.Module,
+        key: GraphKey,
+        directory: Path,
+        saved: dict[str, Any],
+        device: torch.device,
+    ) -> Runner:
+        assert isinstance(module, Slow)
+        assert (directory / saved["note"]).read_text() == "fast\n"
+        return FastRunner(self, module)
+
+
+def options() -> dict[str, Any]:
+    """The auto_tune options every test process passes (a warm start needs the same)."""
+    return {
+        "strategy": tt.MinLatencyStrategy([Fast(), tt.backends.Eager()]),
+        "measure_config": tt.MeasureConfig.quick(),
+        "max_depth": 0,
+    }

@@ -1,0 +1,107 @@
+"""What the JIT keeps: bounded recordings, and calls stored in the cache read as hostile bytes."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from tunetree.cache.sealing import KEY_ENV
+from tunetree.live import RecordLimits
+from tunetree.live.calls import MalformedCallsError, Unstorable, decode_calls, encode_calls
+from tunetree.live.recorder import Recorder
+from tunetree.live.store import CallsStore
+from tunetree.signature.graph import GraphKey, Sample
+
+KEY = "ab" * 20
+
+
+def offer(recorder: Recorder, *args: object, **kwargs: object) -> None:
+    recorder.offer(GraphKey.of(args, kwargs), args, kwargs)
+
+
+def test_one_call_per_signature_is_kept_as_a_copy_within_the_count_bound() -> None:
+    recorder = Recorder(RecordLimits(max_calls=3, tune_after=2))
+    x = torch.zeros(2, 4)
+    offer(recorder, x)
+    x += 1  # the caller reuses its tensor: the kept call is a copy
+    offer(recorder, torch.zeros(2, 4))  # same signature: counted, not kept
+    assert len(recorder) == 1 and recorder.calls == 2 and not recorder.ready()
+    assert torch.equal(recorder.samples()[0].args[0], torch.zeros(2, 4))
+    for rows in (3, 4, 5):
+        offer(recorder, torch.zeros(rows, 4))
+    assert recorder.ready()
+    assert [s.args[0].shape[0] for s in recorder.samples()] == [3, 4, 5]  # oldest dropped
+
+
+def test_the_byte_bound_holds_and_a_call_larger_than_it_is_never_kept() -> None:
+    recorder = Recorder(RecordLimits(max_bytes=100 * 4))
+    offer(recorder, torch.zeros(60))
+    offer(recorder, torch.zeros(50))  # 440 bytes together: the older goes
+    offer(recorder, torch.zeros(101))  # alone over the bound
+    assert [s.args[0].numel() for s in recorder.samples()] == [50]
+    assert recorder.nbytes == 200
+
+
+def test_calls_round_trip_through_bytes() -> None:
+    samples = [
+        Sample((torch.arange(6).reshape(2, 3),), {"mask": torch.ones(2, 3), "scale": 0.5}),
+        Sample(
+            (),
+            {
+                "ids": [torch.zeros(1, dtype=torch.int64)],
+                "flag": True,
+                "dt": torch.float16,
+                "name": "x",
+                "none": None,
+                "pair": (1, 2),
+            },
+        ),
+    ]
+    back = decode_calls(encode_calls(samples))
+    assert [s.key for s in back] == [s.key for s in samples]
+    assert torch.equal(back[0].args[0], samples[0].args[0])
+    assert back[1].kwargs["pair"] == (1, 2) and back[1].kwargs["dt"] is torch.float16
+
+
+def test_a_call_holding_an_object_is_not_stored() -> None:
+    with pytest.raises(Unstorable, match="object"):
+        encode_calls([Sample((torch.zeros(1), object()), {})])
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda b: b[:5],  # truncated
+        lambda b: struct.pack("<Q", 1 << 40) + b[8:],  # a description longer than the data
+        lambda b: b.replace(b'"tensor":"0"', b'"tensor":"9"'),  # names a missing tensor
+        lambda b: b.replace(b'"schema":1', b'"schema":7'),
+        lambda b: b.replace(b'"value":0.5', b'"thing":0.5'),
+        lambda b: b[:-3],  # safetensors blob cut short
+    ],
+)
+def test_hostile_call_bytes_are_refused_with_a_typed_error(mangle) -> None:
+    good = encode_calls([Sample((torch.zeros(2, 2),), {"scale": 0.5})])
+    with pytest.raises(MalformedCallsError):
+        decode_calls(mangle(good))
+
+
+def test_stored_calls_are_checked_and_signed_when_a_key_is_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = CallsStore(tmp_path, None, 1 << 20)
+    body = encode_calls([Sample((torch.ones(2, 2),), {})])
+    store.put(KEY, body)
+    found = store.get(KEY, torch.device("cpu"))
+    assert found is not None and found[1] == "local"
+    path = tmp_path / "jit" / KEY
+    data = path.read_bytes()
+    path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # one bit flipped
+    assert store.get(KEY, torch.device("cpu")) is None
+    path.write_bytes(data)
+    monkeypatch.setenv(KEY_ENV, "fleet-secret")  # an unsigned record is refused now
+    assert store.get(KEY, torch.device("cpu")) is None
+    store.put(KEY, body)
+    assert store.get(KEY, torch.device("cpu")) is not None

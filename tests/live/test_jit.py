@@ -1,0 +1,329 @@
+"""tt.jit: eager from the first call, tuned in the background, warm in the next process."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import tunetree as tt
+from tunetree.cache.cli import main as cache_cli
+from tunetree.runtime.wrap import dispatcher_of
+
+from . import fakes
+
+ROOT = Path(__file__).resolve().parents[2]
+tuner_module = importlib.import_module("tunetree.live.tuner")
+
+
+def limits(**changes: Any) -> Any:
+    from tunetree.live import RecordLimits
+
+    return RecordLimits(**{"tune_after": 4, **changes})
+
+
+def serve(served: Any, rows: list[int]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [served(x) for x in fakes.calls(rows)]
+
+
+def eager(rows: list[int]) -> list[torch.Tensor]:
+    model = fakes.model()
+    with torch.no_grad():
+        return [model(x) for x in fakes.calls(rows)]
+
+
+def same(outs: list[torch.Tensor], expected: list[torch.Tensor]) -> bool:
+    return all(torch.equal(a, b) for a, b in zip(outs, expected, strict=True))
+
+
+def second_process(config: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.live.app", json.dumps(config)],
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_fakes():
+    fakes.BUILDS.clear()
+    fakes.RUNS.clear()
+
+
+def test_live_calls_tune_here_and_a_second_process_starts_tuned_with_no_build(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "cache"
+    model = fakes.model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    served = tt.jit(model, cache=cache, limits=limits(), **fakes.options())
+    rows = [1, 2, 3, 8]
+    assert same(serve(served, rows), eager(rows))
+    assert served.wait(timeout=120), served.reason
+    assert served.status == "tuned" and "depth 0" in served.reason
+    assert fakes.BUILDS == ["Slow"] and served.builds >= 1
+    assert served.result is not None and served.result.depth == 0
+    fakes.RUNS.clear()
+    outs = serve(served, [4, 6])  # unseen sizes inside the inferred range 1..8: the runner
+    assert len(fakes.RUNS) == 2
+    assert same(outs, eager([4, 6]))
+    # The user's model was never wrapped or changed.
+    assert all(dispatcher_of(m) is None for m in model.modules())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert (cache / "jit").is_dir() and len(list((cache / "jit").iterdir())) == 1
+
+    later = second_process({"cache": str(cache)})
+    assert later["tuned"] and later["builds"] == [] and later["served_builds"] == 0
+    assert later["first_call_tuned"] and later["equal"]
+    assert "warm start, local cache" in later["reason"]
+
+
+def test_a_second_host_starts_tuned_from_the_remote_with_its_own_empty_cache(
+    tmp_path: Path, remote: str
+) -> None:
+    served = tt.jit(
+        fakes.model(),
+        cache=tt.TuningCache(tmp_path / "host-a", remote=remote),
+        limits=limits(),
+        **fakes.options(),
+    )
+    serve(served, [1, 2, 3, 5, 8])
+    assert served.wait(timeout=120), served.reason
+    assert fakes.BUILDS == ["Slow"]
+    later = second_process({"cache": str(tmp_path / "host-b"), "remote": remote})
+    assert later["tuned"] and later["builds"] == [] and later["first_call_tuned"]
+    assert later["equal"] and "warm start, remote cache" in later["reason"]
+    assert (tmp_path / "host-b" / "jit").is_dir()
+
+
+def test_four_threads_calling_during_the_swap_get_eagers_numbers(tmp_path: Path) -> None:
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), tuner_nice=0, **fakes.options())
+    rows = [1, 2, 3, 4, 5, 6, 7, 8]
+    expected = eager(rows)
+    inputs = fakes.calls(rows)
+    wrong: list[str] = []
+    statuses: set[str] = set()
+    stop = threading.Event()
+
+    def caller(offset: int) -> None:
+        i = offset
+        with torch.no_grad():
+            while not stop.is_set():
+                statuses.add(served.status)
+                out = served(inputs[i % len(rows)])
+                if not torch.equal(out, expected[i % len(rows)]):
+                    wrong.append(f"call {i}")
+                i += 1
+                stop.wait(0.002)  # a service between requests (the GIL for the tuner too)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        assert served.wait(timeout=120), served.reason
+        fakes.RUNS.clear()
+        while len(fakes.RUNS) < 50:  # the threads go on, now on the tuned runner
+            stop.wait(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert wrong == []
+    assert {"recording", "tuned"} <= statuses
+
+
+def test_training_mode_serves_eager_with_a_reason_and_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = fakes.model().train()
+    served = tt.jit(model, cache=tmp_path, limits=limits(), **fakes.options())
+    with caplog.at_level(logging.WARNING, logger="tunetree"):
+        outs = serve(served, [1, 2, 3, 4, 5, 6])
+    assert served.status == "untuned" and served.tunes == 0
+    assert served.reason == "the model is in training mode (tuned runners serve eval mode only)"
+    assert not served.wait(timeout=5) and served.result is None
+    assert [r.getMessage() for r in caplog.records].count(
+        "tt.jit: serving the model's own forward: " + served.reason
+    ) == 1
+    model.eval()
+    assert same(outs, eager([1, 2, 3, 4, 5, 6]))
+    assert fakes.BUILDS == []
+
+
+def test_a_model_put_in_training_mode_after_the_swap_runs_its_own_forward(
+    tmp_path: Path,
+) -> None:
+    model = fakes.model()
+    served = tt.jit(model, cache=tmp_path, limits=limits(), **fakes.options())
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+    model.train()  # the tuned copy is not: its runners must not serve training calls
+    fakes.RUNS.clear()
+    serve(served, [2, 3])
+    assert fakes.RUNS == [] and served.status == "untuned"
+    assert "training mode" in served.reason
+
+
+def test_a_tuning_failure_serves_eager_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the backend crashed")
+
+    monkeypatch.setattr(tuner_module, "auto_tune", broken)
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    outs = serve(served, [1, 2, 3, 4])
+    assert not served.wait(timeout=60)
+    assert served.status == "untuned"
+    assert served.reason == "tuning failed: RuntimeError: the backend crashed"
+    more = serve(served, [5, 6])
+    assert same(outs, eager([1, 2, 3, 4]))
+    assert same(more, eager([5, 6]))
+
+
+class Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, settings: object) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_a_call_with_an_object_it_cannot_key_serves_eager_with_a_reason(tmp_path: Path) -> None:
+    served = tt.jit(Configured().eval(), cache=tmp_path, limits=limits(), **fakes.options())
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        out = served(x, object())
+    assert torch.equal(out, served.model(x, None))
+    assert served.status == "untuned" and "cannot be keyed" in served.reason
+
+
+def test_calls_outside_the_tuned_range_retune_wider(tmp_path: Path) -> None:
+    served = tt.jit(
+        fakes.model(),
+        cache=tmp_path,
+        limits=limits(retune_min_calls=3, retune_share=0.5),
+        **fakes.options(),
+    )
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120) and served.tunes == 1
+    assert "1..4" in str(served.result.plan.entries[0].key)  # type: ignore[union-attr]
+    outside = [12, 16, 20]
+    assert same(serve(served, outside), eager(outside))
+    assert served.wait(timeout=120), served.reason
+    assert served.tunes == 2 and "outside the tuned ranges" in served.reason
+    assert "1..20" in str(served.result.plan.entries[0].key)  # type: ignore[union-attr]
+    fakes.RUNS.clear()
+    serve(served, [14])
+    assert len(fakes.RUNS) == 1
+
+
+def test_undo_serves_the_plain_model_and_tune_now_starts_at_once(tmp_path: Path) -> None:
+    model = fakes.model()
+    served = tt.jit(model, cache=False, **fakes.options())
+    serve(served, [2])
+    assert served.status == "recording"  # one call: below the default threshold
+    served.tune_now()
+    assert served.wait(timeout=120) and served.builds >= 1
+    assert served.undo() is model
+    assert served.status == "untuned" and served.result is None
+    fakes.RUNS.clear()
+    serve(served, [2, 2])
+    assert fakes.RUNS == []
+    assert not (Path(os.environ["TUNETREE_CACHE_DIR"]) / "jit").exists()  # cache=False
+
+
+def test_the_jits_entries_show_in_cache_ls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+    capsys.readouterr()
+    assert cache_cli(["--dir", str(tmp_path), "ls", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(i["path"], i["winner"], i["problem"]) for i in listed] == [
+        ("", "test-live-fast", None)
+    ]
+
+
+def test_unknown_options_are_refused() -> None:
+    with pytest.raises(tt.InvalidInputError, match="datset"):
+        tt.jit(fakes.model(), datset=[1])
+    with pytest.raises(tt.InvalidInputError, match="verbose"):
+        tt.jit(fakes.model(), verbose=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice is Linux's")
+def test_builds_run_at_lower_priority_and_the_served_plan_is_loaded_at_the_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = tuner_module.auto_tune
+    priorities: list[int] = []
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner_module, "auto_tune", watched)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), tuner_nice=5, **fakes.options())
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+    assert priorities == [min(19, mine + 5), mine]  # the build, then the reload (no build)
+    assert fakes.BUILDS == ["Slow"]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+
+
+def test_share_calls_false_keeps_the_traffic_out_of_the_cache(tmp_path: Path) -> None:
+    served = tt.jit(
+        fakes.model(), cache=tmp_path, limits=limits(), share_calls=False, **fakes.options()
+    )
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+    assert not (tmp_path / "jit").exists()
+    assert any((tmp_path / "entries").iterdir())  # the plan itself is cached as usual
+
+
+def test_a_failed_retune_keeps_the_plan_that_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = tt.jit(
+        fakes.model(),
+        cache=tmp_path,
+        limits=limits(retune_min_calls=2, retune_share=0.5),
+        **fakes.options(),
+    )
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120)
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(tuner_module, "auto_tune", broken)
+    serve(served, [12, 16])  # outside 1..4: a re-tune starts, and fails
+    assert served.wait(timeout=60) and served.status == "tuned"
+    assert (
+        served.reason
+        == "still serving the earlier plan (tuning failed: RuntimeError: out of memory)"
+    )
+    fakes.RUNS.clear()
+    assert same(serve(served, [3, 20, 24]), eager([3, 20, 24]))
+    assert len(fakes.RUNS) == 1 and served.tunes == 2  # no re-tune loop on later outside calls

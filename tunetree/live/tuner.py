@@ -1,0 +1,210 @@
+"""The JIT's background work: one supervisor thread runs every tune, off the serving path.
+
+Each tune runs :func:`tunetree.auto_tune` on a private copy of the model (every module and
+buffer copied, the parameters shared, never written), so the user's model is never wrapped,
+hooked or put in eval mode by tuning, and callers keep being served by it meanwhile.
+
+Priority: ``torch.set_num_threads`` is process-wide, so the tuner cannot take fewer threads
+than serving without slowing serving too (and a tune measured on fewer threads would pick
+for a machine the service does not run on). What Linux does allow per thread is its nice
+value, inherited by the threads it starts (its OpenMP team, runtimes' pools, Inductor's
+compile workers). A cold tune (builds expected) therefore runs in a builder thread that
+raises its own nice value (``tuner_nice``, default 10), so serving threads get the cores
+first. Runtimes' worker threads made there keep that priority, so when a tuned plan comes out
+of it and the cache is on, the supervisor (at the caller's priority) loads the plan again
+from the cache, as a second process would (nothing is built), and that copy is the one served.
+"""
+
+from __future__ import annotations
+
+import atexit
+import copy
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..candidates.budget import BUILD
+from ..search.auto import auto_tune
+from ..search.auto_result import AutoTuneResult
+from ..signature.graph import Sample
+from ..signature.modules import CallFn, module_paths
+
+log = logging.getLogger("tunetree.live")
+
+DEFAULT_NICE = 10
+THREAD_NAME = "tunetree-jit"
+EXIT_WAIT_S = 10.0
+"""At interpreter exit, how long the JIT's threads still at work are waited for."""
+
+
+def _wait_at_exit() -> None:
+    """Let background work end before the interpreter finalizes (bounded by EXIT_WAIT_S).
+
+    A daemon thread still inside torch's native code when the interpreter finalizes can
+    abort the process; a short job (keeping the calls, a warm load) ends well within this.
+    """
+    end = time.monotonic() + EXIT_WAIT_S
+    for thread in threading.enumerate():
+        if thread.name.startswith(THREAD_NAME) and thread is not threading.current_thread():
+            thread.join(max(0.0, end - time.monotonic()))
+
+
+atexit.register(_wait_at_exit)
+
+
+@dataclass
+class TuneJob:
+    """One tune asked of the supervisor."""
+
+    samples: list[Sample]
+    generation: int
+    why: str
+    cold: bool = True
+    """Builds are expected (traffic recorded here); False for a warm start from the cache."""
+    builds: int = field(default=0, init=False)
+
+
+def builds_of(result: AutoTuneResult | None) -> int:
+    """Candidates built by one auto_tune (0 when every graph came from the cache)."""
+    if result is None or result.breakdown is None:
+        return 0
+    return sum(p.count for p in result.breakdown.phases if p.phase == BUILD)
+
+
+def private_copy(model: Any) -> Any:
+    """A copy of ``model`` to tune: modules and buffers copied, parameters shared."""
+    memo: dict[int, Any] = {}
+    for _, module in module_paths(model):
+        for parameter in module.parameters(recurse=False):
+            memo[id(parameter)] = parameter
+    return copy.deepcopy(model, memo)
+
+
+def lower_priority(nice: int) -> bool:
+    """Raise the calling thread's nice value by ``nice`` (Linux: per thread); True if done."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return False
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except OSError as exc:
+        log.debug("tt.jit: could not lower the tuner's priority: %s", exc)
+        return False
+    return True
+
+
+Finish = Callable[[TuneJob, "AutoTuneResult | None", str], None]
+
+
+class Tuner:
+    """The supervisor thread (see the module docstring); ``finish`` gets every outcome."""
+
+    def __init__(
+        self,
+        model: Any,
+        call: CallFn | None,
+        cache: Any,
+        options: dict[str, Any],
+        nice: int,
+        finish: Finish,
+    ) -> None:
+        self.model, self.call, self.cache = model, call, cache
+        self.options, self.nice, self.finish = options, nice, finish
+        self._jobs: queue.SimpleQueue[TuneJob | Callable[[], None]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def submit(self, job: TuneJob | Callable[[], None]) -> None:
+        """Run a tune (or any callable, e.g. the warm lookup) on the supervisor thread.
+
+        The thread is started for a burst of work and ends when the queue is empty, so
+        nothing keeps a served model alive once its caller drops it.
+        """
+        self._jobs.put(job)
+        with self._lock:
+            if self._running:
+                return
+            self._running = True
+        threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():
+                        self._running = False
+                        return
+                continue
+            if isinstance(job, TuneJob):
+                self._do(job)
+            else:
+                job()
+
+    def _do(self, job: TuneJob) -> None:
+        result, error = None, ""
+        try:
+            result = self._run(job)
+        except Exception as exc:  # any failure leaves the model served eagerly
+            error = f"{type(exc).__name__}: {exc}"
+            log.debug("tt.jit: tuning failed\n%s", traceback.format_exc())
+        try:
+            self.finish(job, result, error)
+        except Exception as exc:  # the supervisor must outlive any one tune
+            log.warning("tt.jit: handling a finished tune failed: %s", exc)
+
+    def _tune(self, samples: list[Sample]) -> AutoTuneResult:
+        return auto_tune(
+            private_copy(self.model),
+            samples,
+            call=self.call,
+            cache=self.cache,
+            verbose=False,
+            **self.options,
+        )
+
+    def _run(self, job: TuneJob) -> AutoTuneResult:
+        if not job.cold or self.nice <= 0:
+            result = self._tune(job.samples)
+            job.builds = builds_of(result)
+            return result
+        result = self._niced(job.samples)
+        job.builds = builds_of(result)
+        if result.depth is None or self.cache in (None, False):
+            return result
+        try:  # load the plan again here, at the caller's priority (nothing to build)
+            again = self._tune(job.samples)
+        except Exception as exc:
+            log.info("tt.jit: reloading the tuned plan failed (%s); serving the tuned one", exc)
+            return result
+        job.builds += builds_of(again)
+        if again.depth is None:
+            return result
+        result.undo()
+        return again
+
+    def _niced(self, samples: list[Sample]) -> AutoTuneResult:
+        """A tune in a builder thread of lower priority; re-raises its exception."""
+        out: dict[str, Any] = {}
+
+        def build() -> None:
+            lower_priority(self.nice)
+            try:
+                out["result"] = self._tune(samples)
+            except BaseException as exc:
+                out["error"] = exc
+
+        thread = threading.Thread(target=build, name=f"{THREAD_NAME}-builder", daemon=True)
+        thread.start()
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["result"]
