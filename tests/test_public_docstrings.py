@@ -68,7 +68,8 @@ def test_the_docstring_has_its_sections(name: str, value: Any) -> None:
         if _parameters(value):
             assert "Args:" in doc, name
             for parameter in _parameters(value):
-                assert f"    {parameter}:" in doc, f"{name}: {parameter} undocumented"
+                documented = (f"    {parameter}:", f"    **{parameter}:", f"    *{parameter}:")
+                assert any(d in doc for d in documented), f"{name}: {parameter} undocumented"
         assert "Returns:" in doc, name
     if "raise InvalidInputError" in _checking_source(value):
         assert "Raises:" in doc, name

@@ -55,7 +55,7 @@ def jit(
             starts. They are real traffic; False keeps them out (every process then tunes
             on its own traffic, reusing the cached graphs it can).
         tuner_nice: how much lower the builder thread's priority is (Linux nice, 0: same).
-        **auto_tune_options: any other keyword of :func:`tunetree.auto_tune` (``strategy``,
+        **auto_tune_options: Any other keyword of :func:`tunetree.auto_tune` (``strategy``,
             ``time_budget``, ``max_depth``, ``measure_config``, ...). A warm start needs the
             same options as the process that tuned.
 
@@ -64,6 +64,16 @@ def jit(
 
     Raises:
         InvalidInputError: an unknown or reserved ``auto_tune`` option.
+
+    Example:
+        >>> import torch, tunetree as tt
+        >>> model = torch.nn.Linear(4, 2).eval()
+        >>> served = tt.jit(model, cache=False)
+        >>> x = torch.randn(3, 4)
+        >>> torch.equal(served(x), model(x)), served.status
+        (True, 'recording')
+        >>> served.undo() is model
+        True
     """
     _check_options(auto_tune_options)
     recorder = Recorder(limits or RecordLimits())
