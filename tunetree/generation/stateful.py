@@ -21,6 +21,7 @@ from ..errors import BackendError, InvalidInputError
 from .stateful_export import CacheShape, export_stateful, output_cache
 from .stateful_forward import StatefulForward
 from .stateful_runner import StatefulRunner
+from .weights import compress_int8
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,16 @@ def unavailable_reason(model: Any) -> str | None:
     return None
 
 
+def bf16_reason() -> str | None:
+    """Why OpenVINO would not compute in bf16 on this CPU (no bf16 units), or None."""
+    from ..backends.openvino import _core
+
+    capabilities = list(_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
+    if "BF16" not in capabilities:
+        return "this CPU has no bf16 units (OpenVINO would compute in f32)"
+    return None
+
+
 def probe(model: nn.Module) -> tuple[CacheShape, type]:
     """The KV cache layout and the output type, from one tiny eager call.
 
@@ -132,8 +143,17 @@ def envelope(model: nn.Module, shape: CacheShape, config: StatefulConfig) -> int
     return limit
 
 
-def build_runner(model: nn.Module, config: StatefulConfig) -> tuple[StatefulRunner, type]:
-    """Export, compress (if asked) and compile the whole forward; returns it and the output type.
+@dataclasses.dataclass(frozen=True)
+class Exported:
+    """The whole forward converted once; every config compiles its own runner from it."""
+
+    model: Any
+    shape: CacheShape
+    output_type: type
+
+
+def export_whole(model: nn.Module) -> Exported:
+    """Export and convert ``model``'s whole forward to a stateful OpenVINO model.
 
     Raises:
         BackendError: the model is not served this way (the reason is in the message).
@@ -142,12 +162,15 @@ def build_runner(model: nn.Module, config: StatefulConfig) -> tuple[StatefulRunn
     if reason is not None:
         raise BackendError(reason)
     shape, output_type = probe(model)
-    converted = export_stateful(model, shape)
-    if config.weights == "int8":
-        from .weights import compress_int8
+    return Exported(export_stateful(model, shape), shape, output_type)
 
+
+def runner_for(exported: Exported, config: StatefulConfig) -> StatefulRunner:
+    """The runner of ``config``: weights compressed if asked (on a copy), then compiled."""
+    converted = exported.model
+    if config.weights == "int8":
         converted = compress_int8(converted)
-    return StatefulRunner(converted, shape, config.compile_config()), output_type
+    return StatefulRunner(converted, exported.shape, config.compile_config())
 
 
 def attach(
@@ -173,6 +196,6 @@ def stateful_model(model: nn.Module, config: StatefulConfig | None = None) -> nn
         BackendError: the model cannot be served this way (the reason is in the message).
     """
     config = config or StatefulConfig()
-    runner, output_type = build_runner(model, config)
-    limit = envelope(model, runner.shape, config)
-    return attach(model, runner, output_type, limit)
+    exported = export_whole(model)
+    runner = runner_for(exported, config)
+    return attach(model, runner, exported.output_type, envelope(model, exported.shape, config))

@@ -65,6 +65,7 @@ from .endtoend import (
     UNTUNED,
     side_by_side,
 )
+from .stateful_first import stateful_first
 from .rival import WHOLE_MODEL, FinalCheck, FinalRun, final_check, whole_model_plan
 from .tune import (
     GraphCache,
@@ -221,12 +222,19 @@ def auto_tune(
             if accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(accuracy, model, info, held, call)
+        whole, trials = stateful_first(run, rows, held, dev)
         decisions = DepthDecisions.open(run, rows, tie_tolerance, reuse_decision)
-        before = decisions.try_reuse()
-        if before is None:
-            before = _search(run, rows, budget)
-        result = _finish(run, rows, before, tie_tolerance, start)  # measures: still in eval mode
-    decisions.finish(result)
+        if whole is None:
+            before = decisions.try_reuse()
+            if before is None:
+                before = _search(run, rows, budget)
+            result = _finish(run, rows, before, tie_tolerance, start)  # measures: in eval mode
+            result.stateful = trials
+        else:
+            result = whole
+    if whole is None:
+        decisions.finish(result)
+    result.tuning_s = now() - start
     result.breakdown = clock.breakdown()
     result.time_budget = budget
     result.accuracy = accuracy
