@@ -30,7 +30,9 @@ class HeldState:
     """What every held layer of one cache shares: the length and how to read the tensors."""
 
     def __init__(self, layers: Sequence[Any], length: int, read: StateReader) -> None:
-        self.layers = list(layers)
+        # Weak: the layers hold this state, so strong references both ways would be a cycle
+        # that keeps a finished generate's cache alive (and copied out) until a collection.
+        self.layers = [weakref.ref(layer) for layer in layers]
         self.length = length
         self.read: StateReader | None = read
 
@@ -44,13 +46,16 @@ class HeldState:
         read, self.read = self.read, None
         if read is None:
             return
+        layers = [ref() for ref in self.layers]
+        if any(layer is None for layer in layers):
+            return  # the cache is gone: nobody can read it
         tensors = list(read())
-        if len(tensors) != 2 * len(self.layers):
+        if len(tensors) != 2 * len(layers):
             raise BackendError(
-                f"the runtime holds {len(tensors)} cache tensors, the cache {len(self.layers)} "
+                f"the runtime holds {len(tensors)} cache tensors, the cache {len(layers)} "
                 "layers of keys and values"
             )
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(layers):
             keys, values = tensors[2 * i], tensors[2 * i + 1]
             if keys.shape[-2] != self.length:
                 raise BackendError(

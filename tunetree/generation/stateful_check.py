@@ -82,19 +82,28 @@ def teacher_forced(model: Any, prompt: dict[str, torch.Tensor], tokens: torch.Te
     """
     from transformers.cache_utils import DynamicCache
 
-    forward = type(model).forward
-    cache_name = "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+    parameters = inspect.signature(type(model).forward).parameters
+    cache_name = "cache" if "cache" in parameters else "past_key_values"
     cache = DynamicCache(config=model.config)
     mask = prompt["attention_mask"]
+    extra: dict[str, Any] = {}
+    if "position_ids" in parameters:  # as generate passes them: left padding shifts rows
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+        extra["position_ids"] = positions
     with torch.no_grad():
-        out = model(input_ids=prompt["input_ids"], attention_mask=mask, use_cache=True, **{cache_name: cache})
+        out = model(
+            input_ids=prompt["input_ids"], attention_mask=mask, use_cache=True,
+            **{cache_name: cache}, **extra,
+        )  # fmt: skip
         logits = [out.logits]
         cache = getattr(out, cache_name, None) or cache
         for step in range(tokens.shape[1] - 1):
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            if extra:
+                extra["position_ids"] = extra["position_ids"][:, -1:] + 1
             out = model(
                 input_ids=tokens[:, step : step + 1], attention_mask=mask, use_cache=True,
-                **{cache_name: cache},
+                **{cache_name: cache}, **extra,
             )  # fmt: skip
             logits.append(out.logits)
             cache = getattr(out, cache_name, None) or cache

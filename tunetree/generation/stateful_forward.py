@@ -56,7 +56,18 @@ class StatefulForward:
         self.output_type = output_type
         self.max_length = max_length
         self.counts = ServeCounts()
-        self._names = list(inspect.signature(original).parameters)
+        signature = inspect.signature(original)
+        self._names = list(signature.parameters)
+        # generate reads the forward's signature to decide what to pass (position_ids from the
+        # mask, for left-padded rows): it must see the original's.
+        self.__signature__ = signature
+
+    save_refusal = (
+        "its forward is served by a whole-model stateful OpenVINO runner, which a checkpoint "
+        "does not hold yet (it would load as another model); keep the process serving, or "
+        "save the untuned model and tune again after loading"
+    )
+    """Why ``tt.save`` refuses a model this forward serves (read by the checkpoint writer)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if args:
