@@ -17,16 +17,19 @@ the values.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import logging
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..backends.export_context import attention_as_eager, describe_error, exporting, quiet
+from ..backends.export_context import describe_error, exporting, quiet
 from ..errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -121,7 +124,7 @@ def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
     )
     wrapper = _WholeForward(model, shape.layers)
     try:
-        with exporting(model), attention_as_eager(expand_gqa=True, null_key=True), quiet():
+        with exporting(model), attention_for_runtime(), quiet():
             exported = torch.export.export(
                 wrapper, (ids, mask, positions, flat), dynamic_shapes=dims, strict=False
             )
@@ -134,8 +137,48 @@ def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
     return converted
 
 
+@contextlib.contextmanager
+def attention_for_runtime() -> Iterator[None]:
+    """Export ``scaled_dot_product_attention`` in the form OpenVINO's CPU kernel takes whole.
+
+    A boolean mask becomes an additive one (0 where visible, the dtype's lowest value where
+    not): OpenVINO keeps such an attention as its own SDPA kernel (a boolean one was split into
+    matmuls and a softmax, 2x slower per step). A query row its mask hides entirely (a
+    left-padded prompt's padding) then averages the values instead of eager's zeros, so its
+    result is zeroed explicitly: every position computes what eager computes. Grouped-query
+    attention (``enable_gqa``) is written as attention over repeated key/value heads (OpenVINO's
+    converter ignores the flag). The function is put back afterwards.
+    """
+    functional = torch.nn.functional
+    original = functional.scaled_dot_product_attention
+
+    @functools.wraps(original)
+    def attention(query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.pop("enable_gqa", False) and key.shape[-3] != query.shape[-3]:
+            groups = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
+        # The head count as a constant: exported, it is otherwise a shape expression, and
+        # OpenVINO splits an attention of unknown heads into matmuls and a softmax.
+        query = query.reshape(query.shape[0], int(query.shape[1]), query.shape[2], query.shape[3])
+        if not isinstance(attn_mask, torch.Tensor) or attn_mask.dtype != torch.bool:
+            return original(query, key, value, attn_mask, *args, **kwargs)
+        visible = attn_mask.any(dim=-1, keepdim=True)
+        lowest = torch.finfo(query.dtype).min
+        additive = torch.zeros(attn_mask.shape, dtype=query.dtype).masked_fill(~attn_mask, lowest)
+        out = original(query, key, value, additive, *args, **kwargs)
+        return torch.where(visible, out, 0.0)
+
+    functional.scaled_dot_product_attention = attention
+    try:
+        yield
+    finally:
+        functional.scaled_dot_product_attention = original
+
+
 def _make_stateful(model: Any, shape: CacheShape) -> None:
     """Name the ports, turn each past/present pair into a state, give states their initial value."""
+    import openvino
     from openvino import opset13
     from openvino._offline_transformations import apply_make_stateful_transformation
 
@@ -149,8 +192,13 @@ def _make_stateful(model: Any, shape: CacheShape) -> None:
         port.get_tensor().set_names({name})
     model.outputs[0].get_tensor().set_names({LOGITS})
     for i in range(pairs):
-        model.inputs[len(INPUTS) + i].get_tensor().set_names({f"past.{i}"})
+        port = model.inputs[len(INPUTS) + i]
+        port.get_tensor().set_names({f"past.{i}"})
+        # Known head counts and sizes: OpenVINO keeps an attention whole only on such shapes.
+        heads, size = shape.kv_heads[i // 2], shape.head_dims[i // 2]
+        port.get_node().set_partial_shape(openvino.PartialShape([-1, heads, -1, size]))
         model.outputs[1 + i].get_tensor().set_names({f"present.{i}"})
+    model.validate_nodes_and_infer_types()
     apply_make_stateful_transformation(model, {f"past.{i}": f"present.{i}" for i in range(pairs)})
     ids = model.input("input_ids")
     batch = opset13.gather(
