@@ -15,14 +15,16 @@ from collections.abc import Callable
 
 
 def cycled_medians(approaches: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Median seconds of one call of each approach over ``rounds`` cycled rounds (after a warm-up)."""
+    """Median seconds of one call of each approach over ``rounds`` cycled rounds (warmed up)."""
     for fn in approaches.values():
         fn()
     names = list(approaches)
     orders = list(itertools.permutations(names)) if len(names) <= 4 else None
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
-        order = orders[r % len(orders)] if orders else names[r % len(names) :] + names[: r % len(names)]
+        order = (
+            orders[r % len(orders)] if orders else names[r % len(names) :] + names[: r % len(names)]
+        )
         for name in order:
             start = time.perf_counter()
             approaches[name]()

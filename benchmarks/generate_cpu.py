@@ -101,7 +101,7 @@ def ensure_venv(venv: Path) -> Path:
     print(f"building optimum-intel's environment at {venv} (minutes)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "torch==2.13.0", "--index-url", "https://download.pytorch.org/whl/cpu"], check=True)  # fmt: skip
+    subprocess.run([*pip, "torch==2.13.0"], check=True)  # first: optimum-intel would pull another
     subprocess.run([*pip, "optimum-intel[openvino,nncf]"], check=True)
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision"], check=False)
     return python
@@ -135,6 +135,37 @@ def equal_share(a: list, b: torch.Tensor) -> float:
     return float((other == b).all(dim=1).float().mean())
 
 
+def table(
+    rows: dict[str, dict[str, tuple[float, float]]],
+    prompts: list[str],
+    setup_s: dict[str, float],
+    n: int,
+    model: str,
+) -> str:
+    """The side-by-side table: ms per new token, ratios against eager, rows equal to eager's."""
+    lines = []
+    for a, per in rows.items():
+        cells = [a]
+        cells += [f"{1000 * per.get(p, (float('nan'), 0))[0] / n:.2f}" for p in prompts]
+        for name in prompts:
+            s = per.get(name, (float("nan"), 0.0))[0]
+            extra = ""
+            if a.startswith("optimum") and "eager (optimum env)" in rows:
+                extra = f" ({rows['eager (optimum env)'][name][0] / s:.2f}x own eager)"
+            cells.append(f"{rows['eager'][name][0] / s:.2f}x{extra}")
+        cells.append(" / ".join(f"{100 * per[p][1]:.0f}%" for p in prompts if p in per))
+        cells.append(f"{setup_s[a]:.0f} s" if a in setup_s else "-")
+        lines.append(cells)
+    headers = [
+        "approach",
+        *(f"ms/token {p}" for p in prompts),
+        *(f"vs eager {p}" for p in prompts),
+        "rows = eager",
+        "tune/load",
+    ]
+    return format_table(headers, lines, title=f"{model}, {n} new tokens, greedy, unseen prompts")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama-134m")
@@ -157,8 +188,11 @@ def main() -> None:
     model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     n = args.tokens
     gen = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    prompts = {name: prompt(cfg.vocab_size, b, l, seed=i) for i, (name, (b, l)) in enumerate(UNSEEN.items())}
-    tuning = [prompt(cfg.vocab_size, b, l, seed=100 + i) for i, (b, l) in enumerate(TUNING)]
+    prompts = {
+        name: prompt(cfg.vocab_size, batch, length, seed=i)
+        for i, (name, (batch, length)) in enumerate(UNSEEN.items())
+    }
+    tuning = [prompt(cfg.vocab_size, *shape, seed=100 + i) for i, shape in enumerate(TUNING)]
 
     def call(m: Any, **x: Any) -> Any:
         return m.generate(**x, **gen)
@@ -200,40 +234,33 @@ def main() -> None:
         with torch.no_grad():
             eager_tokens[name] = model.generate(**inputs, **gen)
             tokens = {a: runner(e, inputs)() for a, e in approaches.items()}
-            seconds = cycled_medians({a: runner(e, inputs) for a, e in approaches.items()}, args.rounds)
+            seconds = cycled_medians(
+                {a: runner(e, inputs) for a, e in approaches.items()}, args.rounds
+            )
         for a in approaches:
-            rows.setdefault(a, {})[name] = (seconds[a], equal_share(tokens[a].tolist(), eager_tokens[name]))
+            rows.setdefault(a, {})[name] = (
+                seconds[a],
+                equal_share(tokens[a].tolist(), eager_tokens[name]),
+            )
     optimum: dict = {}
     if not args.no_optimum:
         python = ensure_venv(args.optimum_venv)
         optimum = run_optimum(python, directory, prompts, gen, args.rounds)
         for name, results in optimum["prompts"].items():
             for a, r in results.items():
-                rows.setdefault(a, {})[name] = (r["s"], equal_share(r["tokens"], eager_tokens[name]))
+                rows.setdefault(a, {})[name] = (
+                    r["s"],
+                    equal_share(r["tokens"], eager_tokens[name]),
+                )
         setup_s.update({a: s for a, s in optimum["load_s"].items()})
-    table = []
-    for a, per in rows.items():
-        cells = [a]
-        for name in prompts:
-            s, _ = per.get(name, (float("nan"), 0.0))
-            cells.append(f"{1000 * s / n:.2f}")
-        for name in prompts:
-            s, _ = per.get(name, (float("nan"), 0.0))
-            own = "optimum env" if a.startswith("optimum") else ""
-            ratio = rows["eager"][name][0] / s
-            extra = ""
-            if own and "eager (optimum env)" in rows:
-                extra = f" ({rows['eager (optimum env)'][name][0] / s:.2f}x own eager)"
-            cells.append(f"{ratio:.2f}x{extra}")
-        cells.append(" / ".join(f"{100 * per[name][1]:.0f}%" for name in prompts if name in per))
-        cells.append(f"{setup_s[a]:.0f} s" if a in setup_s else "-")
-        table.append(cells)
-    headers = ["approach", *(f"ms/token {p}" for p in prompts), *(f"vs eager {p}" for p in prompts), "rows = eager", "tune/load"]
-    print(format_table(headers, table, title=f"{args.model}, {n} new tokens, greedy, unseen prompts"))
+    print(table(rows, list(prompts), setup_s, n, args.model))
     forward = getattr(tuned.model, "forward", None)
     counts = getattr(forward, "counts", None)
     if counts is not None:
-        print(f"tunetree usual call: {counts.served} forwards served, {counts.original} original ({dict(counts.reasons)})")
+        print(
+            f"tunetree usual call: {counts.served} forwards served, {counts.original} ran "
+            f"the original forward ({dict(counts.reasons)})"
+        )
     print("load average after:", os.getloadavg(), flush=True)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _cycled import cycled_medians  # noqa: E402
+from _cycled import cycled_medians
 
 
 def main() -> None:
@@ -37,9 +37,7 @@ def main() -> None:
         "optimum-intel f32": lambda: OVModelForCausalLM.from_pretrained(
             directory, export=True, ov_config={"INFERENCE_PRECISION_HINT": "f32"}
         ),
-        "optimum-intel default": lambda: OVModelForCausalLM.from_pretrained(
-            directory, export=True
-        ),
+        "optimum-intel default": lambda: OVModelForCausalLM.from_pretrained(directory, export=True),
         "optimum-intel int8 weights": lambda: OVModelForCausalLM.from_pretrained(
             directory, export=True, quantization_config=OVWeightQuantizationConfig(bits=8)
         ),
@@ -56,7 +54,7 @@ def main() -> None:
         inputs = {k: torch.tensor(v) for k, v in prompt.items()}
         tokens = {}
 
-        def run(model, inputs=inputs, name=None):
+        def run(model, inputs=inputs, name=None, tokens=tokens):
             with torch.no_grad():
                 out = model.generate(**inputs, **gen)
             if name is not None:

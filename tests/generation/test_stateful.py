@@ -118,9 +118,7 @@ def test_save_refuses_a_stateful_model_and_writes_nothing(
 
 def _timings(models: dict) -> dict[str, Timing]:
     """A fake measurement: every tuned model twice as fast as the untuned one."""
-    return {
-        name: Timing(1.0 if name == UNTUNED else 0.5, 1.0, 1.0, 1.0, 3, 1) for name in models
-    }
+    return {name: Timing(1.0 if name == UNTUNED else 0.5, 1.0, 1.0, 1.0, 3, 1) for name in models}
 
 
 def test_a_config_the_budget_refuses_is_never_served() -> None:
@@ -168,3 +166,23 @@ def test_a_budget_admits_a_changing_config_labelled_as_such() -> None:
     prompt = _prompt(3, 20, seed=9)
     out = chosen.model.generate(**prompt, **GEN)
     assert out.shape == (3, 26) and chosen.model.forward.counts.original == 0
+
+
+@pytest.mark.slow
+def test_auto_tune_serves_the_usual_generate_call_whole_before_any_depth() -> None:
+    model = _model("llama")
+
+    def call(m, **x):
+        return m.generate(**x, **GEN)
+
+    result = tt.auto_tune(
+        model, [_prompt(1, 6, 1), _prompt(2, 9, 2)], call=call, verbose=False, cache=False
+    )
+    chosen = [t for t in result.stateful if t.chosen]
+    assert [t.config.preserves_results for t in chosen] == [True]
+    assert result.model.forward is not model.forward
+    assert "whole model, stateful" in str(result)
+    for batch, length in [(3, 40), (5, 17)]:
+        prompt = _prompt(batch, length, seed=batch)
+        assert torch.equal(result.model.generate(**prompt, **GEN), model.generate(**prompt, **GEN))
+    assert result.model.forward.counts.original == 0

@@ -55,7 +55,7 @@ class HeldState:
                 f"the runtime holds {len(tensors)} cache tensors, the cache {len(layers)} "
                 "layers of keys and values"
             )
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(alive for alive in layers if alive is not None):
             keys, values = tensors[2 * i], tensors[2 * i + 1]
             if keys.shape[-2] != self.length:
                 raise BackendError(
@@ -113,7 +113,7 @@ class _HeldMixin:
 
 
 @functools.lru_cache(maxsize=16)
-def held_class(base: type) -> type:
+def held_class(base: Any) -> type:
     """The held subclass of one cache layer class (made once per class)."""
     # The methods are copied, not inherited: a class with only ``base`` above it and no
     # slots of its own has ``base``'s memory layout, which a ``__class__`` switch needs.
@@ -130,7 +130,7 @@ def hold(cache: Any, length: int, read: StateReader, dtype: torch.dtype) -> Held
     layers = list(cache.layers)
     state = HeldState(layers, length, read)
     for layer in layers:
-        base = type(layer)
+        base: Any = type(layer)
         if "_held_state" not in vars(base):
             saved = {name: layer.__dict__.pop(name, None) for name in ("keys", "values")}
             layer.__class__ = held_class(base)
@@ -147,7 +147,7 @@ def held_state_of(cache: Any) -> HeldState | None:
     if not layers:
         return None
     state = layers[0].__dict__.get("_held")
-    if state is None or not state.held or any(l.__dict__.get("_held") is not state for l in layers):
+    if state is None or not state.held or any(x.__dict__.get("_held") is not state for x in layers):
         return None
     return state
 
@@ -164,6 +164,7 @@ class Holder:
         return state if state is not None and state.held else None
 
     def set(self, state: HeldState | None) -> None:
+        """Track ``state`` (weakly) as the one the runtime's state belongs to."""
         self._state = weakref.ref(state) if state is not None else None
 
     def release(self) -> None:

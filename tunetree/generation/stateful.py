@@ -47,7 +47,9 @@ class StatefulConfig:
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
-            raise InvalidInputError(f"precision must be one of {PRECISIONS}, not {self.precision!r}")
+            raise InvalidInputError(
+                f"precision must be one of {PRECISIONS}, not {self.precision!r}"
+            )
         if self.weights not in WEIGHTS:
             raise InvalidInputError(f"weights must be one of {WEIGHTS}, not {self.weights!r}")
         if self.max_length is not None and self.max_length < 1:
@@ -117,8 +119,9 @@ def probe(model: nn.Module) -> tuple[CacheShape, type]:
             f"the model returned {type(cache).__name__} for its cache, not a DynamicCache: "
             "no stateful export"
         )
-    keys = [getattr(layer, "keys", None) for layer in cache.layers]
-    if any(k is None or k.dim() != 4 or k.shape[-2] != 2 for k in keys):
+    found = [getattr(layer, "keys", None) for layer in cache.layers]
+    keys: list[torch.Tensor] = [k for k in found if isinstance(k, torch.Tensor)]
+    if len(keys) != len(found) or not all(k.dim() == 4 and k.shape[-2] == 2 for k in keys):
         raise BackendError("a cache layer does not hold [batch, heads, positions, size] keys")
     shape = CacheShape(
         layers=len(keys),

@@ -41,6 +41,7 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
+        """Whether the model passed."""
         return not self.problem
 
 
@@ -75,7 +76,9 @@ def probes(samples: Sequence[Sample], vocab: int, room: int, seed: int = 0) -> l
     return found
 
 
-def teacher_forced(model: Any, prompt: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
+def teacher_forced(
+    model: Any, prompt: dict[str, torch.Tensor], tokens: torch.Tensor
+) -> torch.Tensor:
     """``model``'s logits over the prompt and then ``tokens`` (``[batch, new]``), step by step.
 
     Returns ``[batch, prompt + new - 1, vocab]``: the prefill's logits, then each step's.

@@ -83,7 +83,8 @@ class _WholeForward(nn.Module):
             # past the window, inside which both hold and attend to the same positions.
             layer = DynamicLayer()
             layer.keys, layer.values = past[2 * i], past[2 * i + 1]
-            layer.is_initialized, layer.device, layer.dtype = True, past[0].device, past[0].dtype
+            layer.is_initialized, layer.device = True, past[0].device
+            layer.dtype = past[0].dtype  # type: ignore[attr-defined]
             cache.layers.append(layer)
         out = self.model(
             input_ids=input_ids,
@@ -130,9 +131,7 @@ def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
             )
             converted = openvino.convert_model(exported)
     except Exception as exc:
-        raise BackendError(
-            f"the whole forward did not export: {describe_error(exc)}"
-        ) from exc
+        raise BackendError(f"the whole forward did not export: {describe_error(exc)}") from exc
     _make_stateful(converted, shape)
     return converted
 
@@ -153,7 +152,9 @@ def attention_for_runtime() -> Iterator[None]:
     original = functional.scaled_dot_product_attention
 
     @functools.wraps(original)
-    def attention(query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any) -> Any:
+    def attention(
+        query: Any, key: Any, value: Any, attn_mask: Any = None, *args: Any, **kwargs: Any
+    ) -> Any:
         if kwargs.pop("enable_gqa", False) and key.shape[-3] != query.shape[-3]:
             groups = query.shape[-3] // key.shape[-3]
             key = key.repeat_interleave(groups, dim=-3)

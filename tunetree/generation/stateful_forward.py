@@ -70,6 +70,7 @@ class StatefulForward:
     """Why ``tt.save`` refuses a model this forward serves (read by the checkpoint writer)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The forward's output for ``kwargs``: the runner's, or the original forward's."""
         if args:
             kwargs = {**dict(zip(self._names, args, strict=False)), **kwargs}
             if len(args) > len(self._names):
@@ -92,6 +93,48 @@ class StatefulForward:
         """The call's output, or the reason it is not served (a string)."""
         from transformers.cache_utils import DynamicCache
 
+        refused = self._refusal(kwargs)
+        if refused:
+            return refused
+        ids = kwargs["input_ids"]
+        keep = kwargs.get("logits_to_keep", 0)
+        cache = next((kwargs[n] for n in _CACHE_NAMES if kwargs.get(n) is not None), None)
+        use_cache = kwargs.get("use_cache")
+        if use_cache is None:
+            use_cache = bool(getattr(self.config, "use_cache", True))
+        past = self._past(cache, ids.shape[0])
+        if isinstance(past, str):
+            return past
+        batch, length = ids.shape
+        if past + length > self.max_length:
+            return f"{past + length} positions are past the envelope's {self.max_length}"
+        inputs = _mask_and_positions(kwargs, batch, length, past)
+        if isinstance(inputs, str):
+            return inputs
+        mask, positions = inputs
+        self._prepare(cache, past)
+        logits = self.runner.run(ids, mask, positions)
+        if keep:
+            logits = logits[:, -keep:]
+        if cache is None and use_cache:
+            cache = DynamicCache(config=self.config)
+        if cache is not None:
+            state = held_state_of(cache)
+            if self.runner.owns(state) and state is not None:
+                state.length = self.runner.length
+            else:
+                self.runner.bind(cache)
+        output = self.output_type(
+            logits=logits, **{self._cache_field(): cache if use_cache else None}
+        )
+        if kwargs.get("return_dict") is False:
+            return output.to_tuple()
+        return output
+
+    def _refusal(self, kwargs: dict[str, Any]) -> str:
+        """Why the call's arguments are not served ("" when they are)."""
+        from transformers.cache_utils import DynamicCache
+
         known = {"input_ids", "attention_mask", "position_ids", "use_cache", "logits_to_keep"}
         for name, value in kwargs.items():
             if name in known or name in _CACHE_NAMES or name in _IGNORED:
@@ -108,47 +151,11 @@ class StatefulForward:
         if not isinstance(keep, int) or keep < 0:
             return "logits_to_keep is not a non-negative int"
         cache = next((kwargs[n] for n in _CACHE_NAMES if kwargs.get(n) is not None), None)
-        use_cache = kwargs.get("use_cache")
-        if use_cache is None:
-            use_cache = bool(getattr(self.config, "use_cache", True))
         if cache is not None and type(cache) is not DynamicCache:
             return f"a {type(cache).__name__} is not served (a DynamicCache is)"
         if cache is not None and len(cache.layers) != self.runner.shape.layers:
             return "the cache has another number of layers"
-        past = self._past(cache, ids.shape[0])
-        if isinstance(past, str):
-            return past
-        batch, length = ids.shape
-        if past + length > self.max_length:
-            return f"{past + length} positions are past the envelope's {self.max_length}"
-        mask = kwargs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones(batch, past + length, dtype=torch.long)
-        elif mask.dim() != 2 or tuple(mask.shape) != (batch, past + length):
-            return f"attention_mask of shape {tuple(mask.shape)} is not [batch, cache + input]"
-        positions = kwargs.get("position_ids")
-        if positions is None:
-            positions = torch.arange(past, past + length).expand(batch, length)
-        elif positions.dim() != 2 or positions.shape[-1] != length:
-            return "position_ids is not [batch or 1, input]"
-        else:
-            positions = positions.expand(batch, length)
-        self._prepare(cache, past)
-        logits = self.runner.run(ids, mask, positions)
-        if keep:
-            logits = logits[:, -keep:]
-        if cache is None and use_cache:
-            cache = DynamicCache(config=self.config)
-        if cache is not None:
-            state = held_state_of(cache)
-            if self.runner.owns(state) and state is not None:
-                state.length = self.runner.length
-            else:
-                self.runner.bind(cache)
-        output = self.output_type(logits=logits, **{self._cache_field(): cache if use_cache else None})
-        if kwargs.get("return_dict") is False:
-            return output.to_tuple()
-        return output
+        return ""
 
     def _past(self, cache: Any, batch: int) -> int | str:
         """The cache's length, or why it cannot be served."""
@@ -169,6 +176,11 @@ class StatefulForward:
             return 0
         if len(lengths) != 1:
             return "the cache's layers hold different lengths (a window crossed?)"
+        if any(
+            getattr(layer, "cumulative_length", None) not in (None, *lengths)
+            for layer in cache.layers
+        ):
+            return "a sliding-window layer has dropped positions"
         first = cache.layers[0].keys
         if first.shape[0] != batch:
             return f"the cache holds {first.shape[0]} rows, input_ids {batch}"
@@ -189,6 +201,23 @@ class StatefulForward:
     def _cache_field(self) -> str:
         fields = getattr(self.output_type, "__dataclass_fields__", {})
         return "cache" if "cache" in fields else "past_key_values"
+
+
+def _mask_and_positions(
+    kwargs: dict[str, Any], batch: int, length: int, past: int
+) -> tuple[torch.Tensor, torch.Tensor] | str:
+    """The call's mask and positions (eager's defaults when absent), or why they do not fit."""
+    mask = kwargs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones(batch, past + length, dtype=torch.long)
+    elif mask.dim() != 2 or tuple(mask.shape) != (batch, past + length):
+        return f"attention_mask of shape {tuple(mask.shape)} is not [batch, cache + input]"
+    positions = kwargs.get("position_ids")
+    if positions is None:
+        return mask, torch.arange(past, past + length).expand(batch, length)
+    if positions.dim() != 2 or positions.shape[-1] != length:
+        return "position_ids is not [batch or 1, input]"
+    return mask, positions.expand(batch, length)
 
 
 def _brief(value: Any) -> str:

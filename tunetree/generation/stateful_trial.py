@@ -67,6 +67,7 @@ class StatefulTrial:
         return self.untuned.median_s / self.timing.median_s
 
     def cells(self) -> list[str]:
+        """The trial's row of :func:`trials_table`."""
         report = self.report
         return [
             ("*" if self.chosen else "") + self.config.label,
@@ -84,7 +85,16 @@ def trials_table(trials: Sequence[StatefulTrial]) -> str:
     """The trials as a table ("" when there were none)."""
     if not trials:
         return ""
-    headers = ["whole model, stateful", "results", "latency", "speedup", "tokens", "top-1", "error", "status"]
+    headers = [
+        "whole model, stateful",
+        "results",
+        "latency",
+        "speedup",
+        "tokens",
+        "top-1",
+        "error",
+        "status",
+    ]
     return format_table(
         headers,
         [t.cells() for t in trials],
@@ -99,7 +109,10 @@ def configs(accuracy: AccuracyBudget | None) -> list[StatefulConfig]:
         return found
     found.append(StatefulConfig(weights="int8"))
     if bf16_reason() is None:
-        found += [StatefulConfig(precision="bf16"), StatefulConfig(precision="bf16", weights="int8")]
+        found += [
+            StatefulConfig(precision="bf16"),
+            StatefulConfig(precision="bf16", weights="int8"),
+        ]
     return found
 
 
@@ -141,6 +154,12 @@ def try_stateful(
         _build_and_check(trial, model, exported, checked, call, accuracy, tolerances)
         if trial.build_s is not None:
             trial.build_s += export_s
+    _measure_and_choose(trials, model, measure)
+    return trials
+
+
+def _measure_and_choose(trials: list[StatefulTrial], model: Any, measure: Measure) -> None:
+    """Time the passed configs beside the untuned model; choose the fastest that beats it."""
     passed = [t for t in trials if t.status == "passed"]
     if passed:
         timings = measure({UNTUNED: model, **{t.config.label: t.model for t in passed}})
@@ -154,7 +173,6 @@ def try_stateful(
     for trial in trials:
         if not trial.chosen:
             trial.model = None  # its runner's threads must not slow what is measured next
-    return trials
 
 
 def _build_and_check(
@@ -189,7 +207,7 @@ def _build_and_check(
             model, tuned, samples, call, metric=accuracy.metric, max_error=accuracy.max_error
         )
     trial.report = report
-    served = tuned.forward.counts
+    served = tuned.__dict__["forward"].counts
     if served.original:
         reasons = "; ".join(sorted(served.reasons))
         report_problem = f"{served.original} calls ran the original forward ({reasons})"

@@ -18,7 +18,7 @@ MIN_ELEMENTS = 4096
 
 
 def compress_int8(model: Any) -> Any:
-    """A copy of ``model`` with its matmul weights compressed to 8 bits (asymmetric, per channel)."""
+    """A copy of ``model`` with its matmul weights in 8 bits (asymmetric, per channel)."""
     import openvino
     from openvino import opset13
 

@@ -65,8 +65,8 @@ from .endtoend import (
     UNTUNED,
     side_by_side,
 )
-from .stateful_first import stateful_first
 from .rival import WHOLE_MODEL, FinalCheck, FinalRun, final_check, whole_model_plan
+from .stateful_first import stateful_first
 from .tune import (
     GraphCache,
     check_device,
@@ -222,23 +222,42 @@ def auto_tune(
             if accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(accuracy, model, info, held, call)
-        whole, trials = stateful_first(run, rows, held, dev)
-        decisions = DepthDecisions.open(run, rows, tie_tolerance, reuse_decision)
-        if whole is None:
-            before = decisions.try_reuse()
-            if before is None:
-                before = _search(run, rows, budget)
-            result = _finish(run, rows, before, tie_tolerance, start)  # measures: in eval mode
-            result.stateful = trials
-        else:
-            result = whole
-    if whole is None:
+        result, decisions = _tune(
+            run, rows, held, dev, budget, tie_tolerance, reuse_decision, start
+        )
+    if decisions is not None:
         decisions.finish(result)
     result.tuning_s = now() - start
     result.breakdown = clock.breakdown()
     result.time_budget = budget
     result.accuracy = accuracy
     return result
+
+
+def _tune(
+    run: DepthRun,
+    rows: list[DepthRow],
+    held: list[Any],
+    dev: torch.device,
+    budget: float | None,
+    tie_tolerance: float,
+    reuse_decision: bool,
+    start: float,
+) -> tuple[AutoTuneResult, DepthDecisions | None]:
+    """The whole-model stateful runner for generate first, else the depths' search.
+
+    Returns the result and the decisions to record (None when the stateful runner serves).
+    """
+    whole, trials = stateful_first(run, rows, held, dev)
+    if whole is not None:
+        return whole, None
+    decisions = DepthDecisions.open(run, rows, tie_tolerance, reuse_decision)
+    before = decisions.try_reuse()
+    if before is None:
+        before = _search(run, rows, budget)
+    result = _finish(run, rows, before, tie_tolerance, start)  # still in eval mode
+    result.stateful = trials
+    return result, decisions
 
 
 def _nothing_to_try(strategy: Strategy, dev: torch.device) -> str:
