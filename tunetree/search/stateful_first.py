@@ -5,7 +5,8 @@ checks and measures the whole forward as one stateful OpenVINO model. When one o
 configs beats the untuned model, that model is the result and no depth is tuned (every depth
 row says why): a per-layer plan hands the cache across Python at every layer and step, which
 a model that keeps it inside the runtime does not. Otherwise its rows stay in the result and
-the depths are searched as usual.
+the depths are searched as usual. A strategy without OpenVINO (the caller chose its backends)
+skips this step.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def stateful_first(
     """The result served by a stateful whole-model runner, or None and the trials' rows."""
     if not run.generation or device.type != "cpu":
         return None, []
+    if not any(b.kind.startswith("openvino") for b in run.strategy.backends):
+        return None, []  # a strategy without OpenVINO was asked for: its backends only
     run.progress("generate: the whole model as one stateful OpenVINO model, tried first")
     with run.clock.phase(BUILD, "whole-model stateful"):
         trials = try_stateful(
