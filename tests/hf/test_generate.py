@@ -211,8 +211,9 @@ def call(m, **x):
 prompts = [{"input_ids": torch.randint(1, 8000, (b, n))} for b, n in [(1, 8), (2, 12), (3, 16)]]
 result = tt.auto_tune(model, prompts, call=call, max_depth=0, cache=False, verbose=False,
                       time_budget=240)
-rows = [r for g in result.graphs[0] for r in g.rows if r.backend.kind == "inductor"]
-assert rows and all("not tried on a call that takes a cache" in r.reason for r in rows), rows
+if not any(t.chosen for t in result.stateful):  # on the CPU the whole model may serve first
+    rows = [r for g in result.graphs[0] for r in g.rows if r.backend.kind == "inductor"]
+    assert rows and all("not tried on a call that takes a cache" in r.reason for r in rows), rows
 print("ALIVE", result.depth)
 """
 

@@ -83,6 +83,7 @@ def save(
         'linear.tt'
     """
     model, plan, graphs = _model_and_plan(model_or_result)
+    _refuse_unsaved_forward(model)
     _refuse_hidden_modules(model)
     target = Path(os.fspath(path))
     if target.parent.is_dir():
@@ -132,6 +133,18 @@ def save(
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _refuse_unsaved_forward(model: Any) -> None:
+    """Refuse a model whose forward is served by something a checkpoint does not hold.
+
+    Such a forward says why in its ``save_refusal`` (the whole-model stateful runner of
+    ``generate``): saving the model without it would write a file that loads as another model.
+    """
+    forward = model.__dict__.get("forward") if isinstance(model, torch.nn.Module) else None
+    reason = getattr(forward, "save_refusal", None)
+    if isinstance(reason, str) and reason:
+        raise CheckpointError(f"cannot save: {reason}")
 
 
 def _refuse_hidden_modules(model: Any) -> None:

@@ -39,6 +39,7 @@ from ..candidates.measure import MeasureConfig, Timing
 from ..candidates.strategy import Strategy, accuracy_strategy, default_strategy, quick_strategy
 from ..errors import InvalidInputError
 from ..generation import is_generation
+from ..generation.stateful_trial import StatefulTrial
 from ..runtime.plan import Plan
 from ..runtime.wrap import wrap
 from ..signature.compare import Tolerances
@@ -69,6 +70,7 @@ from .endtoend import (
     side_by_side,
 )
 from .rival import WHOLE_MODEL, FinalCheck, FinalRun, final_check, whole_model_plan
+from .stateful_first import stateful_first
 from .tune import (
     GraphCache,
     check_device,
@@ -287,12 +289,15 @@ def _auto_tune(
             if search.accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(search.accuracy, model, info, held, cfg.call)
+        whole, trials = stateful_first(run, rows, held, dev, search.budget_s, start)
+        if whole is not None:
+            return whole
         decisions = DepthDecisions.open(run, rows, search.tie_tolerance, search.reuse_decision)
         before = decisions.try_reuse()
         if before is None:
             before = _search(run, rows, search.budget_s)
         # measures: still in eval mode
-        result = _finish(run, rows, before, search, start, decisions.note())
+        result = _finish(run, rows, before, search, start, decisions.note(), trials)
     decisions.record(result)
     return result
 
@@ -394,10 +399,12 @@ def _finish(
     search: _DepthSearch,
     start: float,
     decision: str,
+    stateful: list[StatefulTrial],
 ) -> AutoTuneResult:
     """Pick the depth, wrap the model with its plan, and return the whole result.
 
-    ``untuned_after`` is the untuned timing taken beside the last measured depth.
+    ``untuned_after`` is the untuned timing taken beside the last measured depth;
+    ``stateful`` the whole-model stateful runner's rows, tried first (none chosen).
     """
     measured = [r for r in rows if r.untuned is not None and r.same_as is None]
     after = measured[-1].untuned if measured else None
@@ -436,6 +443,7 @@ def _finish(
         time_budget=search.budget_s,
         accuracy=search.accuracy,
         decision=decision,
+        stateful=stateful,
     )
 
 

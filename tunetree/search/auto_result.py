@@ -20,6 +20,7 @@ from ..candidates.budget import (
 from ..candidates.measure import Timing
 from ..errors import InvalidInputError
 from ..generation import GenerationStep, generation_steps, steps_table
+from ..generation.stateful_trial import StatefulTrial, trials_table
 from ..runtime.plan import Plan
 from ..runtime.wrap import unwrap, wrap
 from ..signature.binding import Binder
@@ -151,6 +152,9 @@ class AutoTuneResult:
     decision: str = ""
     """How the depth was chosen when it was not by measuring every depth here: a decision
     recorded in the tuning cache by a host of the same kind ("" after a full search)."""
+    stateful: list[StatefulTrial] = field(default_factory=list)
+    """``generate`` on the CPU: the whole-model stateful runner's configs, tried first; the
+    chosen one (if any) is ``model`` (:mod:`tunetree.generation.stateful_trial`)."""
     final: str = ""
     """The final side by side of the selected plan and the best whole-model backend of depth 0
     ("" when there was none to run: see :mod:`tunetree.search.rival`)."""
@@ -209,6 +213,9 @@ class AutoTuneResult:
 
         1.0 when untuned.
         """
+        whole = next((t for t in self.stateful if t.chosen), None)
+        if whole is not None and whole.speedup:
+            return whole.speedup
         row = self.selected_row
         return row.speedup if row is not None and row.speedup else 1.0
 
@@ -270,6 +277,8 @@ class AutoTuneResult:
                 if self.depth is not None
                 else "no depth beats the untuned model: left untuned"
             )
+            if any(t.chosen for t in self.stateful):
+                chosen = f"the whole model served by a stateful runner ({self.speedup:.2f}x)"
             head = (
                 f"auto_tune: untuned {untuned} (before {_t(self.untuned_before)}, after "
                 f"{_t(self.untuned_after)}); {chosen}; tuning took {self.tuning_s:.1f} s"
@@ -296,6 +305,7 @@ class AutoTuneResult:
                 ["depth", "modules", "graphs", "latency", "speedup", *error_header, "status"], rows
             )
             + self._accuracy_steps()
+            + (f"\n\n{whole}" if (whole := trials_table(self.stateful)) else "")
             + (f"\n\n{steps}" if steps else "")
             + (f"\nNote: {note}" if note else "")
             + self._budget_note()

@@ -1,0 +1,268 @@
+"""Generation on the CPU: eager, tunetree and optimum-intel side by side on one saved model.
+
+Run alone on the machine: ``python -m benchmarks.generate_cpu`` (the 12-layer d768
+Llama-style model, 134M, vocabulary 32000), ``--model qwen2-0.5b`` (a 24-layer d896
+Qwen2-style one, grouped queries, vocabulary 151936), ``--model tiny`` (2 layers d64, to
+check the script). Random weights, saved with ``save_pretrained`` to a temporary directory
+that every approach loads; greedy, ``--tokens`` new tokens (32; ``min_new_tokens`` equal, so
+every approach generates as many), unseen prompts 1x37 and 4x61 (the second row left-padded).
+
+Approaches, in this process: eager (dynamic cache); tunetree with ``generate`` as users call
+it (``tt.auto_tune(model, prompts, call=lambda m, **x: m.generate(**x, **gen))``, dynamic
+cache, tuned on other prompts: 1x20 and 2x29); ``--static``: tunetree's static-cache recipe
+(``cache_implementation="static", disable_compile=True``); ``--budget``: tunetree under
+``AccuracyBudget(max_error=0.05)`` (changes results). In optimum-intel's own environment (it
+pins an older transformers): that environment's eager, ``OVModelForCausalLM.from_pretrained(
+dir, export=True)`` with the f32 hint, with OpenVINO's default precision (bf16 on a CPU with
+bf16 units) and with 8-bit weight-only compression, timed in a subprocess by
+``benchmarks/optimum_intel_worker.py`` with the same cycled interleaving
+(:mod:`benchmarks._cycled`), its tokens sent back as JSON to be compared with eager's.
+That environment is ``--optimum-venv`` (default :data:`OPTIMUM_VENV`); when it is missing
+the script builds it (torch 2.13.0, then ``optimum-intel[openvino,nncf]``, then torchvision
+removed: it fails to import there). ``--no-optimum`` skips it.
+
+ms per new token is one whole ``generate`` call's median time over the new tokens (prefill
+included), per prompt; ratios are against eager of the same process (optimum-intel's rows
+also against its own environment's eager). The load average is printed before and after.
+"""
+
+from __future__ import annotations
+
+if not __package__:  # run by path (python benchmarks/x.py): import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "benchmarks"
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import tunetree as tt
+from tunetree._util.table import format_table
+
+from ._cycled import cycled_medians
+
+OPTIMUM_VENV = Path("/root/.cache/tunetree-bench/optimum-intel-venv")
+"""Where optimum-intel's own environment lives (``--optimum-venv``)."""
+WORKER = Path(__file__).resolve().parent / "optimum_intel_worker.py"
+UNSEEN = {"1x37": (1, 37), "4x61": (4, 61)}
+TUNING = [(1, 20), (2, 29)]
+
+
+def config(name: str) -> Any:
+    """The model's config: ``llama-134m``, ``qwen2-0.5b`` or ``tiny``."""
+    import transformers
+
+    if name == "llama-134m":
+        return transformers.LlamaConfig(
+            vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+            num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
+        )  # fmt: skip
+    if name == "qwen2-0.5b":
+        return transformers.Qwen2Config(
+            vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+            num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+            tie_word_embeddings=True,
+        )  # fmt: skip
+    if name == "tiny":
+        return transformers.LlamaConfig(
+            vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        )  # fmt: skip
+    raise SystemExit(f"unknown model {name!r}")
+
+
+def prompt(vocab: int, batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
+    """Token ids and mask; with batch > 1 the second row is left-padded by a third."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if batch > 1:
+        mask[1, : length // 3] = 0
+        ids[1, : length // 3] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def ensure_venv(venv: Path) -> Path:
+    """optimum-intel's environment's Python, building the environment when missing."""
+    python = venv / "bin" / "python"
+    if python.exists():
+        return python
+    print(f"building optimum-intel's environment at {venv} (minutes)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)  # first: optimum-intel would pull another
+    subprocess.run([*pip, "optimum-intel[openvino,nncf]"], check=True)
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision"], check=False)
+    return python
+
+
+def run_optimum(python: Path, directory: str, prompts: dict, gen: dict, rounds: int) -> dict:
+    """optimum-intel's timings and tokens from its worker (JSON on its stdout)."""
+    request = {
+        "model_dir": directory,
+        "prompts": {n: {k: v.tolist() for k, v in p.items()} for n, p in prompts.items()},
+        "gen": gen,
+        "rounds": rounds,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(request, f)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    done = subprocess.run(
+        [str(python), str(WORKER), f.name], capture_output=True, text=True, env=env, check=False
+    )
+    os.unlink(f.name)
+    if done.returncode != 0:
+        raise RuntimeError(f"optimum-intel worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def equal_share(a: list, b: torch.Tensor) -> float:
+    """Share of rows whose tokens equal eager's."""
+    other = torch.tensor(a)
+    if other.shape != b.shape:
+        return 0.0
+    return float((other == b).all(dim=1).float().mean())
+
+
+def table(
+    rows: dict[str, dict[str, tuple[float, float]]],
+    prompts: list[str],
+    setup_s: dict[str, float],
+    n: int,
+    model: str,
+) -> str:
+    """The side-by-side table: ms per new token, ratios against eager, rows equal to eager's."""
+    lines = []
+    for a, per in rows.items():
+        cells = [a]
+        cells += [f"{1000 * per.get(p, (float('nan'), 0))[0] / n:.2f}" for p in prompts]
+        for name in prompts:
+            s = per.get(name, (float("nan"), 0.0))[0]
+            extra = ""
+            if a.startswith("optimum") and "eager (optimum env)" in rows:
+                extra = f" ({rows['eager (optimum env)'][name][0] / s:.2f}x own eager)"
+            cells.append(f"{rows['eager'][name][0] / s:.2f}x{extra}")
+        cells.append(" / ".join(f"{100 * per[p][1]:.0f}%" for p in prompts if p in per))
+        cells.append(f"{setup_s[a]:.0f} s" if a in setup_s else "-")
+        lines.append(cells)
+    headers = [
+        "approach",
+        *(f"ms/token {p}" for p in prompts),
+        *(f"vs eager {p}" for p in prompts),
+        "rows = eager",
+        "tune/load",
+    ]
+    return format_table(headers, lines, title=f"{model}, {n} new tokens, greedy, unseen prompts")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="llama-134m")
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--static", action="store_true", help="also the static-cache recipe")
+    parser.add_argument("--budget", action="store_true", help="also AccuracyBudget(0.05)")
+    parser.add_argument("--no-optimum", action="store_true")
+    parser.add_argument("--optimum-venv", type=Path, default=OPTIMUM_VENV)
+    parser.add_argument("--time-budget", type=float, default=None, help="auto_tune's budget")
+    args = parser.parse_args()
+    print("load average before:", os.getloadavg(), flush=True)
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = config(args.model)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    directory = tempfile.mkdtemp(prefix="tunetree-gen-cpu-")
+    model.save_pretrained(directory)
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    n = args.tokens
+    gen = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    prompts = {
+        name: prompt(cfg.vocab_size, batch, length, seed=i)
+        for i, (name, (batch, length)) in enumerate(UNSEEN.items())
+    }
+    tuning = [prompt(cfg.vocab_size, *shape, seed=100 + i) for i, shape in enumerate(TUNING)]
+
+    def call(m: Any, **x: Any) -> Any:
+        return m.generate(**x, **gen)
+
+    approaches: dict[str, Any] = {"eager": model}
+    setup_s: dict[str, float] = {}
+    budget = "default" if args.time_budget is None else args.time_budget
+    start = time.perf_counter()
+    tuned = tt.auto_tune(model, tuning, call=call, verbose=False, time_budget=budget, cache=False)
+    setup_s["tunetree usual call"] = time.perf_counter() - start
+    print(tuned, flush=True)
+    approaches["tunetree usual call"] = tuned.model
+    if args.static:
+        static = dict(gen, cache_implementation="static", disable_compile=True)
+        start = time.perf_counter()
+        result = tt.auto_tune(
+            model, tuning, call=lambda m, **x: m.generate(**x, **static), verbose=False,
+            time_budget=budget, cache=False,
+        )  # fmt: skip
+        setup_s["tunetree static-cache recipe"] = time.perf_counter() - start
+        approaches["tunetree static-cache recipe"] = (result.model, static)
+    if args.budget:
+        start = time.perf_counter()
+        result = tt.auto_tune(
+            model, tuning, call=call, verbose=False, time_budget=budget, cache=False,
+            accuracy=tt.AccuracyBudget(max_error=0.05),
+        )  # fmt: skip
+        setup_s["tunetree AccuracyBudget(0.05)"] = time.perf_counter() - start
+        print(result, flush=True)
+        approaches["tunetree AccuracyBudget(0.05)"] = result.model
+
+    def runner(entry: Any, inputs: dict) -> Any:
+        m, kwargs = entry if isinstance(entry, tuple) else (entry, gen)
+        return lambda: m.generate(**inputs, **kwargs)
+
+    rows: dict[str, dict[str, tuple[float, float]]] = {}
+    eager_tokens = {}
+    for name, inputs in prompts.items():
+        with torch.no_grad():
+            eager_tokens[name] = model.generate(**inputs, **gen)
+            tokens = {a: runner(e, inputs)() for a, e in approaches.items()}
+            seconds = cycled_medians(
+                {a: runner(e, inputs) for a, e in approaches.items()}, args.rounds
+            )
+        for a in approaches:
+            rows.setdefault(a, {})[name] = (
+                seconds[a],
+                equal_share(tokens[a].tolist(), eager_tokens[name]),
+            )
+    optimum: dict = {}
+    if not args.no_optimum:
+        python = ensure_venv(args.optimum_venv)
+        optimum = run_optimum(python, directory, prompts, gen, args.rounds)
+        for name, results in optimum["prompts"].items():
+            for a, r in results.items():
+                rows.setdefault(a, {})[name] = (
+                    r["s"],
+                    equal_share(r["tokens"], eager_tokens[name]),
+                )
+        setup_s.update({a: s for a, s in optimum["load_s"].items()})
+    print(table(rows, list(prompts), setup_s, n, args.model))
+    forward = getattr(tuned.model, "forward", None)
+    counts = getattr(forward, "counts", None)
+    if counts is not None:
+        print(
+            f"tunetree usual call: {counts.served} forwards served, {counts.original} ran "
+            f"the original forward ({dict(counts.reasons)})"
+        )
+    print("load average after:", os.getloadavg(), flush=True)
+
+
+if __name__ == "__main__":
+    main()

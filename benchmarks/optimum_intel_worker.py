@@ -1,0 +1,74 @@
+"""optimum-intel's side of ``benchmarks.generate_cpu``, run in optimum-intel's own environment.
+
+optimum-intel pins an older transformers, so it cannot share tunetree's environment: the
+benchmark runs this file with that environment's Python. It reads a JSON request (the saved
+model's directory, the prompts as token ids and masks, generate's keywords, the rounds),
+loads the model with ``OVModelForCausalLM.from_pretrained(dir, export=True)`` three ways (f32
+hint, OpenVINO's default precision, 8-bit weight-only) beside that environment's own eager
+model, times them with :mod:`_cycled` (the same method as the benchmark) and prints one JSON
+object on stdout: per approach and prompt, the median seconds of one ``generate`` and its
+tokens. It imports nothing of tunetree.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _cycled import cycled_medians
+
+
+def main() -> None:
+    import torch
+    from optimum.intel import OVModelForCausalLM, OVWeightQuantizationConfig
+    from transformers import AutoModelForCausalLM
+
+    request = json.loads(Path(sys.argv[1]).read_text())
+    directory = request["model_dir"]
+    gen = request["gen"]
+    rounds = int(request["rounds"])
+    only = set(request.get("approaches") or ())
+    loads = {
+        "eager (optimum env)": lambda: AutoModelForCausalLM.from_pretrained(directory).eval(),
+        "optimum-intel f32": lambda: OVModelForCausalLM.from_pretrained(
+            directory, export=True, ov_config={"INFERENCE_PRECISION_HINT": "f32"}
+        ),
+        "optimum-intel default": lambda: OVModelForCausalLM.from_pretrained(directory, export=True),
+        "optimum-intel int8 weights": lambda: OVModelForCausalLM.from_pretrained(
+            directory, export=True, quantization_config=OVWeightQuantizationConfig(bits=8)
+        ),
+    }
+    models, load_s = {}, {}
+    for name, load in loads.items():
+        if only and name not in only:
+            continue
+        start = time.perf_counter()
+        models[name] = load()
+        load_s[name] = time.perf_counter() - start
+    result: dict = {"load_s": load_s, "prompts": {}}
+    for prompt_name, prompt in request["prompts"].items():
+        inputs = {k: torch.tensor(v) for k, v in prompt.items()}
+        tokens = {}
+
+        def run(model, inputs=inputs, name=None, tokens=tokens):
+            with torch.no_grad():
+                out = model.generate(**inputs, **gen)
+            if name is not None:
+                tokens[name] = out.tolist()
+            return out
+
+        for name, model in models.items():
+            run(model, name=name)
+        seconds = cycled_medians({n: (lambda m=m: run(m)) for n, m in models.items()}, rounds)
+        result["prompts"][prompt_name] = {
+            name: {"s": seconds[name], "tokens": tokens[name]} for name in models
+        }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

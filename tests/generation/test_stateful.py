@@ -1,0 +1,188 @@
+"""The whole-model stateful runner serves generate as users call it, with eager's tokens."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("openvino")
+
+import tunetree as tt  # noqa: E402
+from tunetree.candidates.measure import Timing  # noqa: E402
+from tunetree.errors import CheckpointError  # noqa: E402
+from tunetree.generation.stateful import StatefulConfig, stateful_model  # noqa: E402
+from tunetree.generation.stateful_trial import UNTUNED, try_stateful  # noqa: E402
+from tunetree.signature.graph import Sample  # noqa: E402
+
+GEN = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+SMALL = dict(
+    vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+)  # fmt: skip
+
+
+def _model(family: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if family == "llama":
+        config = transformers.LlamaConfig(**SMALL)
+    elif family == "qwen2":
+        config = transformers.Qwen2Config(**SMALL)
+    else:
+        config = transformers.MistralConfig(**SMALL, sliding_window=64)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _prompt(batch: int, length: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 500, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    if batch > 1:
+        mask[1, : length // 3] = 0  # a left-padded row
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "mistral"])
+def served(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, torch.nn.Module]:
+    model = _model(request.param)
+    return model, stateful_model(model)
+
+
+def test_unseen_prompts_and_batches_generate_eagers_tokens_without_the_original_forward(
+    served: tuple[torch.nn.Module, torch.nn.Module],
+) -> None:
+    model, tuned = served
+    before = tuned.forward.counts.original
+    for batch, length in [(1, 2), (3, 41), (5, 17), (2, 57)]:
+        prompt = _prompt(batch, length, seed=batch * length)
+        assert torch.equal(tuned.generate(**prompt, **GEN), model.generate(**prompt, **GEN))
+    assert tuned.forward.counts.original == before
+    assert tuned.forward is not model.forward  # the model given in is untouched
+    assert "forward" not in model.__dict__
+
+
+def test_returned_cache_holds_eagers_state_and_generation_continues_from_it(
+    served: tuple[torch.nn.Module, torch.nn.Module],
+) -> None:
+    model, tuned = served
+    prompt = _prompt(2, 9, seed=3)
+    ref = model.generate(**prompt, **GEN, return_dict_in_generate=True)
+    out = tuned.generate(**prompt, **GEN, return_dict_in_generate=True)
+    # another generate resets the runtime's state: the returned cache must keep its own
+    tuned.generate(**_prompt(1, 5, seed=4), **GEN)
+    ref_cache, cache = ref.past_key_values, out.past_key_values
+    assert cache.get_seq_length() == ref_cache.get_seq_length()
+    for a, b in zip(ref_cache.layers, cache.layers, strict=True):
+        torch.testing.assert_close(b.keys, a.keys, atol=1e-4, rtol=1e-3)
+        torch.testing.assert_close(b.values, a.values, atol=1e-4, rtol=1e-3)
+    more = torch.randint(3, 500, (2, 3), generator=torch.Generator().manual_seed(5))
+    ids = torch.cat([ref.sequences, more], dim=1)
+    mask = torch.cat([prompt["attention_mask"], torch.ones(2, ids.shape[1] - 9)], dim=1).long()
+    expected = model.generate(input_ids=ids, attention_mask=mask, past_key_values=ref_cache, **GEN)
+    got = tuned.generate(input_ids=ids, attention_mask=mask, past_key_values=cache, **GEN)
+    assert torch.equal(got, expected)
+
+
+def test_beam_search_keeps_eagers_tokens(served: tuple[torch.nn.Module, torch.nn.Module]) -> None:
+    model, tuned = served
+    prompt = _prompt(1, 7, seed=8)
+    beams = dict(GEN, num_beams=2)
+    assert torch.equal(tuned.generate(**prompt, **beams), model.generate(**prompt, **beams))
+
+
+def test_a_call_it_cannot_answer_runs_the_original_forward_with_its_reason(
+    served: tuple[torch.nn.Module, torch.nn.Module],
+) -> None:
+    model, tuned = served
+    ids = _prompt(1, 4)["input_ids"]
+    before = tuned.forward.counts.original
+    out = tuned(input_ids=ids, output_hidden_states=True)
+    assert out.hidden_states is not None
+    assert tuned.forward.counts.original == before + 1
+    assert any("output_hidden_states" in r for r in tuned.forward.counts.reasons)
+    too_long = torch.randint(3, 500, (1, 200))  # past the envelope (128 positions)
+    torch.testing.assert_close(tuned(input_ids=too_long).logits, model(input_ids=too_long).logits)
+    assert any("envelope" in r for r in tuned.forward.counts.reasons)
+
+
+def test_save_refuses_a_stateful_model_and_writes_nothing(
+    served: tuple[torch.nn.Module, torch.nn.Module], tmp_path
+) -> None:
+    _, tuned = served
+    with pytest.raises(CheckpointError, match="stateful"):
+        tt.save(tuned, tmp_path / "model.tt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _timings(models: dict) -> dict[str, Timing]:
+    """A fake measurement: every tuned model twice as fast as the untuned one."""
+    return {name: Timing(1.0 if name == UNTUNED else 0.5, 1.0, 1.0, 1.0, 3, 1) for name in models}
+
+
+def test_a_config_the_budget_refuses_is_never_served() -> None:
+    model = _model("llama")
+    samples = [Sample((), _prompt(1, 6, 1)), Sample((), _prompt(2, 9, 2))]
+
+    def call(m, **x):
+        return m.generate(**x, **GEN)
+
+    trials = try_stateful(
+        model, samples, call, _timings, accuracy=tt.AccuracyBudget(max_error=1e-12)
+    )
+    labels = {t.config.label: t for t in trials}
+    int8 = labels[StatefulConfig(weights="int8").label]
+    assert int8.status == "rejected" and "budget" in int8.reason
+    assert int8.model is None
+    assert int8.report is not None and int8.report.error is not None and int8.report.error > 0
+    assert not math.isnan(int8.report.top1)
+    chosen = [t for t in trials if t.chosen]
+    assert [t.config.preserves_results for t in chosen] == [True]
+
+
+def test_a_budget_admits_a_changing_config_labelled_as_such() -> None:
+    model = _model("llama")
+    samples = [Sample((), _prompt(1, 6, 1)), Sample((), _prompt(2, 9, 2))]
+
+    def call(m, **x):
+        return m.generate(**x, **GEN)
+
+    def faster_int8(models: dict) -> dict[str, Timing]:
+        timings = _timings(models)
+        for name in models:
+            if "int8" in name:
+                timings[name] = Timing(0.1, 0.1, 0.1, 0.1, 3, 1)
+        return timings
+
+    trials = try_stateful(
+        model, samples, call, faster_int8, accuracy=tt.AccuracyBudget(max_error=0.5)
+    )
+    chosen = next(t for t in trials if t.chosen)
+    assert not chosen.config.preserves_results
+    assert "CHANGES RESULTS" in chosen.cells()
+    assert chosen.report is not None and chosen.report.error is not None
+    assert chosen.report.error <= 0.5
+    prompt = _prompt(3, 20, seed=9)
+    out = chosen.model.generate(**prompt, **GEN)
+    assert out.shape == (3, 26) and chosen.model.forward.counts.original == 0
+
+
+@pytest.mark.slow
+def test_auto_tune_serves_the_usual_generate_call_whole_before_any_depth() -> None:
+    model = _model("llama")
+
+    def call(m, **x):
+        return m.generate(**x, **GEN)
+
+    result = tt.auto_tune(
+        model, [_prompt(1, 6, 1), _prompt(2, 9, 2)], call=call, verbose=False, cache=False
+    )
+    chosen = [t for t in result.stateful if t.chosen]
+    assert [t.config.preserves_results for t in chosen] == [True]
+    assert result.model.forward is not model.forward
+    assert "whole model, stateful" in str(result)
+    for batch, length in [(3, 40), (5, 17)]:
+        prompt = _prompt(batch, length, seed=batch)
+        assert torch.equal(result.model.generate(**prompt, **GEN), model.generate(**prompt, **GEN))
+    assert result.model.forward.counts.original == 0

@@ -1,0 +1,231 @@
+"""The whole-model stateful candidates for ``generate``, tried before any per-layer graph.
+
+A ``generate`` call's time is its decode steps, and a decode step of a small model is mostly
+the overhead around each layer's kernels: the whole forward as one stateful OpenVINO model
+(:mod:`.stateful`) is built first, checked against eager (:mod:`.stateful_check`: tokens
+equal and teacher-forced logits within the tolerances, on the tuning prompts and held-out
+probes of other batch sizes and lengths) and measured end to end beside the untuned model.
+Under an accuracy budget the reduced-precision configs (bf16 compute where the CPU has bf16
+units, 8-bit weights) are tried too, each admitted only by its teacher-forced error; they
+change results and are never tried otherwise. Every config becomes a row of the result's
+table, with its reason when it fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._util.table import format_table
+from ..accuracy.budget import AccuracyBudget
+from ..candidates.measure import Timing
+from ..errors import TunetreeError
+from ..signature.compare import Tolerances
+from ..signature.graph import Sample
+from ..signature.modules import CallFn
+from .stateful import (
+    Exported,
+    StatefulConfig,
+    attach,
+    bf16_reason,
+    envelope,
+    export_whole,
+    runner_for,
+    unavailable_reason,
+)
+from .stateful_check import CheckReport, check, probes, prompt_of
+
+log = logging.getLogger(__name__)
+
+UNTUNED = "untuned"
+Measure = Callable[[dict[str, Any]], dict[str, Timing]]
+"""Times models end to end, interleaved: name -> model in, name -> timing out."""
+
+
+@dataclass
+class StatefulTrial:
+    """One config of the whole-model stateful runner: built, checked, measured, or why not."""
+
+    config: StatefulConfig
+    status: str = "not tried"
+    reason: str = ""
+    report: CheckReport | None = None
+    build_s: float | None = None
+    timing: Timing | None = None
+    untuned: Timing | None = None
+    chosen: bool = False
+    model: Any = field(default=None, repr=False)
+
+    @property
+    def speedup(self) -> float | None:
+        """The untuned model's median over this one's, measured side by side."""
+        if self.timing is None or self.untuned is None or not self.timing.median_s:
+            return None
+        return self.untuned.median_s / self.timing.median_s
+
+    def cells(self) -> list[str]:
+        """The trial's row of :func:`trials_table`."""
+        report = self.report
+        return [
+            ("*" if self.chosen else "") + self.config.label,
+            "keeps results" if self.config.preserves_results else "CHANGES RESULTS",
+            str(self.timing) if self.timing else "-",
+            f"{self.speedup:.2f}x" if self.speedup else "-",
+            "-" if report is None else ("equal" if report.tokens_equal else "differ"),
+            "-" if report is None else f"{100 * report.top1:.1f}%",
+            "-" if report is None or report.error is None else f"{report.error:.3g}",
+            self.status + (f": {self.reason}" if self.reason else ""),
+        ]
+
+
+def trials_table(trials: Sequence[StatefulTrial]) -> str:
+    """The trials as a table ("" when there were none)."""
+    if not trials:
+        return ""
+    headers = [
+        "whole model, stateful",
+        "results",
+        "latency",
+        "speedup",
+        "tokens",
+        "top-1",
+        "error",
+        "status",
+    ]
+    return format_table(
+        headers,
+        [t.cells() for t in trials],
+        title="generate served whole by one stateful OpenVINO model (tried first)",
+    )
+
+
+def configs(accuracy: AccuracyBudget | None) -> list[StatefulConfig]:
+    """The configs to try: f32 alone, or with a budget also bf16 and 8-bit weights."""
+    found = [StatefulConfig()]
+    if accuracy is None or accuracy.max_error is None:
+        return found
+    found.append(StatefulConfig(weights="int8"))
+    if bf16_reason() is None:
+        found += [
+            StatefulConfig(precision="bf16"),
+            StatefulConfig(precision="bf16", weights="int8"),
+        ]
+    return found
+
+
+def try_stateful(
+    model: Any,
+    samples: Sequence[Sample],
+    call: CallFn | None,
+    measure: Measure,
+    *,
+    accuracy: AccuracyBudget | None = None,
+    held: Sequence[Sample] = (),
+    tolerances: Tolerances | None = None,
+) -> list[StatefulTrial]:
+    """Build, check and measure every config (see the module's docstring); the best is chosen.
+
+    The chosen trial (``chosen=True``) is the fastest that passed its check and beats the
+    untuned model; its ``model`` serves ``generate``. Nothing raises: a failure is a row.
+    """
+    trials = [StatefulTrial(c) for c in configs(accuracy)]
+    reason = unavailable_reason(model)
+    if reason is None and any(prompt_of(s) is None for s in samples):
+        reason = "the dataset's items are not generate calls with input_ids"
+    if reason is not None:
+        for trial in trials:
+            trial.status, trial.reason = "unavailable", reason
+        return trials
+    start = time.perf_counter()
+    try:
+        exported = export_whole(model)
+    except TunetreeError as exc:
+        for trial in trials:
+            trial.status, trial.reason = "failed", str(exc)
+        return trials
+    export_s = time.perf_counter() - start
+    vocab = int(getattr(model.config, "vocab_size", 2))
+    room = envelope(model, exported.shape, StatefulConfig()) - _new_tokens(model, samples, call)
+    checked = [*samples, *held, *probes(samples, vocab, room)]
+    for trial in trials:
+        _build_and_check(trial, model, exported, checked, call, accuracy, tolerances)
+        if trial.build_s is not None:
+            trial.build_s += export_s
+    _measure_and_choose(trials, model, measure)
+    return trials
+
+
+def _measure_and_choose(trials: list[StatefulTrial], model: Any, measure: Measure) -> None:
+    """Time the passed configs beside the untuned model; choose the fastest that beats it."""
+    passed = [t for t in trials if t.status == "passed"]
+    if passed:
+        timings = measure({UNTUNED: model, **{t.config.label: t.model for t in passed}})
+        for trial in passed:
+            trial.timing, trial.untuned = timings.get(trial.config.label), timings.get(UNTUNED)
+            trial.status = "measured"
+    winners = [t for t in passed if t.speedup is not None and t.speedup > 1.0]
+    if winners:
+        best = min(winners, key=lambda t: t.timing.median_s if t.timing else float("inf"))
+        best.chosen, best.status = True, "chosen"
+    for trial in trials:
+        if not trial.chosen:
+            trial.model = None  # its runner's threads must not slow what is measured next
+
+
+def _build_and_check(
+    trial: StatefulTrial,
+    model: Any,
+    exported: Exported,
+    samples: Sequence[Sample],
+    call: CallFn | None,
+    accuracy: AccuracyBudget | None,
+    tolerances: Tolerances | None,
+) -> None:
+    config = trial.config
+    if config.precision == "bf16" and (reason := bf16_reason()) is not None:
+        trial.status, trial.reason = "unavailable", reason
+        return
+    start = time.perf_counter()
+    try:
+        runner = runner_for(exported, config)
+    except TunetreeError as exc:
+        trial.status, trial.reason = "failed", str(exc)
+        return
+    except RuntimeError as exc:  # OpenVINO's own errors
+        trial.status, trial.reason = "failed", f"OpenVINO: {str(exc).strip()[:200]}"
+        return
+    trial.build_s = time.perf_counter() - start
+    tuned = attach(model, runner, exported.output_type, envelope(model, exported.shape, config))
+    if config.preserves_results:
+        report = check(model, tuned, samples, call, tolerances=tolerances)
+    else:
+        assert accuracy is not None
+        report = check(
+            model, tuned, samples, call, metric=accuracy.metric, max_error=accuracy.max_error
+        )
+    trial.report = report
+    served = tuned.__dict__["forward"].counts
+    if served.original:
+        reasons = "; ".join(sorted(served.reasons))
+        report_problem = f"{served.original} calls ran the original forward ({reasons})"
+    else:
+        report_problem = report.problem
+    if report_problem:
+        trial.status, trial.reason = "rejected", report_problem
+        return
+    trial.status, trial.model = "passed", tuned
+
+
+def _new_tokens(model: Any, samples: Sequence[Sample], call: CallFn | None) -> int:
+    """How many tokens one ``generate`` of the first sample adds (for the probes' room)."""
+    from ..signature.modules import run_model
+
+    prompt = prompt_of(samples[0]) if samples else None
+    if prompt is None:
+        return 0
+    out = run_model(model, samples[0], call)
+    sequences = out if hasattr(out, "shape") else getattr(out, "sequences", None)
+    return int(sequences.shape[1] - prompt["input_ids"].shape[1]) if sequences is not None else 0
