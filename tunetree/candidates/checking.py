@@ -20,12 +20,12 @@ class Checking(SessionState):
 
     def judge(
         self, backend: Backend, outputs: list[Any], references: list[Any] | None = None
-    ) -> tuple[str, float, float | None]:
+    ) -> Verdict:
         """Whether ``backend``'s outputs of the graph's samples are acceptable.
 
         With ``references`` (eager's outputs of other calls: probes) the outputs are of those
-        calls. Returns why not ("" when they are), the largest absolute difference from eager
-        and, under an accuracy budget, the error in its module metric.
+        calls. Returns the :class:`Verdict`: why not ("" when they are), the largest absolute
+        difference from eager and, under an accuracy budget, the error in its module metric.
         """
         if references is None:
             references = [parking.reference(self.graph, i) for i in range(len(outputs))]
@@ -33,9 +33,11 @@ class Checking(SessionState):
         if self.accuracy is not None:
             error = output_error(references, outputs, self.accuracy.module_metric)
         if self._budgeted(backend):
-            return self._over_limit(error), output_error(references, outputs, "max_abs"), error
+            return Verdict(
+                self._over_limit(error), output_error(references, outputs, "max_abs"), error
+            )
         comparison = compare_all(references, outputs, self._tolerances(backend))
-        return ("" if comparison.ok else comparison.reason), comparison.max_abs_diff, error
+        return Verdict("" if comparison.ok else comparison.reason, comparison.max_abs_diff, error)
 
     def _budgeted(self, backend: Backend) -> bool:
         """Whether ``backend`` is admitted by the accuracy budget rather than by tolerances."""
@@ -107,7 +109,7 @@ class Checking(SessionState):
                 return f"fails on {probe.label}: {short_error(exc, 200)}"
             # Eager's output comes back only now, and each output goes before the next probe:
             # a decode step's output is its whole cache.
-            wrong, _, _ = self.judge(runner.backend, [got], [probe.expected()])
+            wrong = self.judge(runner.backend, [got], [probe.expected()]).reason
             label = probe.label
             del got, probe
             if wrong:
