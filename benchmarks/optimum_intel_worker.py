@@ -12,6 +12,7 @@ tokens. It imports nothing of tunetree.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
@@ -23,11 +24,14 @@ from _cycled import cycled_medians
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("request", help="the JSON request file benchmarks.generate_cpu writes")
+    request_path = parser.parse_args().request
     import torch
     from optimum.intel import OVModelForCausalLM, OVWeightQuantizationConfig
     from transformers import AutoModelForCausalLM
 
-    request = json.loads(Path(sys.argv[1]).read_text())
+    request = json.loads(Path(request_path).read_text())
     directory = request["model_dir"]
     gen = request["gen"]
     rounds = int(request["rounds"])

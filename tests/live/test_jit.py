@@ -163,7 +163,8 @@ def test_training_mode_serves_eager_with_a_reason_and_one_warning(
     ) == 1
     model.eval()
     assert same(outs, eager([1, 2, 3, 4, 5, 6]))
-    assert fakes.BUILDS == []
+    # its own count: another test's tuner thread may still be finishing a build of its own
+    assert served.builds == 0
 
 
 def test_a_model_put_in_training_mode_after_the_swap_runs_its_own_forward(

@@ -104,6 +104,7 @@ class _DepthSearch:
     quick: bool
     accuracy: AccuracyBudget | None
     reuse_decision: bool
+    savable: bool
 
 
 def auto_tune(
@@ -117,6 +118,7 @@ def auto_tune(
     quick: bool = False,
     accuracy: AccuracyBudget | None = None,
     reuse_decision: bool = True,
+    savable: bool = False,
     config: TuneConfig | None = None,
     strategy: Strategy | Unset | None = UNSET,
     device: torch.device | str | Unset | None = UNSET,
@@ -163,6 +165,9 @@ def auto_tune(
         reuse_decision: Record the depth chosen in the tuning cache; a later call with the
             same key whose plan comes whole from the cache checks it against eager and
             measures it once beside the untuned model, no other depth. False: measure all.
+        savable: Keep to plans :func:`tunetree.save` can write: ``generate``'s whole model as
+            one stateful runner (tried first on the CPU) is not held by a checkpoint yet, so
+            it is not tried.
         config: The settings below as one :class:`tunetree.TuneConfig`; a keyword given
             beside it must agree with it.
         strategy: The candidates per graph (None: :func:`tunetree.default_strategy` for the
@@ -219,6 +224,7 @@ def auto_tune(
         quick,
         accuracy,
         reuse_decision,
+        savable,
     )
     return _auto_tune(model, dataset, cfg, search)
 
@@ -289,7 +295,11 @@ def _auto_tune(
             if search.accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(search.accuracy, model, info, held, cfg.call)
-        whole, trials = stateful_first(run, rows, held, dev, search.budget_s, start)
+        whole, trials = (
+            (None, [])
+            if search.savable
+            else stateful_first(run, rows, held, dev, search.budget_s, start)
+        )
         if whole is not None:
             return whole
         decisions = DepthDecisions.open(run, rows, search.tie_tolerance, search.reuse_decision)

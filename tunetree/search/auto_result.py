@@ -153,8 +153,7 @@ class AutoTuneResult:
     """How the depth was chosen when it was not by measuring every depth here: a decision
     recorded in the tuning cache by a host of the same kind ("" after a full search)."""
     stateful: list[StatefulTrial] = field(default_factory=list)
-    """``generate`` on the CPU: the whole-model stateful runner's configs, tried first; the
-    chosen one (if any) is ``model`` (:mod:`tunetree.generation.stateful_trial`)."""
+    """``generate`` on the CPU: the whole-model stateful runner's configs, tried first."""
     final: str = ""
     """The final side by side of the selected plan and the best whole-model backend of depth 0
     ("" when there was none to run: see :mod:`tunetree.search.rival`)."""
