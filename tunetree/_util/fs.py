@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import uuid
 from pathlib import Path
 
 
@@ -54,3 +55,29 @@ def is_real_dir(path: Path) -> bool:
         return stat.S_ISDIR(path.lstat().st_mode)
     except OSError:
         return False
+
+
+def write_atomically(directory: Path, name: str, data: bytes) -> None:
+    """Write ``data`` to ``directory / name`` whole or not at all.
+
+    The bytes go to a private file in the same directory, are synced, and replace ``name`` by
+    a rename; a writer killed halfway leaves the previous file. A ``directory`` that is a
+    symbolic link is refused.
+
+    Raises:
+        OSError: the directory cannot be made or is not a real one, or the write failed.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    if not is_real_dir(directory):
+        raise OSError(f"{directory} is not a directory (a symbolic link?)")
+    part = directory / f".{name}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    try:
+        with open(part, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(part, directory / name)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            part.unlink()
+    fsync_dir(directory)

@@ -36,19 +36,16 @@ record is logged and the caller runs the full search.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
 import math
-import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._util.fs import fsync_dir, is_real_dir, read_regular
+from .._util.fs import is_real_dir, read_regular, write_atomically
 from .._util.json_io import loads_bounded
 from .._util.records import Fields
 from ..accuracy.budget import AccuracyBudget
@@ -407,21 +404,7 @@ class DecisionStore:
 
     def _write_local(self, key: str, data: bytes) -> bool:
         try:
-            if not self.directory.exists():
-                self.directory.mkdir(parents=True, exist_ok=True)
-            if not is_real_dir(self.directory):
-                raise OSError(f"{self.directory} is not a directory (a symbolic link?)")
-            part = self.directory / f".{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-            try:
-                with open(part, "xb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(part, self.directory / key)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    part.unlink()
-            fsync_dir(self.directory)
+            write_atomically(self.directory, key, data)
         except OSError as exc:
             log.warning("tuning cache: could not record decision %s: %s", key[:12], exc)
             return False

@@ -19,18 +19,15 @@ cache is, and ``tt.jit(..., share_calls=False)`` keeps it out.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .._util.fs import fsync_dir, is_real_dir, read_regular
+from .._util.fs import is_real_dir, read_regular, write_atomically
 from ..cache import keys
 from ..cache.entry import EntryFault
 from ..cache.remote import LAYOUT, RemoteTier, is_key
@@ -121,20 +118,7 @@ class CallsStore:
 
     def _write_local(self, key: str, data: bytes) -> None:
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            if not is_real_dir(self.directory):
-                raise OSError(f"{self.directory} is not a directory (a symbolic link?)")
-            part = self.directory / f".{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
-            try:
-                with open(part, "xb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(part, self.directory / key)
-            finally:
-                with contextlib.suppress(FileNotFoundError):
-                    part.unlink()
-            fsync_dir(self.directory)
+            write_atomically(self.directory, key, data)
         except OSError as exc:
             log.warning("tt.jit: could not record calls %s: %s", key[:12], exc)
 
