@@ -40,7 +40,6 @@ import hashlib
 import json
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +54,7 @@ from ..signature.inspection import ModelInfo
 from ..signature.modules import CallFn, root_modules
 from . import keys
 from .entry import EntryFault
-from .remote import LAYOUT, RemoteTier, is_key
-from .s3 import RemoteError, RemoteMissing, RemoteRefused
+from .remote import LAYOUT, RemoteTier, get_object, is_key, put_object
 from .sealing import seal, secret_from_env, unseal
 
 log = logging.getLogger(__name__)
@@ -430,41 +428,12 @@ class DecisionStore:
         A tier without the fleet's key reads nothing (:attr:`RemoteTier.unreadable`).
         """
         tier = self.remote
-        if tier is None or not tier.breaker.available() or not tier.readable():
+        if tier is None or not tier.readable():
             return None
-        start = time.perf_counter()
-        try:
-            data, _ = tier.client.get(remote_name(key), MAX_DECISION_BYTES)
-        except RemoteMissing:
-            tier.breaker.succeeded()
-            return None
-        except RemoteError as exc:
-            tier.breaker.failed(exc)
-            return None
-        finally:
-            tier.stats.seconds += time.perf_counter() - start
-        tier.breaker.succeeded()
-        tier.stats.bytes_down += len(data)
-        return data
+        return get_object(tier, remote_name(key), MAX_DECISION_BYTES)
 
     def _push(self, key: str, data: bytes) -> bool:
-        tier = self.remote
-        if tier is None or not tier.breaker.writable():
-            return False
-        start = time.perf_counter()
-        try:
-            tier.client.put(remote_name(key), data)
-        except RemoteRefused as exc:
-            tier.breaker.refused_write(exc)
-            return False
-        except RemoteError as exc:
-            tier.breaker.failed(exc)
-            return False
-        finally:
-            tier.stats.seconds += time.perf_counter() - start
-        tier.breaker.succeeded()
-        tier.stats.bytes_up += len(data)
-        return True
+        return self.remote is not None and put_object(self.remote, remote_name(key), data)
 
 
 def remote_name(key: str) -> str:

@@ -426,3 +426,50 @@ def open_remote(remote: object, trust_unsigned: bool | None = None) -> RemoteTie
         f"remote= takes an s3://BUCKET/PREFIX URL, a RemoteTier or False, not "
         f"{type(remote).__name__}"
     )
+
+
+def get_object(tier: RemoteTier, name: str, limit: int) -> bytes | None:
+    """One small object below the tier's prefix (at most ``limit`` bytes), or None.
+
+    None when the tier's breaker is open, the object is missing or the read failed (the breaker
+    counts it); the tier's stats count the seconds and bytes. The caller validates the bytes.
+    """
+    if not tier.breaker.available():
+        return None
+    start = time.perf_counter()
+    try:
+        data, _ = tier.client.get(name, limit)
+    except RemoteMissing:
+        tier.breaker.succeeded()
+        return None
+    except RemoteError as exc:
+        tier.breaker.failed(exc)
+        return None
+    finally:
+        tier.stats.seconds += time.perf_counter() - start
+    tier.breaker.succeeded()
+    tier.stats.bytes_down += len(data)
+    return data
+
+
+def put_object(tier: RemoteTier, name: str, data: bytes) -> bool:
+    """Write one small object below the tier's prefix; whether it was written.
+
+    A refused write stops the tier's writes, another failure counts in its breaker.
+    """
+    if not tier.breaker.writable():
+        return False
+    start = time.perf_counter()
+    try:
+        tier.client.put(name, data)
+    except RemoteRefused as exc:
+        tier.breaker.refused_write(exc)
+        return False
+    except RemoteError as exc:
+        tier.breaker.failed(exc)
+        return False
+    finally:
+        tier.stats.seconds += time.perf_counter() - start
+    tier.breaker.succeeded()
+    tier.stats.bytes_up += len(data)
+    return True

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,7 @@ import torch
 from .._util.fs import is_real_dir, read_regular, write_atomically
 from ..cache import keys
 from ..cache.entry import EntryFault
-from ..cache.remote import LAYOUT, RemoteTier, is_key
-from ..cache.s3 import RemoteError, RemoteMissing, RemoteRefused
+from ..cache.remote import LAYOUT, RemoteTier, get_object, is_key, put_object
 from ..cache.sealing import seal, secret_from_env, unseal
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, root_modules
@@ -123,41 +121,13 @@ class CallsStore:
             log.warning("tt.jit: could not record calls %s: %s", key[:12], exc)
 
     def _pull(self, key: str) -> bytes | None:
-        tier = self.remote
-        if tier is None or not tier.breaker.available():
+        if self.remote is None:
             return None
-        start = time.perf_counter()
-        try:
-            data, _ = tier.client.get(remote_name(key), self.limit)
-        except RemoteMissing:
-            tier.breaker.succeeded()
-            return None
-        except RemoteError as exc:
-            tier.breaker.failed(exc)
-            return None
-        finally:
-            tier.stats.seconds += time.perf_counter() - start
-        tier.breaker.succeeded()
-        tier.stats.bytes_down += len(data)
-        return data
+        return get_object(self.remote, remote_name(key), self.limit)
 
     def _push(self, key: str, data: bytes) -> None:
-        tier = self.remote
-        if tier is None or not tier.breaker.writable():
-            return
-        start = time.perf_counter()
-        try:
-            tier.client.put(remote_name(key), data)
-        except RemoteRefused as exc:
-            tier.breaker.refused_write(exc)
-            return
-        except RemoteError as exc:
-            tier.breaker.failed(exc)
-            return
-        finally:
-            tier.stats.seconds += time.perf_counter() - start
-        tier.breaker.succeeded()
-        tier.stats.bytes_up += len(data)
+        if self.remote is not None:
+            put_object(self.remote, remote_name(key), data)
 
 
 def remote_name(key: str) -> str:
