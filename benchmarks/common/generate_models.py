@@ -72,7 +72,41 @@ def configs(device: str, quick: bool) -> dict[str, Callable[[], Any]]:
             return _llama(transformers, 64, 2, 4, 4, 500)
         return _llama(transformers, 768, 12, 12, 12, 32000, intermediate=2048)
 
+    def qwen3_06b() -> Any:
+        """Qwen3-0.6B's shape: 28 layers d1024, 16 query heads on 8 key/value heads of 128,
+        per-head query/key norms, vocabulary 151936, tied embeddings."""
+        if quick:
+            return _qwen3(transformers, 64, 2, 4, 2, 16, 500, 128)
+        return _qwen3(transformers, 1024, 28, 16, 8, 128, 151936, 3072)
+
+    def llama_1b() -> Any:
+        """Llama-3.2-1B's shape: 16 layers d2048, 32 query heads on 8, vocabulary 128256, tied."""
+        if quick:
+            return _llama(transformers, 64, 2, 8, 2, 500)
+        return _llama(transformers, 2048, 16, 32, 8, 128256, intermediate=8192, tied=True)
+
+    def qwen25_3b() -> Any:
+        """Qwen2.5-3B's shape: 36 layers d2048, 16 query heads on 2, vocabulary 151936, tied."""
+        if quick:
+            return _llama(transformers, 64, 2, 8, 2, 500)
+        config = transformers.Qwen2Config(
+            vocab_size=151936, hidden_size=2048, intermediate_size=11008,
+            num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+            max_position_embeddings=4096, tie_word_embeddings=True,
+        )  # fmt: skip
+        return transformers.Qwen2ForCausalLM(config)
+
+    def llama_8b() -> Any:
+        """Llama-3-8B's shape: 32 layers d4096, 32 query heads on 8, vocabulary 128256."""
+        if quick:
+            return _llama(transformers, 64, 2, 8, 2, 500)
+        return _llama(transformers, 4096, 32, 32, 8, 128256, intermediate=14336)
+
     return {
+        "qwen3-0.6b": qwen3_06b,
+        "llama-1b": llama_1b,
+        "qwen2.5-3b": qwen25_3b,
+        "llama-8b": llama_8b,
         "gpt2": gpt2,
         "llama": llama,
         "t5": t5,
@@ -91,8 +125,10 @@ def _llama(
     kv_heads: int,
     vocab: int,
     intermediate: int | None = None,
+    tied: bool = False,
 ) -> Any:
     config = transformers.LlamaConfig(
+        tie_word_embeddings=tied,
         vocab_size=vocab,
         hidden_size=width,
         intermediate_size=intermediate or width * 11 // 4,
@@ -102,3 +138,27 @@ def _llama(
         max_position_embeddings=2048,
     )
     return transformers.LlamaForCausalLM(config)
+
+
+def _qwen3(
+    transformers: Any,
+    width: int,
+    layers: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    vocab: int,
+    intermediate: int,
+) -> Any:
+    config = transformers.Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=width,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    )
+    return transformers.Qwen3ForCausalLM(config)

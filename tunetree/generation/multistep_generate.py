@@ -1,0 +1,269 @@
+"""``generate`` served by :class:`~.multistep.DecodeGraph` loops, or handed back with a reason.
+
+:class:`MultiStepGenerate` stands in for a model's ``generate``. A call it can serve exactly
+(greedy search, the usual stopping by length and end-of-sequence token, the minimum-length
+processors, token ids in and token ids out) runs the prefill through Hugging Face's own
+``generate`` for one new token (the same kernels and cache as the caller's call, so the first
+token is eager's), copies the prompt's keys and values into the loop's static cache, and
+replays the captured decode steps. Any other call runs the original ``generate``, counted with
+its reason (:attr:`MultiStepGenerate.counts`).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .multistep import DecodeGraph, LoopShape, StopRule, _forward_keywords
+
+log = logging.getLogger(__name__)
+
+CAPACITY_STEP = 256
+"""Static cache capacities are rounded up to a multiple of this: one loop serves many lengths."""
+
+_SERVED_KEYWORDS = frozenset(
+    {"input_ids", "attention_mask", "max_new_tokens", "min_new_tokens", "max_length",
+     "min_length", "do_sample", "pad_token_id", "eos_token_id", "cache_implementation",
+     "disable_compile", "use_cache", "num_beams", "generation_config"}
+)  # fmt: skip
+"""Keywords a served call may carry; any other sends the call to the original ``generate``."""
+
+_NEUTRAL = {
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "do_sample": False,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None,
+    "force_words_ids": None,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": None,
+    "suppress_tokens": None,
+    "begin_suppress_tokens": None,
+    "sequence_bias": None,
+    "exponential_decay_length_penalty": None,
+    "renormalize_logits": False,
+    "max_time": None,
+    "stop_strings": None,
+    "return_dict_in_generate": False,
+    "output_scores": False,
+    "output_logits": False,
+    "output_attentions": False,
+    "output_hidden_states": False,
+    "penalty_alpha": None,
+    "guidance_scale": None,
+    "watermarking_config": None,
+    "assistant_early_exit": None,
+    "prompt_lookup_num_tokens": None,
+    "dola_layers": None,
+}
+"""Generation settings with these values leave greedy search as the loop computes it."""
+
+
+@dataclass(frozen=True)
+class MultiStepConfig:
+    """How the decode loop is built: steps per replay and eager's kernels or Inductor's."""
+
+    steps: int = 16
+    compiled: bool = False
+
+    @property
+    def label(self) -> str:
+        """The config's name in tables."""
+        kind = "Inductor step" if self.compiled else "eager kernels"
+        return f"{self.steps} steps/replay, {kind}"
+
+
+@dataclass
+class Plan:
+    """One call the loop serves: its prompt, rule and sizes."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    max_new: int
+    rule: StopRule
+    static: bool
+    """The caller asked for a static cache (the prefill runs on one as theirs would)."""
+
+
+@dataclass
+class Counts:
+    """Calls served by the loop and calls handed to the original ``generate``, with reasons."""
+
+    served: int = 0
+    original: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+
+
+class MultiStepGenerate:
+    """A model's ``generate`` whose greedy calls replay several decode steps per graph."""
+
+    def __init__(self, model: Any, original: Callable[..., Any], config: MultiStepConfig) -> None:
+        self.model, self.original, self.config = model, original, config
+        self.loops: dict[tuple[int, int], DecodeGraph] = {}
+        self.counts = Counts()
+        self._lock = threading.Lock()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        plan, reason = self.plan(args, kwargs)
+        if plan is None:
+            self.counts.original += 1
+            self.counts.reasons[reason] += 1
+            return self.original(*args, **kwargs)
+        with self._lock, torch.no_grad():
+            out = self._serve(plan)
+        self.counts.served += 1
+        return out
+
+    # which calls ---------------------------------------------------------------------------
+    def plan(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Plan | None, str]:
+        """The call as a :class:`Plan`, or None and why the loop cannot serve it."""
+        if args:
+            if len(args) > 1 or "input_ids" in kwargs:
+                return None, "positional arguments beyond input_ids"
+            kwargs = {"input_ids": args[0], **kwargs}
+        extra = sorted(set(kwargs) - _SERVED_KEYWORDS)
+        if extra:
+            return None, f"keywords the loop does not serve: {', '.join(extra)}"
+        ids = kwargs.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+            return None, "no input_ids matrix"
+        device = next(self.model.parameters()).device
+        if ids.device != device or device.type != "cuda":
+            return None, "input_ids not on the model's CUDA device"
+        mask = kwargs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(ids)
+        if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
+            return None, "attention_mask is not the shape of input_ids"
+        settings = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
+        given = settings.pop("generation_config", None)
+        config = copy.deepcopy(given if given is not None else self.model.generation_config)
+        settings.pop("disable_compile", None)
+        cache = settings.pop("cache_implementation", None) or getattr(
+            config, "cache_implementation", None
+        )
+        if cache not in (None, "static", "dynamic"):
+            return None, f"cache_implementation={cache!r}"
+        if settings.pop("use_cache", True) is False:
+            return None, "use_cache=False"
+        config.update(**settings)
+        for name, neutral in _NEUTRAL.items():
+            value = getattr(config, name, neutral)
+            if value != neutral and not (neutral is None and value in ((), [])):
+                return None, f"{name}={value!r} (greedy search with length and EOS stops only)"
+        new = config.max_new_tokens
+        if new is None:
+            new = int(config.max_length) - ids.shape[1]
+        if new < 2:
+            return None, "fewer than two new tokens"
+        prompt = ids.shape[1]
+        min_new = max(int(config.min_new_tokens or 0), int(config.min_length or 0) - prompt)
+        eos = config.eos_token_id
+        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
+        pad = config.pad_token_id
+        pad = int(pad) if pad is not None else (eos_ids[0] if eos_ids else 0)
+        rule = StopRule(eos=eos_ids, pad=pad, min_new=min_new)
+        return Plan(ids, mask.to(torch.long), int(new), rule, cache == "static"), ""
+
+    # serving -------------------------------------------------------------------------------
+    def loop_for(self, plan: Plan) -> DecodeGraph:
+        """The captured loop for the plan's batch and capacity (built on first use)."""
+        batch, prompt = plan.input_ids.shape
+        steps = self.config.steps
+        capacity = _round_up(prompt + plan.max_new + steps, CAPACITY_STEP)
+        key = (batch, capacity)
+        loop = self.loops.get(key)
+        if loop is None or loop.rule != plan.rule or loop.max_new < plan.max_new:
+            loop = DecodeGraph(
+                self.model,
+                LoopShape(batch, capacity, steps),
+                plan.rule,
+                max_new=max(plan.max_new, loop.max_new if loop else 0),
+                compiled=self.config.compiled,
+            )
+            self._prefill(loop, plan)
+            loop.capture()
+            self.loops[key] = loop
+            log.debug("decode loop captured for batch %d, capacity %d", batch, capacity)
+        return loop
+
+    def _serve(self, plan: Plan) -> torch.Tensor:
+        loop = self.loop_for(plan)
+        first = self._prefill(loop, plan)
+        prompt = plan.input_ids.shape[1]
+        loop.start(first, plan.attention_mask.sum(dim=1), prompt, plan.attention_mask)
+        steps = self.config.steps
+        made = 1
+        while made < plan.max_new:
+            if plan.rule.eos and loop.finished():
+                break
+            loop.replay()
+            made += steps
+        count = min(made, plan.max_new)
+        stop = loop.finished_at()
+        if stop is not None:
+            count = min(count, stop)
+        return torch.cat([plan.input_ids, loop.tokens(count)], dim=1)
+
+    def _prefill(self, loop: DecodeGraph, plan: Plan) -> torch.Tensor:
+        """Run Hugging Face's prefill for one token; leave the prompt's states in the loop's cache."""
+        rule = plan.rule
+        settings: dict[str, Any] = dict(
+            max_new_tokens=1,
+            min_new_tokens=1 if rule.min_new > 0 else None,
+            do_sample=False,
+            pad_token_id=rule.pad,
+            eos_token_id=list(rule.eos) or None,
+            return_dict_in_generate=True,
+        )
+        if rule.min_new <= 0:
+            settings.pop("min_new_tokens")
+        cache = loop.cache
+        for layer in getattr(cache, "layers", ()):
+            if getattr(layer, "is_initialized", False):
+                layer.reset()
+        if plan.static:
+            settings[_cache_keyword(self.model)] = cache
+            out = self.original(
+                input_ids=plan.input_ids, attention_mask=plan.attention_mask,
+                disable_compile=True, **settings,
+            )  # fmt: skip
+        else:
+            out = self.original(
+                input_ids=plan.input_ids, attention_mask=plan.attention_mask, **settings
+            )
+            _copy_into(out.past_key_values, cache, plan.input_ids.shape[1])
+        return out.sequences[:, -1]
+
+
+def _copy_into(source: Any, target: Any, length: int) -> None:
+    """Write a dynamic cache's first ``length`` positions into a static cache's layers."""
+    for index, (layer, into) in enumerate(zip(source.layers, target.layers, strict=True)):
+        keys, values = layer.keys[:, :, :length], layer.values[:, :, :length]
+        if not into.is_initialized:
+            into.lazy_initialization(keys, values)
+        into.keys.zero_()
+        into.values.zero_()
+        into.keys[:, :, :length].copy_(keys)
+        into.values[:, :, :length].copy_(values)
+        if isinstance(getattr(into, "cumulative_length", None), torch.Tensor):
+            into.cumulative_length.fill_(length)
+        del index
+
+
+def _cache_keyword(model: Any) -> str:
+    """``cache`` where the model's forward takes it (newer transformers), else the older name."""
+    return "cache" if "cache" in _forward_keywords(model) else "past_key_values"
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
