@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,8 +138,11 @@ class DecodeGraph:
         """Run the step ``warmups`` times on a side stream, then capture ``steps`` of it.
 
         The cache must hold a prefill (its layers initialised); the state the warm-ups and
-        the capture advance is restored by the next :meth:`start`.
+        the capture advance is restored by the next :meth:`start`. Off CUDA nothing is
+        captured and :meth:`replay` runs the steps one by one (the same computation).
         """
+        if self.token.device.type != "cuda":
+            return
         snapshot = self._positions()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -184,8 +187,12 @@ class DecodeGraph:
 
     def replay(self) -> None:
         """Advance every row by ``steps`` tokens."""
-        assert self.graph is not None
-        self.graph.replay()
+        if self.graph is not None:
+            self.graph.replay()
+            return
+        with torch.no_grad():
+            for _ in range(self.shape.steps):
+                self._step()
 
     def finished(self) -> bool:
         """Whether every row has made an end-of-sequence token (one device read)."""
@@ -236,9 +243,3 @@ def _forward_keywords(model: Any) -> frozenset[str]:
         return frozenset(inspect.signature(model.forward).parameters)
     return frozenset()
 
-
-@contextlib.contextmanager
-def no_grad_inference() -> Iterator[None]:
-    """The mode every loop runs in."""
-    with torch.no_grad():
-        yield

@@ -64,8 +64,16 @@ _NEUTRAL = {
     "assistant_early_exit": None,
     "prompt_lookup_num_tokens": None,
     "dola_layers": None,
+    "num_return_sequences": 1,
+    "token_healing": False,
 }
-"""Generation settings with these values leave greedy search as the loop computes it."""
+"""Generation settings with these values (or unset) leave greedy search as the loop computes it."""
+
+
+_SAMPLING_ONLY = frozenset(
+    {"temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff"}
+)
+"""Settings that only sampling reads: greedy search ignores them, as ``generate`` does."""
 
 
 @dataclass(frozen=True)
@@ -114,12 +122,13 @@ class MultiStepGenerate:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         plan, reason = self.plan(args, kwargs)
+        if plan is not None and plan.input_ids.device.type != "cuda":
+            plan, reason = None, "not on a CUDA device"
         if plan is None:
             self.counts.original += 1
             self.counts.reasons[reason] += 1
             return self.original(*args, **kwargs)
-        with self._lock, torch.no_grad():
-            out = self._serve(plan)
+        out = self.serve(plan)
         self.counts.served += 1
         return out
 
@@ -130,15 +139,14 @@ class MultiStepGenerate:
             if len(args) > 1 or "input_ids" in kwargs:
                 return None, "positional arguments beyond input_ids"
             kwargs = {"input_ids": args[0], **kwargs}
-        extra = sorted(set(kwargs) - _SERVED_KEYWORDS)
+        extra = sorted(set(kwargs) - _SERVED_KEYWORDS - set(_NEUTRAL) - _SAMPLING_ONLY)
         if extra:
             return None, f"keywords the loop does not serve: {', '.join(extra)}"
         ids = kwargs.get("input_ids")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
             return None, "no input_ids matrix"
-        device = next(self.model.parameters()).device
-        if ids.device != device or device.type != "cuda":
-            return None, "input_ids not on the model's CUDA device"
+        if ids.device != next(self.model.parameters()).device:
+            return None, "input_ids not on the model's device"
         mask = kwargs.get("attention_mask")
         if mask is None:
             mask = torch.ones_like(ids)
@@ -158,7 +166,7 @@ class MultiStepGenerate:
         config.update(**settings)
         for name, neutral in _NEUTRAL.items():
             value = getattr(config, name, neutral)
-            if value != neutral and not (neutral is None and value in ((), [])):
+            if value is not None and value != neutral and value not in ((), []):
                 return None, f"{name}={value!r} (greedy search with length and EOS stops only)"
         new = config.max_new_tokens
         if new is None:
@@ -195,6 +203,11 @@ class MultiStepGenerate:
             self.loops[key] = loop
             log.debug("decode loop captured for batch %d, capacity %d", batch, capacity)
         return loop
+
+    def serve(self, plan: Plan) -> torch.Tensor:
+        """``generate``'s output for a plan: the prompt followed by the new tokens."""
+        with self._lock, torch.no_grad():
+            return self._serve(plan)
 
     def _serve(self, plan: Plan) -> torch.Tensor:
         loop = self.loop_for(plan)

@@ -1,0 +1,146 @@
+"""Several decode steps per replay return exactly the tokens ``generate`` returns.
+
+On the CPU no graph is captured and a replay runs its steps one by one: the same computation
+the CUDA graph records, so the loop's bookkeeping (positions, finished rows padded, the
+minimum-length rule, stopping once every row made an end-of-sequence token, a last replay
+that overruns) is checked against Hugging Face's own greedy search here; the GPU test checks
+the captured graph.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from tunetree.generation.multistep_generate import MultiStepConfig, MultiStepGenerate
+
+EOS = 7
+
+
+def qwen3() -> transformers.PreTrainedModel:
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, eos_token_id=EOS,
+        max_position_embeddings=512,
+    )  # fmt: skip
+    return transformers.Qwen3ForCausalLM(config).eval()
+
+
+def prompt(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(8, 300, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    if batch > 1:
+        mask[1, : length // 3] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def eager(model, inputs, **gen):
+    with torch.no_grad():
+        return model.generate(**inputs, do_sample=False, pad_token_id=0, **gen)
+
+
+def served(model, steps=4):
+    return MultiStepGenerate(model, model.generate, MultiStepConfig(steps=steps))
+
+
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("steps", [1, 4, 7])
+def test_the_loop_returns_generates_tokens_for_left_padded_rows(static: bool, steps: int) -> None:
+    model = qwen3()
+    inputs = prompt(3, 11, 1)
+    gen = dict(max_new_tokens=19, min_new_tokens=19)
+    if static:
+        gen.update(cache_implementation="static", disable_compile=True)
+    loop = served(model, steps)
+    plan, reason = loop.plan((), {**inputs, **gen, "do_sample": False, "pad_token_id": 0})
+    assert plan is not None, reason
+    assert torch.equal(loop.serve(plan), eager(model, inputs, **gen))
+
+
+def test_rows_that_finish_are_padded_and_the_call_stops_when_all_have() -> None:
+    model = qwen3()
+    inputs = prompt(2, 9, 2)
+    free = eager(model, inputs, max_new_tokens=24, eos_token_id=None)
+    new = free[:, 9:]
+    # the end-of-sequence token is one row 0 makes at step 5, so rows finish at other steps
+    eos = int(new[0, 5])
+    gen = dict(max_new_tokens=24, eos_token_id=eos)
+    expected = eager(model, inputs, **gen)
+    assert expected.shape[1] < free.shape[1] or (expected == 0).any()  # a row did finish
+    loop = served(model, 4)
+    plan, reason = loop.plan((), {**inputs, **gen, "do_sample": False, "pad_token_id": 0})
+    assert plan is not None, reason
+    assert torch.equal(loop.serve(plan), expected)
+
+
+def test_the_minimum_length_masks_the_end_token_as_generate_does() -> None:
+    model = qwen3()
+    inputs = prompt(1, 9, 3)
+    free = eager(model, inputs, max_new_tokens=12, eos_token_id=None)
+    eos = int(free[0, 9 + 2])  # made at the third step: masked until the sixth
+    gen = dict(max_new_tokens=12, min_new_tokens=6, eos_token_id=eos)
+    expected = eager(model, inputs, **gen)
+    loop = served(model, 4)
+    plan, reason = loop.plan((), {**inputs, **gen, "do_sample": False, "pad_token_id": 0})
+    assert plan is not None, reason
+    assert torch.equal(loop.serve(plan), expected)
+
+
+def test_one_loop_serves_prompts_of_other_lengths_and_is_reused() -> None:
+    model = qwen3()
+    loop = served(model, 4)
+    for length, seed in ((5, 1), (17, 2), (30, 3)):
+        inputs = prompt(2, length, seed)
+        plan, reason = loop.plan((), {**inputs, "max_new_tokens": 10, "pad_token_id": 0})
+        assert plan is not None, reason
+        assert torch.equal(loop.serve(plan), eager(model, inputs, max_new_tokens=10))
+    assert len(loop.loops) == 1  # one capacity bucket, one batch size
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        (dict(do_sample=True), "do_sample=True"),
+        (dict(num_beams=2), "num_beams=2"),
+        (dict(repetition_penalty=1.3), "repetition_penalty=1.3"),
+        (dict(return_dict_in_generate=True), "return_dict_in_generate=True"),
+        (dict(streamer=object()), "keywords the loop does not serve: streamer"),
+        (dict(stopping_criteria=[]), "keywords the loop does not serve: stopping_criteria"),
+        (dict(max_new_tokens=1), "fewer than two new tokens"),
+        (dict(cache_implementation="offloaded"), "cache_implementation='offloaded'"),
+    ],
+)
+def test_calls_the_loop_cannot_serve_exactly_say_why(extra: dict, why: str) -> None:
+    loop = served(qwen3())
+    plan, reason = loop.plan((), {**prompt(1, 5, 1), "max_new_tokens": 8, **extra})
+    assert plan is None
+    assert why in reason
+
+
+def test_a_call_not_on_a_cuda_device_runs_the_original_generate_and_is_counted() -> None:
+    model = qwen3()
+    loop = served(model)
+    inputs = prompt(2, 6, 4)
+    out = loop(**inputs, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, eager(model, inputs, max_new_tokens=5))
+    assert loop.counts.served == 0 and loop.counts.original == 1
+    assert loop.counts.reasons == {"not on a CUDA device": 1}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_captured_loop_returns_eager_static_tokens_on_the_gpu(dtype: torch.dtype) -> None:
+    model = qwen3().to("cuda", dtype)
+    loop = served(model, 8)
+    gen = dict(max_new_tokens=40, min_new_tokens=40, cache_implementation="static",
+               disable_compile=True)  # fmt: skip
+    for length, seed in ((9, 1), (21, 2)):
+        inputs = {k: v.cuda() for k, v in prompt(2, length, seed).items()}
+        out = loop(**inputs, **gen, do_sample=False, pad_token_id=0)
+        assert torch.equal(out, eager(model, inputs, **gen))
+    assert loop.counts.served == 2 and loop.counts.original == 0
+    assert all(graph.graph is not None for graph in loop.loops.values())
