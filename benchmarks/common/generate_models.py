@@ -72,6 +72,21 @@ def configs(device: str, quick: bool) -> dict[str, Callable[[], Any]]:
             return _llama(transformers, 64, 2, 4, 4, 500)
         return _llama(transformers, 768, 12, 12, 12, 32000, intermediate=2048)
 
+    return {
+        **_served_sizes(transformers, quick),
+        "gpt2": gpt2,
+        "llama": llama,
+        "t5": t5,
+        "mistral-8l": mistral_8l,
+        "qwen2-0.6b": qwen2_06b,
+        "llama-0.5b": llama_05b,
+        "llama-0.1b": llama_01b,
+    }
+
+
+def _served_sizes(transformers: Any, quick: bool) -> dict[str, Callable[[], Any]]:
+    """The shapes people serve in bf16 (0.6B to 8B), for the GPU's decode measurements."""
+
     def qwen3_06b() -> Any:
         """Qwen3-0.6B's shape: 28 layers d1024, 16 query heads on 8 key/value heads of 128,
         per-head query/key norms, vocabulary 151936, tied embeddings."""
@@ -107,13 +122,6 @@ def configs(device: str, quick: bool) -> dict[str, Callable[[], Any]]:
         "llama-1b": llama_1b,
         "qwen2.5-3b": qwen25_3b,
         "llama-8b": llama_8b,
-        "gpt2": gpt2,
-        "llama": llama,
-        "t5": t5,
-        "mistral-8l": mistral_8l,
-        "qwen2-0.6b": qwen2_06b,
-        "llama-0.5b": llama_05b,
-        "llama-0.1b": llama_01b,
     }
 
 

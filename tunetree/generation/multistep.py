@@ -242,4 +242,3 @@ def _forward_keywords(model: Any) -> frozenset[str]:
     with contextlib.suppress(TypeError, ValueError):
         return frozenset(inspect.signature(model.forward).parameters)
     return frozenset()
-

@@ -121,6 +121,7 @@ class MultiStepGenerate:
         self._lock = threading.Lock()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``generate(*args, **kwargs)``: served by the loop when it can, else the original."""
         plan, reason = self.plan(args, kwargs)
         if plan is not None and plan.input_ids.device.type != "cuda":
             plan, reason = None, "not on a CUDA device"
@@ -142,17 +143,26 @@ class MultiStepGenerate:
         extra = sorted(set(kwargs) - _SERVED_KEYWORDS - set(_NEUTRAL) - _SAMPLING_ONLY)
         if extra:
             return None, f"keywords the loop does not serve: {', '.join(extra)}"
-        ids = kwargs.get("input_ids")
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
             return None, "no input_ids matrix"
         if ids.device != next(self.model.parameters()).device:
             return None, "input_ids not on the model's device"
-        mask = kwargs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(ids)
+        mask = torch.ones_like(ids) if mask is None else mask
         if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
             return None, "attention_mask is not the shape of input_ids"
         settings = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask")}
+        config, static, reason = self._settings(settings)
+        if config is None:
+            return None, reason
+        new = config.max_new_tokens
+        new = int(config.max_length) - ids.shape[1] if new is None else int(new)
+        if new < 2:
+            return None, "fewer than two new tokens"
+        return Plan(ids, mask.to(torch.long), new, _rule(config, ids.shape[1]), static), ""
+
+    def _settings(self, settings: dict[str, Any]) -> tuple[Any, bool, str]:
+        """The call's generation config and whether it asks for a static cache, or why not."""
         given = settings.pop("generation_config", None)
         config = copy.deepcopy(given if given is not None else self.model.generation_config)
         settings.pop("disable_compile", None)
@@ -160,27 +170,15 @@ class MultiStepGenerate:
             config, "cache_implementation", None
         )
         if cache not in (None, "static", "dynamic"):
-            return None, f"cache_implementation={cache!r}"
+            return None, False, f"cache_implementation={cache!r}"
         if settings.pop("use_cache", True) is False:
-            return None, "use_cache=False"
+            return None, False, "use_cache=False"
         config.update(**settings)
         for name, neutral in _NEUTRAL.items():
             value = getattr(config, name, neutral)
             if value is not None and value != neutral and value not in ((), []):
-                return None, f"{name}={value!r} (greedy search with length and EOS stops only)"
-        new = config.max_new_tokens
-        if new is None:
-            new = int(config.max_length) - ids.shape[1]
-        if new < 2:
-            return None, "fewer than two new tokens"
-        prompt = ids.shape[1]
-        min_new = max(int(config.min_new_tokens or 0), int(config.min_length or 0) - prompt)
-        eos = config.eos_token_id
-        eos_ids = tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None)
-        pad = config.pad_token_id
-        pad = int(pad) if pad is not None else (eos_ids[0] if eos_ids else 0)
-        rule = StopRule(eos=eos_ids, pad=pad, min_new=min_new)
-        return Plan(ids, mask.to(torch.long), int(new), rule, cache == "static"), ""
+                return None, False, f"{name}={value!r} (greedy search, length and EOS stops only)"
+        return config, cache == "static", ""
 
     # serving -------------------------------------------------------------------------------
     def loop_for(self, plan: Plan) -> DecodeGraph:
@@ -228,7 +226,7 @@ class MultiStepGenerate:
         return torch.cat([plan.input_ids, loop.tokens(count)], dim=1)
 
     def _prefill(self, loop: DecodeGraph, plan: Plan) -> torch.Tensor:
-        """Run Hugging Face's prefill for one token; leave the prompt's states in the loop's cache."""
+        """Hugging Face's prefill for one token; the prompt's states left in the loop's cache."""
         rule = plan.rule
         settings: dict[str, Any] = dict(
             max_new_tokens=1,
@@ -256,6 +254,17 @@ class MultiStepGenerate:
             )
             _copy_into(out.past_key_values, cache, plan.input_ids.shape[1])
         return out.sequences[:, -1]
+
+
+def _rule(config: Any, prompt: int) -> StopRule:
+    """``generate``'s stopping and padding for a resolved generation config."""
+    min_new = max(int(config.min_new_tokens or 0), int(config.min_length or 0) - prompt)
+    eos = config.eos_token_id
+    listed = eos if isinstance(eos, (list, tuple)) else [eos]
+    eos_ids = tuple(int(e) for e in listed if e is not None)
+    pad = config.pad_token_id
+    pad = int(pad) if pad is not None else (eos_ids[0] if eos_ids else 0)
+    return StopRule(eos=eos_ids, pad=pad, min_new=min_new)
 
 
 def _copy_into(source: Any, target: Any, length: int) -> None:

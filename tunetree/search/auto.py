@@ -39,6 +39,7 @@ from ..candidates.measure import MeasureConfig, Timing
 from ..candidates.strategy import Strategy, accuracy_strategy, default_strategy, quick_strategy
 from ..errors import InvalidInputError
 from ..generation import is_generation
+from ..generation.multistep_trial import MultiStepTrial
 from ..generation.stateful_trial import StatefulTrial
 from ..runtime.plan import Plan
 from ..runtime.wrap import wrap
@@ -69,6 +70,7 @@ from .endtoend import (
     UNTUNED,
     side_by_side,
 )
+from .multistep_first import multistep_first
 from .rival import WHOLE_MODEL, FinalCheck, FinalRun, final_check, whole_model_plan
 from .stateful_first import stateful_first
 from .tune import (
@@ -295,11 +297,7 @@ def _auto_tune(
             if search.accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(search.accuracy, model, info, held, cfg.call)
-        whole, trials = (
-            (None, [])
-            if search.savable
-            else stateful_first(run, rows, held, dev, search.budget_s, start)
-        )
+        whole, trials, multistep = _whole_model_first(run, rows, held, dev, search, start)
         if whole is not None:
             return whole
         decisions = DepthDecisions.open(run, rows, search.tie_tolerance, search.reuse_decision)
@@ -307,9 +305,31 @@ def _auto_tune(
         if before is None:
             before = _search(run, rows, search.budget_s)
         # measures: still in eval mode
-        result = _finish(run, rows, before, search, start, decisions.note(), trials)
+        result = _finish(run, rows, before, search, start, decisions.note(), trials, multistep)
     decisions.record(result)
     return result
+
+
+def _whole_model_first(
+    run: DepthRun,
+    rows: list[DepthRow],
+    held: list[Any],
+    dev: torch.device,
+    search: _DepthSearch,
+    start: float,
+) -> tuple[AutoTuneResult | None, list[StatefulTrial], list[MultiStepTrial]]:
+    """``generate`` served whole, tried before any depth: stateful on a CPU, looped on a GPU.
+
+    Returns the result when one of them wins, else None, and both kinds' rows. Skipped for a
+    ``savable`` tune: neither is written to a ``.tt`` file yet.
+    """
+    if search.savable:
+        return None, [], []
+    whole, trials = stateful_first(run, rows, held, dev, search.budget_s, start)
+    if whole is not None:
+        return whole, trials, []
+    looped, multistep = multistep_first(run, rows, held, dev, search.budget_s, start)
+    return looped, trials, multistep
 
 
 def _deadline(budget_s: float | None, start: float) -> Deadline | None:
@@ -410,11 +430,12 @@ def _finish(
     start: float,
     decision: str,
     stateful: list[StatefulTrial],
+    multistep: list[MultiStepTrial],
 ) -> AutoTuneResult:
     """Pick the depth, wrap the model with its plan, and return the whole result.
 
     ``untuned_after`` is the untuned timing taken beside the last measured depth;
-    ``stateful`` the whole-model stateful runner's rows, tried first (none chosen).
+    ``stateful`` and ``multistep`` the whole-model rows tried first (none chosen).
     """
     measured = [r for r in rows if r.untuned is not None and r.same_as is None]
     after = measured[-1].untuned if measured else None
@@ -454,6 +475,7 @@ def _finish(
         accuracy=search.accuracy,
         decision=decision,
         stateful=stateful,
+        multistep=multistep,
     )
 
 

@@ -20,6 +20,8 @@ from ..candidates.budget import (
 from ..candidates.measure import Timing
 from ..errors import InvalidInputError
 from ..generation import GenerationStep, generation_steps, steps_table
+from ..generation.multistep_trial import MultiStepTrial
+from ..generation.multistep_trial import trials_table as multistep_table
 from ..generation.stateful_trial import StatefulTrial, trials_table
 from ..runtime.plan import Plan
 from ..runtime.wrap import unwrap, wrap
@@ -154,6 +156,8 @@ class AutoTuneResult:
     recorded in the tuning cache by a host of the same kind ("" after a full search)."""
     stateful: list[StatefulTrial] = field(default_factory=list)
     """``generate`` on the CPU: the whole-model stateful runner's configs, tried first."""
+    multistep: list[MultiStepTrial] = field(default_factory=list)
+    """``generate`` on a GPU: the multi-step decode loop's configs, tried first."""
     final: str = ""
     """The final side by side of the selected plan and the best whole-model backend of depth 0
     ("" when there was none to run: see :mod:`tunetree.search.rival`)."""
@@ -212,9 +216,11 @@ class AutoTuneResult:
 
         1.0 when untuned.
         """
-        whole = next((t for t in self.stateful if t.chosen), None)
-        if whole is not None and whole.speedup:
-            return whole.speedup
+        chosen = [t.speedup for t in self.stateful if t.chosen] + [
+            t.speedup for t in self.multistep if t.chosen
+        ]
+        if chosen and chosen[0]:
+            return chosen[0]
         row = self.selected_row
         return row.speedup if row is not None and row.speedup else 1.0
 
@@ -278,6 +284,8 @@ class AutoTuneResult:
             )
             if any(t.chosen for t in self.stateful):
                 chosen = f"the whole model served by a stateful runner ({self.speedup:.2f}x)"
+            if any(t.chosen for t in self.multistep):
+                chosen = f"generate served by the multi-step decode loop ({self.speedup:.2f}x)"
             head = (
                 f"auto_tune: untuned {untuned} (before {_t(self.untuned_before)}, after "
                 f"{_t(self.untuned_after)}); {chosen}; tuning took {self.tuning_s:.1f} s"
@@ -305,6 +313,7 @@ class AutoTuneResult:
             )
             + self._accuracy_steps()
             + (f"\n\n{whole}" if (whole := trials_table(self.stateful)) else "")
+            + (f"\n\n{loop}" if (loop := multistep_table(self.multistep)) else "")
             + (f"\n\n{steps}" if steps else "")
             + (f"\nNote: {note}" if note else "")
             + self._budget_note()

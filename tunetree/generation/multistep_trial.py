@@ -1,0 +1,213 @@
+"""``generate`` on a GPU with several decode steps per replay, tried before any per-layer graph.
+
+At batch 1 a small model's decode step is bound by the host, whichever runner serves the
+forward: ``generate``'s own loop sets the pace. :class:`~.multistep_generate.MultiStepGenerate`
+replaces that loop for greedy calls. Each config (steps per replay; eager's kernels, which keep
+eager's numerics, or Inductor's code for the step) is built, checked against eager (tokens
+equal on the tuning prompts, the held-out ones and probes of another batch size and length,
+and every check call served by the loop), then measured end to end beside the untuned model.
+Every config is a row of the result's table with its reason when it fails; nothing raises.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._util.table import format_table
+from ..candidates.measure import Timing
+from ..signature.graph import Sample
+from ..signature.modules import CallFn, run_model
+from .multistep_generate import MultiStepConfig, MultiStepGenerate
+from .stateful_check import probes, prompt_of
+
+log = logging.getLogger(__name__)
+
+UNTUNED = "untuned"
+Measure = Callable[[dict[str, Any]], dict[str, Timing]]
+"""Times models end to end, interleaved: name -> model in, name -> timing out."""
+
+CONFIGS = (MultiStepConfig(steps=8), MultiStepConfig(steps=32), MultiStepConfig(16, True))
+"""Tried in this order: eager's kernels at two replay lengths, then Inductor's step."""
+
+
+@dataclass
+class MultiStepTrial:
+    """One config of the multi-step decode loop: built, checked, measured, or why not."""
+
+    config: MultiStepConfig
+    status: str = "not tried"
+    reason: str = ""
+    build_s: float | None = None
+    timing: Timing | None = None
+    untuned: Timing | None = None
+    chosen: bool = False
+    checked: int = 0
+    """Check calls whose tokens equal eager's."""
+    model: Any = field(default=None, repr=False)
+
+    @property
+    def speedup(self) -> float | None:
+        """The untuned model's median over this one's, measured side by side."""
+        if self.timing is None or self.untuned is None or not self.timing.median_s:
+            return None
+        return self.untuned.median_s / self.timing.median_s
+
+    def cells(self) -> list[str]:
+        """The trial's row of :func:`trials_table`."""
+        return [
+            ("*" if self.chosen else "") + self.config.label,
+            str(self.timing) if self.timing else "-",
+            f"{self.speedup:.2f}x" if self.speedup else "-",
+            f"{self.checked} equal" if self.checked else "-",
+            f"{self.build_s:.1f} s" if self.build_s is not None else "-",
+            self.status + (f": {self.reason}" if self.reason else ""),
+        ]
+
+
+def trials_table(trials: Sequence[MultiStepTrial]) -> str:
+    """The trials as a table ("" when there were none)."""
+    if not trials:
+        return ""
+    headers = ["decode loop", "latency", "speedup", "tokens", "build", "status"]
+    return format_table(
+        headers,
+        [t.cells() for t in trials],
+        title="generate with several decode steps per CUDA graph replay (tried first)",
+    )
+
+
+def unavailable_reason(model: Any, device: torch.device) -> str | None:
+    """Why the loop cannot serve ``model``'s ``generate`` at all (None when it may)."""
+    if device.type != "cuda":
+        return "needs a CUDA device"
+    config = getattr(model, "config", None)
+    if config is None or not callable(getattr(model, "generate", None)):
+        return "not a Hugging Face model with generate"
+    if getattr(config, "is_encoder_decoder", False):
+        return "an encoder-decoder model"
+    from transformers import StaticCache
+
+    try:
+        layers = StaticCache(config=config, max_cache_len=8).layers
+    except (TypeError, ValueError, AttributeError) as exc:
+        return f"no static cache for this model ({type(exc).__name__})"
+    if any(getattr(layer, "is_sliding", False) for layer in layers):
+        return "sliding-window cache layers"
+    if any(type(layer).__name__ != "StaticLayer" for layer in layers):
+        return "cache layers other than full attention"
+    return None
+
+
+def attach(model: Any, config: MultiStepConfig) -> Any:
+    """A shallow copy of ``model`` whose ``generate`` the loop serves (forward unchanged)."""
+    twin = copy.copy(model)  # shares parameters, buffers, submodules and hooks
+    twin.__dict__["generate"] = MultiStepGenerate(model, model.generate, config)
+    return twin
+
+
+def try_multistep(
+    model: Any,
+    samples: Sequence[Sample],
+    call: CallFn | None,
+    measure: Measure,
+    *,
+    held: Sequence[Sample] = (),
+    configs: Sequence[MultiStepConfig] = CONFIGS,
+) -> list[MultiStepTrial]:
+    """Build, check and measure every config (see the module's docstring); the best is chosen."""
+    trials = [MultiStepTrial(c) for c in configs]
+    device = next(model.parameters()).device
+    reason = unavailable_reason(model, device)
+    if reason is None and any(prompt_of(s) is None for s in samples):
+        reason = "the dataset's items are not generate calls with input_ids"
+    if reason is not None:
+        for trial in trials:
+            trial.status, trial.reason = "unavailable", reason
+        return trials
+    vocab = int(getattr(model.config, "vocab_size", 2))
+    room = int(getattr(model.config, "max_position_embeddings", 64)) // 4
+    checks = [*samples, *held, *(_on(p, device) for p in probes(samples, vocab, room))]
+    expected = [run_model(model, sample, call) for sample in checks]
+    for trial in trials:
+        _build_and_check(trial, model, checks, expected, call)
+    _measure_and_choose(trials, model, measure)
+    return trials
+
+
+def _on(sample: Sample, device: torch.device) -> Sample:
+    return Sample((), {k: v.to(device) for k, v in sample.kwargs.items()})
+
+
+def _build_and_check(
+    trial: MultiStepTrial,
+    model: Any,
+    checks: Sequence[Sample],
+    expected: Sequence[Any],
+    call: CallFn | None,
+) -> None:
+    twin = attach(model, trial.config)
+    served: MultiStepGenerate = twin.__dict__["generate"]
+    start = time.perf_counter()
+    try:
+        outputs = [run_model(twin, sample, call) for sample in checks]
+    except (RuntimeError, TypeError, ValueError) as exc:  # a capture or compile that fails
+        trial.status, trial.reason = "failed", f"{type(exc).__name__}: {str(exc)[:200]}"
+        return
+    finally:
+        torch.cuda.synchronize()
+    trial.build_s = time.perf_counter() - start
+    counts = served.counts
+    if counts.original:
+        reasons = "; ".join(f"{n}x {r}" for r, n in counts.reasons.most_common())
+        trial.status = "rejected"
+        trial.reason = (
+            f"{counts.original} of {len(checks)} calls ran the original generate ({reasons})"
+        )
+        return
+    for index, (got, want) in enumerate(zip(outputs, expected, strict=True)):
+        problem = _differs(_tokens(got), _tokens(want))
+        if problem:
+            trial.status, trial.reason = "rejected", f"check call {index}: {problem}"
+            return
+        trial.checked += 1
+    trial.status, trial.model = "passed", twin
+
+
+def _tokens(out: Any) -> torch.Tensor | None:
+    return out if isinstance(out, torch.Tensor) else getattr(out, "sequences", None)
+
+
+def _differs(got: torch.Tensor | None, want: torch.Tensor | None) -> str:
+    """Why the tokens are not eager's ("" when equal)."""
+    if got is None or want is None:
+        return "no token ids to compare"
+    if got.shape != want.shape:
+        return f"{tuple(got.shape)} tokens against eager's {tuple(want.shape)}"
+    if torch.equal(got, want):
+        return ""
+    column = int((got != want).any(dim=0).nonzero()[0])
+    return f"tokens differ from eager's at position {column} of {got.shape[1]}"
+
+
+def _measure_and_choose(trials: list[MultiStepTrial], model: Any, measure: Measure) -> None:
+    """Time the passed configs beside the untuned model; choose the fastest that beats it."""
+    passed = [t for t in trials if t.status == "passed"]
+    if passed:
+        timings = measure({UNTUNED: model, **{t.config.label: t.model for t in passed}})
+        for trial in passed:
+            trial.timing, trial.untuned = timings.get(trial.config.label), timings.get(UNTUNED)
+            trial.status = "measured"
+    winners = [t for t in passed if t.speedup is not None and t.speedup > 1.0]
+    if winners:
+        best = min(winners, key=lambda t: t.timing.median_s if t.timing else float("inf"))
+        best.chosen, best.status = True, "chosen"
+    for trial in trials:
+        if not trial.chosen:
+            trial.model = None  # its graphs' memory goes back before anything else is measured
