@@ -103,8 +103,10 @@ def _captures(runner: Any) -> list[Any]:
 
 
 def _fallbacks(model: Any) -> int:
-    """Calls wrapped modules ran in their original forward (a runner's own included)."""
-    total = 0
+    """Calls wrapped modules ran in their original forward (a runner's own included), and
+    ``generate`` calls a multi-step decode loop handed to the original ``generate``."""
+    loop = getattr(model, "__dict__", {}).get("generate")
+    total = getattr(getattr(loop, "counts", None), "original", 0)
     for dispatcher in _dispatchers(model):
         total += dispatcher.fallback_calls
         for runner in dispatcher.runners.values():
@@ -182,8 +184,7 @@ def _reset_peak(device: str) -> None:
 
 def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     device = args.device
-    torch.manual_seed(0)
-    model = build().eval().to(device)
+    model = _build(build, device, getattr(torch, args.dtype))
     params = sum(p.numel() for p in model.parameters())
     vocab = model.config.vocab_size
     tokens = args.tokens
@@ -259,6 +260,12 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
                     "ms per new token": round(per_token, 3),
                     "spread ms": round(_spread(times), 3),
                     "vs eager": round(eager_ms / per_token, 2),
+                    "tok/s": round(b * 1e3 / per_token),
+                    "% of floor": (
+                        round(100 * _floor_ms(model, b, unseen_length + tokens // 2) / per_token)
+                        if device == "cuda"
+                        else "-"
+                    ),
                     "time to first token ms": round(statistics.median(times["1"]) * 1e3, 2),
                     "tokens equal eager": same,
                     "original-forward calls per generate": (
@@ -289,6 +296,32 @@ def run(name: str, build: Callable[[], Any], args: argparse.Namespace) -> list[d
         if row["approach"] == "eager":
             row["eager after undo ms"] = round(after[row["batch"]], 3)
     return rows
+
+
+def _build(build: Callable[[], Any], device: str, dtype: torch.dtype) -> Any:
+    """The model built on ``device`` in ``dtype`` (no float32 copy of a large one first)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            torch.manual_seed(0)
+            return build().eval()
+    finally:
+        torch.set_default_dtype(before)
+
+
+BANDWIDTH = 4.8e12
+"""The H200's memory bandwidth by its datasheet, bytes per second: the floor's divisor."""
+
+
+def _floor_ms(model: Any, batch: int, context: int) -> float:
+    """ms per decode step to read the weights once and the KV cache of ``context`` positions."""
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = next(model.parameters()).element_size()
+    kv = 2 * config.num_hidden_layers * heads * head_dim * context * batch * element
+    return (_weight_bytes_per_token(model) + kv) / BANDWIDTH * 1e3
 
 
 def _eager_ms(
@@ -538,6 +571,12 @@ def main() -> None:
     }
     for flag, text in switches.items():
         p.add_argument(flag, action="store_true", help=text)
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="the model's own precision (built in it; eager in it is the reference)",
+    )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--out", type=Path, default=None)
