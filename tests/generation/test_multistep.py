@@ -144,3 +144,26 @@ def test_a_captured_loop_returns_eager_static_tokens_on_the_gpu(dtype: torch.dty
         assert torch.equal(out, eager(model, inputs, **gen))
     assert loop.counts.served == 2 and loop.counts.original == 0
     assert all(graph.graph is not None for graph in loop.loops.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_auto_tune_on_a_gpu_serves_generate_with_the_loop_and_eagers_tokens() -> None:
+    import tunetree as tt
+
+    model = qwen3().to("cuda", torch.bfloat16)
+    gen = dict(max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0,
+               cache_implementation="static", disable_compile=True)  # fmt: skip
+
+    def call(m, **x):
+        return m.generate(**x, **gen)
+
+    prompts = [{k: v.cuda() for k, v in prompt(b, n, b + n).items()} for b, n in ((1, 7), (2, 13))]
+    result = tt.auto_tune(model, prompts, call=call, max_depth=0, cache=False, verbose=False)
+    assert any(t.chosen for t in result.multistep), result
+    assert "multi-step decode loop" in str(result)
+    unseen = {k: v.cuda() for k, v in prompt(2, 10, 99).items()}
+    assert torch.equal(call(result.model, **unseen), call(model, **unseen))
+    loop = result.model.__dict__["generate"]
+    assert loop.counts.original == 0
+    assert "generate" not in model.__dict__  # the user's model is untouched
