@@ -167,3 +167,14 @@ def test_auto_tune_on_a_gpu_serves_generate_with_the_loop_and_eagers_tokens() ->
     loop = result.model.__dict__["generate"]
     assert loop.counts.original == 0
     assert "generate" not in model.__dict__  # the user's model is untouched
+
+
+def test_saving_a_model_whose_generate_the_loop_serves_is_refused(tmp_path) -> None:
+    import tunetree as tt
+    from tunetree.errors import CheckpointError
+    from tunetree.generation.multistep_trial import attach
+
+    twin = attach(qwen3(), MultiStepConfig(steps=4))
+    with pytest.raises(CheckpointError, match="multi-step decode loop"):
+        tt.save(twin, tmp_path / "model.tt")
+    assert not (tmp_path / "model.tt").exists()

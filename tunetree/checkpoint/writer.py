@@ -136,15 +136,17 @@ def save(
 
 
 def _refuse_unsaved_forward(model: Any) -> None:
-    """Refuse a model whose forward is served by something a checkpoint does not hold.
+    """Refuse a model whose forward (or ``generate``) is served by what a checkpoint lacks.
 
-    Such a forward says why in its ``save_refusal`` (the whole-model stateful runner of
-    ``generate``): saving the model without it would write a file that loads as another model.
+    Such a stand-in says why in its ``save_refusal`` (the whole-model stateful runner of
+    ``generate``, the GPU's multi-step decode loop): saving the model without it would write a
+    file that loads as another model.
     """
-    forward = model.__dict__.get("forward") if isinstance(model, torch.nn.Module) else None
-    reason = getattr(forward, "save_refusal", None)
-    if isinstance(reason, str) and reason:
-        raise CheckpointError(f"cannot save: {reason}")
+    for name in ("forward", "generate"):
+        served = model.__dict__.get(name) if isinstance(model, torch.nn.Module) else None
+        reason = getattr(served, "save_refusal", None)
+        if isinstance(reason, str) and reason:
+            raise CheckpointError(f"cannot save: {reason}")
 
 
 def _refuse_hidden_modules(model: Any) -> None:

@@ -114,6 +114,11 @@ class Counts:
 class MultiStepGenerate:
     """A model's ``generate`` whose greedy calls replay several decode steps per graph."""
 
+    save_refusal = (
+        "generate is served by the multi-step decode loop, which a .tt file does not hold yet; "
+        "keep the serving process, or tune with auto_tune(savable=True)"
+    )
+
     def __init__(self, model: Any, original: Callable[..., Any], config: MultiStepConfig) -> None:
         self.model, self.original, self.config = model, original, config
         self.loops: dict[tuple[int, int], DecodeGraph] = {}
