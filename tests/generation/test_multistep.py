@@ -178,3 +178,38 @@ def test_saving_a_model_whose_generate_the_loop_serves_is_refused(tmp_path) -> N
     with pytest.raises(CheckpointError, match="multi-step decode loop"):
         tt.save(twin, tmp_path / "model.tt")
     assert not (tmp_path / "model.tt").exists()
+
+
+def test_off_a_gpu_every_config_is_a_row_that_says_why() -> None:
+    from tunetree.generation.multistep_trial import trials_table, try_multistep
+    from tunetree.signature.graph import Sample
+
+    model = qwen3()
+    samples = [Sample((), prompt(1, 5, 1))]
+    trials = try_multistep(model, samples, None, lambda models: {})
+    assert [t.status for t in trials] == ["unavailable"] * len(trials)
+    assert {t.reason for t in trials} == {"needs a CUDA device"}
+    assert "needs a CUDA device" in trials_table(trials)
+
+
+def test_the_fastest_passed_config_that_beats_the_untuned_model_is_chosen() -> None:
+    from tunetree.candidates.measure import Timing
+    from tunetree.generation.multistep_trial import UNTUNED, MultiStepTrial, _measure_and_choose
+
+    def timing(ms: float) -> Timing:
+        return Timing(ms / 1e3, ms / 1e3, ms / 1e3, ms / 1e3, 5, 1)
+
+    trials = [MultiStepTrial(MultiStepConfig(s)) for s in (8, 32)]
+    trials.append(MultiStepTrial(MultiStepConfig(16, True), status="rejected", reason="r"))
+    for trial in trials[:2]:
+        trial.status, trial.model = "passed", object()
+    times = {UNTUNED: 10.0, trials[0].config.label: 4.0, trials[1].config.label: 3.0}
+    _measure_and_choose(trials, None, lambda models: {k: timing(times[k]) for k in models})
+    assert [t.chosen for t in trials] == [False, True, False]
+    assert trials[1].speedup == pytest.approx(10 / 3)
+    assert trials[0].model is None and trials[1].model is not None
+    slow = [MultiStepTrial(MultiStepConfig(8), status="passed", model=object())]
+    _measure_and_choose(
+        slow, None, lambda models: {UNTUNED: timing(2.0), slow[0].config.label: timing(3.0)}
+    )
+    assert not slow[0].chosen and slow[0].model is None  # slower than untuned: never chosen
