@@ -39,7 +39,7 @@ def prompt(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
 
 def eager(model, inputs, **gen):
     with torch.no_grad():
-        return model.generate(**inputs, do_sample=False, pad_token_id=0, **gen)
+        return model.generate(**inputs, **{"do_sample": False, "pad_token_id": 0, **gen})
 
 
 def served(model, steps=4):
@@ -89,6 +89,23 @@ def test_the_minimum_length_masks_the_end_token_as_generate_does() -> None:
     assert torch.equal(loop.serve(plan), expected)
 
 
+@pytest.mark.parametrize(
+    "warpers", [{}, dict(temperature=0.7, top_k=20), dict(top_p=0.9, top_k=0, min_p=0.02)]
+)
+def test_sampling_draws_the_tokens_generate_draws_from_the_same_seed(warpers: dict) -> None:
+    model = qwen3()
+    inputs = prompt(2, 8, 5)
+    gen = dict(max_new_tokens=15, do_sample=True, **warpers)
+    torch.manual_seed(1234)
+    expected = eager(model, inputs, **gen)
+    loop = served(model, 4)
+    plan, reason = loop.plan((), {**inputs, **gen, "pad_token_id": 0})
+    assert plan is not None, reason
+    loop.loop_for(plan)  # built (its warm-up steps draw numbers) before the seed is set
+    torch.manual_seed(1234)
+    assert torch.equal(loop.serve(plan), expected)
+
+
 def test_one_loop_serves_prompts_of_other_lengths_and_is_reused() -> None:
     model = qwen3()
     loop = served(model, 4)
@@ -103,7 +120,7 @@ def test_one_loop_serves_prompts_of_other_lengths_and_is_reused() -> None:
 @pytest.mark.parametrize(
     ("extra", "why"),
     [
-        (dict(do_sample=True), "do_sample=True"),
+        (dict(do_sample=True, typical_p=0.5), "typical_p=0.5"),
         (dict(num_beams=2), "num_beams=2"),
         (dict(repetition_penalty=1.3), "repetition_penalty=1.3"),
         (dict(return_dict_in_generate=True), "return_dict_in_generate=True"),

@@ -11,7 +11,9 @@ reads back one flag (all rows finished) per replay.
 The step is the model's own forward (eager's kernels, or Inductor's code for the same step
 when ``compiled``), called with the inputs ``generate`` gives it on a static cache; the token
 selection is ``generate``'s greedy rule (argmax of the float32 logits, finished rows padded,
-the end-of-sequence logits masked while fewer than the minimum new tokens were made).
+the end-of-sequence logits masked while fewer than the minimum new tokens were made), or its
+multinomial sampling after Hugging Face's own temperature, top-k, top-p and min-p warpers,
+drawing from torch's generator as ``generate`` does.
 """
 
 from __future__ import annotations
@@ -39,12 +41,28 @@ class LoopShape:
 
 @dataclass(frozen=True)
 class StopRule:
-    """``generate``'s greedy stopping and padding, as device-side data."""
+    """``generate``'s token choice, stopping and padding, as device-side data."""
 
     eos: tuple[int, ...] = ()
     pad: int = 0
     min_new: int = 0
     """End-of-sequence logits are masked while fewer new tokens than this were made."""
+    sampling: tuple[tuple[str, float], ...] | None = None
+    """None for greedy search; else multinomial sampling after these warpers, in
+    ``generate``'s order (``temperature``, ``top_k``, ``top_p``, ``min_p``)."""
+
+
+def _warpers(sampling: tuple[tuple[str, float], ...]) -> list[Any]:
+    """Hugging Face's own logits warpers for a sampling rule (the same code ``generate`` runs)."""
+    from transformers.generation import logits_process as lp
+
+    made = {
+        "temperature": lambda v: lp.TemperatureLogitsWarper(v),
+        "top_k": lambda v: lp.TopKLogitsWarper(top_k=int(v), min_tokens_to_keep=1),
+        "top_p": lambda v: lp.TopPLogitsWarper(top_p=v, min_tokens_to_keep=1),
+        "min_p": lambda v: lp.MinPLogitsWarper(min_p=v, min_tokens_to_keep=1),
+    }
+    return [made[name](value) for name, value in sampling]
 
 
 class DecodeGraph:
@@ -81,6 +99,7 @@ class DecodeGraph:
         self.out = torch.zeros(batch, max_new + shape.steps, **long)
         self.eos = torch.tensor(rule.eos or [0], **long)
         self.max_new = max_new
+        self._warpers = _warpers(rule.sampling) if rule.sampling is not None else []
         self._keep = _forward_keywords(model)
         self._step: Callable[[], None] = self._eager_step
         if compiled:
@@ -110,7 +129,13 @@ class DecodeGraph:
         if rule.eos and rule.min_new > 0:
             blocked = self.made < rule.min_new  # (1,) on the device
             logits[:, self.eos] = torch.where(blocked, float("-inf"), logits[:, self.eos])
-        nxt = torch.argmax(logits, dim=-1)
+        if rule.sampling is None:
+            nxt = torch.argmax(logits, dim=-1)
+        else:
+            for warper in self._warpers:
+                logits = warper(self.token, logits)
+            probs = torch.nn.functional.softmax(logits, dim=-1)
+            nxt = torch.multinomial(probs, num_samples=1).squeeze(1)
         if rule.eos:
             nxt = nxt * self.unfinished + rule.pad * (1 - self.unfinished)
             self.unfinished.mul_((~torch.isin(nxt, self.eos)).long())

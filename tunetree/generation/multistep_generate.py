@@ -38,7 +38,6 @@ _SERVED_KEYWORDS = frozenset(
 _NEUTRAL = {
     "num_beams": 1,
     "num_beam_groups": 1,
-    "do_sample": False,
     "repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
     "encoder_no_repeat_ngram_size": 0,
@@ -71,9 +70,13 @@ _NEUTRAL = {
 
 
 _SAMPLING_ONLY = frozenset(
-    {"temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff"}
-)
+    {"temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
+     "top_h"}
+)  # fmt: skip
 """Settings that only sampling reads: greedy search ignores them, as ``generate`` does."""
+
+_SAMPLING_NEUTRAL = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "top_h": None}
+"""Sampling warpers the loop does not run: a sampled call must leave them at these values."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,8 @@ class Plan:
     rule: StopRule
     static: bool
     """The caller asked for a static cache (the prefill runs on one as theirs would)."""
+    config: Any = None
+    """The call's generation config, resolved as ``generate`` resolves it."""
 
 
 @dataclass
@@ -164,25 +169,49 @@ class MultiStepGenerate:
         new = int(config.max_length) - ids.shape[1] if new is None else int(new)
         if new < 2:
             return None, "fewer than two new tokens"
-        return Plan(ids, mask.to(torch.long), new, _rule(config, ids.shape[1]), static), ""
+        rule = _rule(config, ids.shape[1])
+        return Plan(ids, mask.to(torch.long), new, rule, static, config), ""
 
     def _settings(self, settings: dict[str, Any]) -> tuple[Any, bool, str]:
-        """The call's generation config and whether it asks for a static cache, or why not."""
+        """The call's resolved generation config, whether it asks for a static cache, or why not.
+
+        Resolved as ``generate`` resolves it: the model's config, then the library's
+        defaults, then the call's settings.
+        """
         given = settings.pop("generation_config", None)
-        config = copy.deepcopy(given if given is not None else self.model.generation_config)
         settings.pop("disable_compile", None)
-        cache = settings.pop("cache_implementation", None) or getattr(
-            config, "cache_implementation", None
-        )
-        if cache not in (None, "static", "dynamic"):
-            return None, False, f"cache_implementation={cache!r}"
         if settings.pop("use_cache", True) is False:
             return None, False, "use_cache=False"
-        config.update(**settings)
+        prepare = getattr(self.model, "_prepare_generation_config", None)
+        if prepare is None:
+            return None, False, "this transformers has no _prepare_generation_config"
+        try:
+            config, left = prepare(copy.deepcopy(given), **settings)
+        except (TypeError, ValueError) as exc:
+            return None, False, f"generation settings: {exc}"
+        if left:
+            return None, False, f"keywords the loop does not serve: {', '.join(sorted(left))}"
+        cache = getattr(config, "cache_implementation", None)
+        if cache not in (None, "static", "dynamic"):
+            return None, False, f"cache_implementation={cache!r}"
         for name, neutral in _NEUTRAL.items():
             value = getattr(config, name, neutral)
             if value is not None and value != neutral and value not in ((), []):
-                return None, False, f"{name}={value!r} (greedy search, length and EOS stops only)"
+                return (
+                    None,
+                    False,
+                    f"{name}={value!r} (greedy search or sampling, length and EOS stops only)",
+                )
+        if config.do_sample:
+            for name, neutral in _SAMPLING_NEUTRAL.items():
+                value = getattr(config, name, None)
+                if value is not None and value != neutral:
+                    return (
+                        None,
+                        False,
+                        f"{name}={value!r} (sampling with temperature, top-k, "
+                        "top-p and min-p only)",
+                    )
         return config, cache == "static", ""
 
     # serving -------------------------------------------------------------------------------
@@ -231,32 +260,30 @@ class MultiStepGenerate:
         return torch.cat([plan.input_ids, loop.tokens(count)], dim=1)
 
     def _prefill(self, loop: DecodeGraph, plan: Plan) -> torch.Tensor:
-        """Hugging Face's prefill for one token; the prompt's states left in the loop's cache."""
-        rule = plan.rule
-        settings: dict[str, Any] = dict(
-            max_new_tokens=1,
-            min_new_tokens=1 if rule.min_new > 0 else None,
-            do_sample=False,
-            pad_token_id=rule.pad,
-            eos_token_id=list(rule.eos) or None,
-            return_dict_in_generate=True,
-        )
-        if rule.min_new <= 0:
-            settings.pop("min_new_tokens")
+        """Hugging Face's prefill for one token; the prompt's states left in the loop's cache.
+
+        It runs ``generate`` with the call's own resolved settings, so the first token is
+        chosen (and, sampling, drawn from torch's generator) exactly as the caller's would be.
+        """
+        config = copy.deepcopy(plan.config)
+        config.max_new_tokens, config.max_length = 1, None
+        config.min_new_tokens = 1 if plan.rule.min_new > 0 else None
+        config.min_length = None
+        config.pad_token_id = plan.rule.pad
+        config.return_dict_in_generate = True
         cache = loop.cache
         for layer in getattr(cache, "layers", ()):
             if getattr(layer, "is_initialized", False):
                 layer.reset()
-        if plan.static:
-            settings[_cache_keyword(self.model)] = cache
-            out = self.original(
-                input_ids=plan.input_ids, attention_mask=plan.attention_mask,
-                disable_compile=True, **settings,
-            )  # fmt: skip
-        else:
-            out = self.original(
-                input_ids=plan.input_ids, attention_mask=plan.attention_mask, **settings
-            )
+        extra: dict[str, Any] = {}
+        if plan.static:  # the loop's own static cache stands for the one the call asked for
+            config.cache_implementation = None
+            extra = {_cache_keyword(self.model): cache, "disable_compile": True}
+        out = self.original(
+            input_ids=plan.input_ids, attention_mask=plan.attention_mask,
+            generation_config=config, **extra,
+        )  # fmt: skip
+        if not plan.static:
             _copy_into(out.past_key_values, cache, plan.input_ids.shape[1])
         return out.sequences[:, -1]
 
@@ -269,7 +296,23 @@ def _rule(config: Any, prompt: int) -> StopRule:
     eos_ids = tuple(int(e) for e in listed if e is not None)
     pad = config.pad_token_id
     pad = int(pad) if pad is not None else (eos_ids[0] if eos_ids else 0)
-    return StopRule(eos=eos_ids, pad=pad, min_new=min_new)
+    return StopRule(eos=eos_ids, pad=pad, min_new=min_new, sampling=_sampling(config))
+
+
+def _sampling(config: Any) -> tuple[tuple[str, float], ...] | None:
+    """The warpers ``generate`` applies before sampling, in its order (None: greedy)."""
+    if not config.do_sample:
+        return None
+    found: list[tuple[str, float]] = []
+    if config.temperature is not None and config.temperature != 1.0:
+        found.append(("temperature", float(config.temperature)))
+    if config.top_k is not None and config.top_k != 0:
+        found.append(("top_k", float(config.top_k)))
+    if config.top_p is not None and config.top_p < 1.0:
+        found.append(("top_p", float(config.top_p)))
+    if config.min_p is not None:
+        found.append(("min_p", float(config.min_p)))
+    return tuple(found)
 
 
 def _copy_into(source: Any, target: Any, length: int) -> None:
