@@ -332,3 +332,33 @@ def test_a_failed_retune_keeps_the_plan_that_serves(
     fakes.RUNS.clear()
     assert same(serve(served, [3, 20, 24]), eager([3, 20, 24]))
     assert len(fakes.RUNS) == 1 and served.tunes == 2  # no re-tune loop on later outside calls
+
+
+def _settle_background() -> None:
+    """Wait for the JIT's threads (the warm lookup) to end, as interpreter exit does."""
+    tuner_module._wait_at_exit()
+
+
+def test_calls_recorded_for_another_model_planted_under_this_ones_name_are_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tunetree.cache.sealing import seal, unseal
+    from tunetree.live.store import MAGIC, calls_key
+
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120), served.reason
+    _settle_background()
+    (theirs,) = (tmp_path / "jit").iterdir()
+    other = nn.Sequential(nn.Linear(8, 8)).eval()
+    ours = calls_key(other, None, torch.device("cpu"))
+    # A well-formed record, its envelope re-made for this model's key (unsigned, as a cache
+    # without a key writes them): only what the record itself says shows whose calls these are.
+    body, _ = unseal(theirs.read_bytes(), theirs.name, None, MAGIC)
+    (tmp_path / "jit" / ours).write_bytes(seal(ours, body, None, MAGIC))
+    with caplog.at_level(logging.WARNING, logger="tunetree"):
+        planted = tt.jit(other, cache=tmp_path, limits=limits(), **fakes.options())
+        _settle_background()
+    assert planted.status == "recording" and planted.tunes == 0, planted.reason
+    assert "none recorded in the cache" in planted.reason
+    assert any("another model or key" in r.getMessage() for r in caplog.records)
