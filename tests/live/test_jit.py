@@ -433,3 +433,15 @@ def test_a_forward_drawing_from_the_global_rng_is_left_untuned_and_tuning_draws_
         torch.randn(rows, 8)  # what the four eager calls drew
     assert torch.equal(after, torch.get_rng_state())  # the tuner drew nothing
     assert fakes.BUILDS == []
+
+
+def test_a_warm_start_imports_no_compiler_it_does_not_use(tmp_path: Path) -> None:
+    """The cached plan (the fake backend) needs no Dynamo: inspection's dispatch modes and the
+    random-draw check must not import it (seconds of a warm start)."""
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    serve(served, [1, 2, 3, 8])
+    assert served.wait(timeout=120), served.reason
+    _settle_background()
+    later = second_process({"cache": str(tmp_path), "modules": ["torch._dynamo"]})
+    assert later["tuned"] and later["builds"] == [], later
+    assert later["modules"] == {"torch._dynamo": False}

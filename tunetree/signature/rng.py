@@ -55,6 +55,12 @@ class _GlobalDraws(TorchDispatchMode):
         super().__init__()
         self.found = ""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Never run under torch.compile: keeps torch from importing Dynamo (seconds) to wrap
+        # __torch_dispatch__ on its first call.
+        return False
+
     def __torch_dispatch__(
         self,
         func: Any,
