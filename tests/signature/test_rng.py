@@ -52,3 +52,34 @@ def test_leaving_the_rng_alone_holds_in_its_own_thread_only() -> None:
         thread.start()
         thread.join()
     assert seen == [True]  # restored there: another thread is not under rng_left_alone
+
+
+def test_attention_without_dropout_and_a_zero_probability_draw_nothing() -> None:
+    q = torch.randn(1, 2, 4, 8)
+    attention = torch.nn.functional.scaled_dot_product_attention
+    assert global_draw(lambda: attention(q, q, q)) == ""
+    assert global_draw(lambda: attention(q, q, q, dropout_p=0.5)) != ""
+    assert global_draw(lambda: torch.nn.functional.dropout(q, 0.1, training=True)) != ""
+
+
+def test_what_still_draws_at_probability_zero_is_found() -> None:
+    x = torch.ones(3)
+    assert global_draw(lambda: x.clone().bernoulli_(0.0)) != ""  # draws anyway
+    assert global_draw(lambda: torch.ops.aten.native_dropout(x, 0.0, True)) != ""
+    assert global_draw(lambda: torch.ops.aten.native_dropout(x, 0.5, False)) == ""
+
+
+def test_a_hugging_face_encoder_in_eval_mode_draws_nothing() -> None:
+    transformers = __import__("pytest").importorskip("transformers")
+    config = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+    )
+    model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 64, (2, 7))
+    assert global_draw(lambda: model(input_ids=ids, attention_mask=torch.ones_like(ids))) == ""
+    model.train()  # its dropouts draw
+    assert global_draw(lambda: model(input_ids=ids)) != ""

@@ -69,15 +69,34 @@ class _GlobalDraws(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags and not _has_generator(args, kwargs):
+        if torch.Tag.nondeterministic_seeded in func.tags and _draws(func, args, kwargs):
             self.found = str(func)
             raise _Drew(self.found)
         return func(*args, **kwargs)
 
 
-def _has_generator(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+_NO_DRAW = {"dropout_p": 0.0, "train": False, "training": False}
+"""Arguments of seeded operators whose value means nothing is drawn (attention without
+dropout, a dropout outside training)."""
+
+
+def _draws(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a seeded operator called so draws from the global generator."""
     values = list(args) + list(kwargs.values())
-    return any(isinstance(v, torch.Generator) for v in values)
+    if any(isinstance(v, torch.Generator) for v in values):
+        return False
+    for index, argument in enumerate(func._schema.arguments):
+        if argument.name not in _NO_DRAW:
+            continue
+        if argument.name in kwargs:
+            value = kwargs[argument.name]
+        elif index < len(args) and not argument.kwarg_only:
+            value = args[index]
+        else:
+            value = argument.default_value if argument.has_default_value() else None
+        if value is not None and value == _NO_DRAW[argument.name]:
+            return False
+    return True
 
 
 def global_draw(run: Callable[[], Any]) -> str:
