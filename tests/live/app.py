@@ -2,7 +2,8 @@
 
 ``python -m tests.live.app '<json>'`` prints one JSON line: the status after waiting, builds
 made here, whether the first call after ``tt.jit`` (and the wait) ran on the tuned runner, and
-whether its outputs match eager. ``{"cache": DIR, "remote": URL}``.
+whether its outputs match eager, and which of the ``modules`` named were imported by then.
+``{"cache": DIR, "remote": URL, "modules": [NAME, ...]}``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
         "first_call_tuned": len(fakes.RUNS) == 1,
         "equal": torch.equal(out, expected),
         "ready_s": ready_s,
+        "modules": {name: name in sys.modules for name in config.get("modules", [])},
     }
 
 

@@ -60,7 +60,7 @@ def test_calls_round_trip_through_bytes() -> None:
             },
         ),
     ]
-    back = decode_calls(encode_calls(samples))
+    back = decode_calls(encode_calls(samples, KEY), KEY)
     assert [s.key for s in back] == [s.key for s in samples]
     assert torch.equal(back[0].args[0], samples[0].args[0])
     assert back[1].kwargs["pair"] == (1, 2) and back[1].kwargs["dt"] is torch.float16
@@ -68,7 +68,7 @@ def test_calls_round_trip_through_bytes() -> None:
 
 def test_a_call_holding_an_object_is_not_stored() -> None:
     with pytest.raises(Unstorable, match="object"):
-        encode_calls([Sample((torch.zeros(1), object()), {})])
+        encode_calls([Sample((torch.zeros(1), object()), {})], KEY)
 
 
 @pytest.mark.parametrize(
@@ -77,22 +77,23 @@ def test_a_call_holding_an_object_is_not_stored() -> None:
         lambda b: b[:5],  # truncated
         lambda b: struct.pack("<Q", 1 << 40) + b[8:],  # a description longer than the data
         lambda b: b.replace(b'"tensor":"0"', b'"tensor":"9"'),  # names a missing tensor
-        lambda b: b.replace(b'"schema":1', b'"schema":7'),
+        lambda b: b.replace(b'"schema":2', b'"schema":7'),
+        lambda b: b.replace(KEY.encode(), b"cd" * 20),  # made for another key
         lambda b: b.replace(b'"value":0.5', b'"thing":0.5'),
         lambda b: b[:-3],  # safetensors blob cut short
     ],
 )
 def test_hostile_call_bytes_are_refused_with_a_typed_error(mangle) -> None:
-    good = encode_calls([Sample((torch.zeros(2, 2),), {"scale": 0.5})])
+    good = encode_calls([Sample((torch.zeros(2, 2),), {"scale": 0.5})], KEY)
     with pytest.raises(MalformedCallsError):
-        decode_calls(mangle(good))
+        decode_calls(mangle(good), KEY)
 
 
 def test_stored_calls_are_checked_and_signed_when_a_key_is_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = CallsStore(tmp_path, None, 1 << 20)
-    body = encode_calls([Sample((torch.ones(2, 2),), {})])
+    body = encode_calls([Sample((torch.ones(2, 2),), {})], KEY)
     store.put(KEY, body)
     found = store.get(KEY, torch.device("cpu"))
     assert found is not None and found[1] == "local"

@@ -37,8 +37,8 @@ def serve(served: Any, rows: list[int]) -> list[torch.Tensor]:
         return [served(x) for x in fakes.calls(rows)]
 
 
-# Built once at import, before any tuner thread runs: a background auto_tune saves and restores
-# torch's global random state, so a model seeded while one runs may get other weights.
+# Built once at import, before any tuner thread runs (Dynamo, where a backend traces, still puts
+# torch's global random state back after its trace, so a model seeded meanwhile may differ).
 _REFERENCE = fakes.model()
 
 
@@ -332,3 +332,116 @@ def test_a_failed_retune_keeps_the_plan_that_serves(
     fakes.RUNS.clear()
     assert same(serve(served, [3, 20, 24]), eager([3, 20, 24]))
     assert len(fakes.RUNS) == 1 and served.tunes == 2  # no re-tune loop on later outside calls
+
+
+def _settle_background() -> None:
+    """Wait for the JIT's threads (the warm lookup) to end, as interpreter exit does."""
+    tuner_module._wait_at_exit()
+
+
+def test_calls_recorded_for_another_model_planted_under_this_ones_name_are_not_used(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tunetree.cache.sealing import seal, unseal
+    from tunetree.live.store import MAGIC, calls_key
+
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=120), served.reason
+    _settle_background()
+    (theirs,) = (tmp_path / "jit").iterdir()
+    other = nn.Sequential(nn.Linear(8, 8)).eval()
+    ours = calls_key(other, None, torch.device("cpu"))
+    # A well-formed record, its envelope re-made for this model's key (unsigned, as a cache
+    # without a key writes them): only what the record itself says shows whose calls these are.
+    body, _ = unseal(theirs.read_bytes(), theirs.name, None, MAGIC)
+    (tmp_path / "jit" / ours).write_bytes(seal(ours, body, None, MAGIC))
+    with caplog.at_level(logging.WARNING, logger="tunetree"):
+        planted = tt.jit(other, cache=tmp_path, limits=limits(), **fakes.options())
+        _settle_background()
+    assert planted.status == "recording" and planted.tunes == 0, planted.reason
+    assert "none recorded in the cache" in planted.reason
+    assert any("another model or key" in r.getMessage() for r in caplog.records)
+
+
+class Rendezvous:
+    """Where a tuner thread waits for the test; shared by every copy of the model."""
+
+    def __init__(self, pause_at: int) -> None:
+        self.pause_at = pause_at
+        self.tuner_calls = 0
+        self.inside, self.drawn = threading.Event(), threading.Event()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Rendezvous:
+        return self
+
+
+class Pausing(fakes.Slow):
+    """Slow's forward; its ``pause_at``-th call in a tuner thread waits for the test to draw."""
+
+    def __init__(self, pause_at: int) -> None:
+        super().__init__()
+        self.meet = Rendezvous(pause_at)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        meet = self.meet
+        if threading.current_thread().name.startswith(tuner_module.THREAD_NAME):
+            meet.tuner_calls += 1
+            if meet.tuner_calls == meet.pause_at:
+                meet.inside.set()
+                meet.drawn.wait(timeout=120)
+        return super().forward(x)
+
+
+def test_a_thread_drawing_from_the_global_rng_during_a_background_tune_keeps_its_sequence(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    model = Pausing(pause_at=2).eval()  # the first tuner call checks for draws; then auto_tune's
+    served = tt.jit(model, cache=tmp_path, limits=limits(), tuner_nice=0, **fakes.options())
+    torch.manual_seed(1234)
+    serve(served, [1, 2, 3, 4])  # draws nothing; the tune starts in the background
+    assert model.meet.inside.wait(timeout=120)  # the tuner is inside auto_tune, paused
+    first = torch.randn(6)  # this thread draws while the tune runs
+    model.meet.drawn.set()
+    assert served.wait(timeout=120), served.reason
+    second = torch.randn(6)
+    torch.manual_seed(1234)
+    assert torch.equal(first, torch.randn(6))
+    assert torch.equal(second, torch.randn(6))  # not rewound by the tune's end
+
+
+class Noisy(fakes.Slow):
+    """Adds noise drawn from the global generator, even in eval mode."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + 0.01 * torch.randn(x.shape)
+
+
+def test_a_forward_drawing_from_the_global_rng_is_left_untuned_and_tuning_draws_nothing(
+    tmp_path: Path,
+) -> None:
+    torch.manual_seed(0)
+    served = tt.jit(Noisy().eval(), cache=tmp_path, limits=limits(), **fakes.options())
+    torch.manual_seed(7)
+    serve(served, [1, 2, 3, 4])  # four eager calls here, four draws
+    assert not served.wait(timeout=120)
+    assert "global random generator (aten.randn" in served.reason, served.reason
+    after = torch.get_rng_state()
+    torch.manual_seed(7)
+    for rows in (1, 2, 3, 4):
+        torch.randn(rows, 8)  # what the four eager calls drew
+    assert torch.equal(after, torch.get_rng_state())  # the tuner drew nothing
+    assert fakes.BUILDS == []
+
+
+def test_a_warm_start_imports_no_compiler_it_does_not_use(tmp_path: Path) -> None:
+    """The cached plan (the fake backend) needs no Dynamo: inspection's dispatch modes and the
+    random-draw check must not import it (seconds of a warm start)."""
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    serve(served, [1, 2, 3, 8])
+    assert served.wait(timeout=120), served.reason
+    _settle_background()
+    later = second_process({"cache": str(tmp_path), "modules": ["torch._dynamo"]})
+    assert later["tuned"] and later["builds"] == [], later
+    assert later["modules"] == {"torch._dynamo": False}

@@ -30,6 +30,7 @@ from ..signature.stateful import carried_carrier, spec_holds_state, to_data, upd
 from ..signature.synthetic import call_from_key, check_key_names, size_limit, zeros
 from . import structure
 from .dtypes import check_numpy_dtypes, dtype_from_name, dtype_from_short_name, dtype_to_name
+from .known_outputs import known_output_spec
 from .ranges import check_placeholders, example_sample
 
 MAX_SAVED_TENSORS = 100_000
@@ -382,12 +383,18 @@ def _saved_spec(
 def learn_output_spec(module: nn.Module, key: GraphKey, device: torch.device) -> pytree.TreeSpec:
     """The module's output structure on a call of ``key``, learnt on fake tensors.
 
+    Taken from eager's real output instead where the caller named one
+    (:func:`.known_outputs.outputs_known`).
+
     The call is made from the key alone (:func:`.synthetic.call_from_key`: cache objects
     only of the allow-listed inert classes, sizes they state bounded by the key and the
     model's config) and run under fake tensors (:func:`.fake_run.run_fake`), so no size in
     a file makes it allocate (a batch fixed at 2^24, say).
     BackendError when no call can be made or the forward cannot run on fake tensors.
     """
+    known = known_output_spec(key)
+    if known is not None:  # eager's real output on such a call is at hand
+        return known
     limit = size_limit(key, module)
     forward = original_forward(module)
     try:

@@ -9,9 +9,11 @@ checked: its artifacts may have been rewritten and its manifest resealed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 from ..backends.base import Backend, Runner
+from ..backends.known_outputs import outputs_known
 from ..candidates.evaluate import CandidateRow, GraphSession, RunError, Status
 from ..candidates.strategy import Strategy
 from ..errors import BackendError
@@ -80,15 +82,17 @@ def load_candidate(
     stored = sum(f.size for f in artifact.files) + parameter_bytes(session.module)
     try:
         key = session.graph.key
-        runner = load_runner(
-            saved,
-            session.module,
-            key,
-            directory,
-            session.device,
-            row.backend,
-            max_elements=allowed_elements(stored),
-        )
+        outputs = session.graph.outputs
+        with outputs_known(key, outputs[0]) if outputs else contextlib.nullcontext():
+            runner = load_runner(
+                saved,
+                session.module,
+                key,
+                directory,
+                session.device,
+                row.backend,
+                max_elements=allowed_elements(stored),
+            )
         if runner.served is not None and not runner.served.covers(key):
             raise BackendError(f"its artifact serves {runner.served} only, not {key}")
         comparison, error = _validate(session, row.backend, runner)

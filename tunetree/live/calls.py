@@ -3,8 +3,10 @@
 A record holds the calls the JIT tuned on, so that a second process with the same model and
 cache can run :func:`tunetree.auto_tune` on the very same calls: same signatures, same ranges,
 so the same cache entries and depth decision (nothing is built). Layout: an 8-byte
-little-endian length, a JSON description of every call's arguments (tensors named by index),
-then one safetensors blob of the tensors. Nothing is pickled: reading runs no code.
+little-endian length, a JSON description of every call's arguments (tensors named by index)
+and of the key the record was made for, then one safetensors blob of the tensors. Nothing is
+pickled: reading runs no code, and a record describing another key is refused (a record copied
+or moved under another model's name is never taken for that model's calls).
 
 Storable arguments: tensors (dense, strided), ``None``, booleans, ints, floats, strings,
 ``torch.dtype`` constants, and tuples, lists and string-keyed dicts of these. A call holding
@@ -26,7 +28,7 @@ from .._util.json_io import loads_bounded
 from ..errors import CacheError, TunetreeError
 from ..signature.graph import Sample
 
-SCHEMA = 1
+SCHEMA = 2
 MAX_DESCRIPTION_BYTES = 4 << 20
 """Largest JSON description read (a few hundred bytes per call)."""
 MAX_CALLS = 4096
@@ -42,8 +44,12 @@ class MalformedCallsError(CacheError):
     """A calls record is truncated, forged or not shaped as this release writes it."""
 
 
-def encode_calls(samples: list[Sample]) -> bytes:
-    """The bytes of ``samples`` (see the module docstring); :class:`Unstorable` when it can't."""
+def encode_calls(samples: list[Sample], key: str) -> bytes:
+    """The bytes of ``samples`` recorded under ``key`` (see the module docstring).
+
+    Raises:
+        Unstorable: a call holds an argument a record cannot hold.
+    """
     tensors: dict[str, torch.Tensor] = {}
 
     def encode(value: Any) -> Any:
@@ -64,16 +70,20 @@ def encode_calls(samples: list[Sample]) -> bytes:
         raise Unstorable(f"an argument of type {type(value).__qualname__}")
 
     calls = [{"args": encode(tuple(s.args)), "kwargs": encode(dict(s.kwargs))} for s in samples]
-    description = json.dumps({"schema": SCHEMA, "calls": calls}, separators=(",", ":")).encode()
+    record = {"schema": SCHEMA, "key": key, "calls": calls}
+    description = json.dumps(record, separators=(",", ":")).encode()
     blob = save_tensors(tensors) if tensors else b""
     return struct.pack("<Q", len(description)) + description + blob
 
 
-def decode_calls(data: bytes, device: torch.device | str = "cpu") -> list[Sample]:
-    """The calls in ``data``, their tensors on ``device``; :class:`MalformedCallsError` if bad.
+def decode_calls(data: bytes, key: str, device: torch.device | str = "cpu") -> list[Sample]:
+    """The calls in ``data``, recorded under ``key``, their tensors on ``device``.
 
     Bounded: the description's size, nesting, call and argument counts; every tensor named
     must exist in the blob; only the listed leaf kinds are accepted.
+
+    Raises:
+        MalformedCallsError: the bytes are not such a record, or it was made for another key.
     """
     if len(data) < 8:
         raise MalformedCallsError("the calls record is truncated")
@@ -88,6 +98,8 @@ def decode_calls(data: bytes, device: torch.device | str = "cpu") -> list[Sample
         raise MalformedCallsError(f"the calls record cannot be read: {exc}") from exc
     if not isinstance(parsed, dict) or parsed.get("schema") != SCHEMA:
         raise MalformedCallsError("the calls record is of another schema")
+    if parsed.get("key") != key:
+        raise MalformedCallsError("the calls record was made for another model or key")
     calls = parsed.get("calls")
     if not isinstance(calls, list) or not 0 < len(calls) <= MAX_CALLS:
         raise MalformedCallsError("the calls record holds no list of calls (or too many)")

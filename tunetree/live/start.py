@@ -129,7 +129,7 @@ def _warm_start(served: Served, cache: TuningCache, device: Any) -> None:
 
     def persist(samples: list[Sample]) -> None:
         try:
-            store.put(the_key(), encode_calls(samples))
+            store.put(the_key(), encode_calls(samples, the_key()))
         except Unstorable as exc:
             log.info("tt.jit: the calls are not kept for warm starts: they hold %s", exc)
         except Exception as exc:

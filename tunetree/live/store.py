@@ -9,9 +9,10 @@ key; a plan is checked against eager on this process's model before it serves an
 :mod:`tunetree.cache.sealing` under its own first line (``tunetree-jit-calls 1``), with a
 sha256 line over the body: signed with ``$TUNETREE_CACHE_KEY`` when it is set (then an unsigned
 or wrongly signed record is refused). Locally ``jit/<key>``; remotely ``v1/jit/<key>``. Every
-byte read is hostile until checked (size bound, regular file, checksum, signature, then
-:func:`~.calls.decode_calls`). Neither read nor write ever raises: a refused or missing record
-means the JIT records and tunes afresh.
+byte read is hostile until checked (size bound, regular file, checksum, signature, the key in
+the envelope, then :func:`~.calls.decode_calls`, which also refuses a record whose body names
+another key). Neither read nor write ever raises: a refused or missing record means the JIT
+records and tunes afresh.
 
 The record holds real traffic (the calls' tensors): it is written only where the tuning
 cache is, and ``tt.jit(..., share_calls=False)`` keeps it out.
@@ -79,7 +80,7 @@ class CallsStore:
             return None
         try:
             body = self._open(data, key)
-            samples = decode_calls(body, device)
+            samples = decode_calls(body, key, device)
         except (EntryFault, MalformedCallsError) as exc:
             log.warning("tt.jit: %s recorded calls %s not used: %s", where, key[:12], exc)
             return None

@@ -13,6 +13,12 @@ raises its own nice value (``tuner_nice``, default 10), so serving threads get t
 first. Runtimes' worker threads made there keep that priority, so when a tuned plan comes out
 of it and the cache is on, the supervisor (at the caller's priority) loads the plan again
 from the cache, as a second process would (nothing is built), and that copy is the one served.
+
+Randomness: torch's global generator is shared with the serving threads, so a background tune
+neither saves nor restores it (:func:`tunetree.signature.rng.rng_left_alone`: restoring would
+rewind what serving drew meanwhile) and must not draw from it. Tunetree's own random inputs have
+their own generator; a model whose forward draws from the global one (checked once, on the
+smallest recorded call, stopped before it draws) is left untuned with that reason.
 """
 
 from __future__ import annotations
@@ -31,10 +37,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..candidates.budget import BUILD
+from ..errors import TunetreeError
 from ..search.auto import auto_tune
 from ..search.auto_result import AutoTuneResult
 from ..signature.graph import Sample
-from ..signature.modules import CallFn, module_paths
+from ..signature.modules import CallFn, module_paths, run_model
+from ..signature.rng import global_draw, rng_left_alone
+from .recorder import tensor_bytes
 
 log = logging.getLogger("tunetree.live")
 
@@ -100,6 +109,31 @@ def lower_priority(nice: int) -> bool:
     return True
 
 
+class GlobalRandomDraws(TunetreeError):
+    """The model's forward draws from torch's global random generator: not tuned beside serving."""
+
+
+def check_no_global_draws(model: Any, samples: list[Sample], call: CallFn | None) -> None:
+    """Run the smallest of ``samples`` on a private copy; raise if it would draw globally.
+
+    Raises:
+        GlobalRandomDraws: naming the first such operator (stopped before it drew).
+    """
+    smallest = min(samples, key=lambda s: tensor_bytes((s.args, s.kwargs)))
+    mine = private_copy(model)
+    try:
+        found = global_draw(lambda: run_model(mine, smallest.own(), call))
+    except Exception as exc:  # the tune itself will meet (and report) what failed here
+        log.debug("tt.jit: the check for global random draws did not run: %s", exc)
+        return
+    if found:
+        raise GlobalRandomDraws(
+            f"the model's forward draws from torch's global random generator ({found}); a "
+            "background tune would draw from the generator the serving threads use (tune it "
+            "with tt.auto_tune, or give the forward a torch.Generator of its own)"
+        )
+
+
 Finish = Callable[[TuneJob, "AutoTuneResult | None", str], None]
 
 
@@ -120,6 +154,7 @@ class Tuner:
         self._jobs: queue.SimpleQueue[TuneJob | Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running = False
+        self._draws_checked = False
 
     def submit(self, job: TuneJob | Callable[[], None]) -> None:
         """Run a tune (or any callable, e.g. the warm lookup) on the supervisor thread.
@@ -162,16 +197,20 @@ class Tuner:
             log.warning("tt.jit: handling a finished tune failed: %s", exc)
 
     def _tune(self, samples: list[Sample]) -> AutoTuneResult:
-        return auto_tune(
-            private_copy(self.model),
-            samples,
-            call=self.call,
-            cache=self.cache,
-            verbose=False,
-            **self.options,
-        )
+        with rng_left_alone():  # serving threads own the global generator's progress
+            return auto_tune(
+                private_copy(self.model),
+                samples,
+                call=self.call,
+                cache=self.cache,
+                verbose=False,
+                **self.options,
+            )
 
     def _run(self, job: TuneJob) -> AutoTuneResult:
+        if not self._draws_checked:
+            check_no_global_draws(self.model, job.samples, self.call)
+            self._draws_checked = True
         if not job.cold or self.nice <= 0:
             result = self._tune(job.samples)
             job.builds = builds_of(result)

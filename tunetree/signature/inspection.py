@@ -545,6 +545,12 @@ class _FastPathOps(TorchDispatchMode):
         self.parameters: dict[int, str] = {}
         """id of each parameter a fast-path op read, to that op's name."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Never run under torch.compile: keeps torch from importing Dynamo (seconds, most of a
+        # warm start's) to wrap __torch_dispatch__ on its first call.
+        return False
+
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:

@@ -24,6 +24,7 @@ import torch
 
 from ..errors import InvalidInputError
 from .modules import module_paths
+from .rng import is_left_alone
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,8 @@ def preserved_state(model: Any) -> Iterator[None]:
     """Run the block, then restore every buffer's value and the global RNG state.
 
     They are put back as they were before the block (parameters are never written: every recorded
-    call runs under no_grad).
+    call runs under no_grad). Under :func:`.rng.rng_left_alone` (a background tune, beside
+    threads that draw) the global RNG state is neither saved nor restored.
     """
     saved = []
     seen: set[int] = set()
@@ -112,7 +114,7 @@ def preserved_state(model: Any) -> Iterator[None]:
             if id(buffer) not in seen:
                 seen.add(id(buffer))
                 saved.append((buffer, buffer.detach().clone()))
-    cpu_rng, cuda_rng = _rng_state()
+    rng = None if is_left_alone() else _rng_state()
     try:
         yield
     finally:
@@ -120,9 +122,10 @@ def preserved_state(model: Any) -> Iterator[None]:
             for buffer, value in saved:
                 if buffer.shape == value.shape and buffer.dtype == value.dtype:
                     buffer.copy_(value.to(buffer.device))
-        torch.set_rng_state(cpu_rng)
-        if cuda_rng:
-            torch.cuda.set_rng_state_all(cuda_rng)
+        if rng is not None:
+            torch.set_rng_state(rng[0])
+            if rng[1]:
+                torch.cuda.set_rng_state_all(rng[1])
 
 
 @dataclass(frozen=True)
