@@ -230,3 +230,19 @@ def test_the_fastest_passed_config_that_beats_the_untuned_model_is_chosen() -> N
         slow, None, lambda models: {UNTUNED: timing(2.0), slow[0].config.label: timing(3.0)}
     )
     assert not slow[0].chosen and slow[0].model is None  # slower than untuned: never chosen
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_captured_sampling_loop_draws_generates_tokens_from_the_same_seed() -> None:
+    model = qwen3().to("cuda", torch.bfloat16)
+    loop = served(model, 8)
+    gen = dict(max_new_tokens=40, min_new_tokens=40, do_sample=True, top_k=20, temperature=0.8,
+               cache_implementation="static", disable_compile=True, pad_token_id=0)  # fmt: skip
+    inputs = {k: v.cuda() for k, v in prompt(2, 9, 1).items()}
+    loop(**inputs, **gen)  # captured here: the capture's warm-ups draw numbers
+    torch.manual_seed(7)
+    out = loop(**inputs, **gen)
+    torch.manual_seed(7)
+    assert torch.equal(out, eager(model, inputs, **gen))
+    assert loop.counts.served == 2
