@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--steps", default="16")
     parser.add_argument("--compiled", action="store_true", help="also Inductor's step")
     parser.add_argument("--skip-hf-static", action="store_true")
+    parser.add_argument("--skip-static-calls", action="store_true",
+                        help="leave out eager static and the loop called with a static cache")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -85,14 +87,18 @@ def main() -> None:
         print(f"## {name}: {params / 1e6:.0f}M parameters, {args.dtype}", flush=True)
         for batch in [int(b) for b in args.batches.split(",")]:
             rows += _one(model, name, batch, args)
+            _report(rows, args.out)  # after each: a run cut short keeps what it measured
         del model
         torch.cuda.empty_cache()
+
+
+def _report(rows: list[dict[str, Any]], out: str | None) -> None:
     headers = ["model", "batch", "approach", "ms/token", "tok/s", "% floor", "vs HF static",
                "= eager", "= eager static", "setup s"]  # fmt: skip
     table = [[r[h] for h in headers] for r in rows]
     print(format_table(headers, table), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             json.dump(rows, f, indent=1)
 
 
@@ -109,10 +115,12 @@ def _one(model: Any, name: str, batch: int, args: argparse.Namespace) -> list[di
     vocab = model.config.vocab_size
     prompt = _prompt(vocab, batch, args.length, 99 + batch)
     n = args.tokens
+    static = dict(cache_implementation="static", disable_compile=True)
     approaches: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
-        "eager": (model.generate, {}),
-        "eager static": (model.generate, dict(cache_implementation="static", disable_compile=True)),
+        "eager": (model.generate, {})
     }
+    if not args.skip_static_calls:
+        approaches["eager static"] = (model.generate, static)
     if not args.skip_hf_static:
         approaches["HF static"] = (model.generate, dict(cache_implementation="static"))
     for steps in [int(s) for s in args.steps.split(",")]:
@@ -120,8 +128,8 @@ def _one(model: Any, name: str, batch: int, args: argparse.Namespace) -> list[di
             config = MultiStepConfig(steps=steps, compiled=compiled)
             served = MultiStepGenerate(model, model.generate, config)
             approaches[f"multistep {config.label}"] = (served, {})
-            approaches[f"multistep {config.label}, static call"] = (
-                served, dict(cache_implementation="static", disable_compile=True))  # fmt: skip
+            if not args.skip_static_calls:
+                approaches[f"multistep {config.label}, static call"] = (served, static)
     outputs: dict[str, torch.Tensor] = {}
     setup: dict[str, float] = {}
     for label, (generate, extra) in approaches.items():
