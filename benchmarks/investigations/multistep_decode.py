@@ -75,8 +75,11 @@ def main() -> None:
     parser.add_argument("--steps", default="16")
     parser.add_argument("--compiled", action="store_true", help="also Inductor's step")
     parser.add_argument("--skip-hf-static", action="store_true")
-    parser.add_argument("--skip-static-calls", action="store_true",
-                        help="leave out eager static and the loop called with a static cache")
+    parser.add_argument(
+        "--skip-static-calls",
+        action="store_true",
+        help="leave out eager static and the loop called with a static cache",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
@@ -111,10 +114,10 @@ def _gen(model: Any, tokens: int, **extra: Any) -> Callable[..., Any]:
     return call
 
 
-def _one(model: Any, name: str, batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    vocab = model.config.vocab_size
-    prompt = _prompt(vocab, batch, args.length, 99 + batch)
-    n = args.tokens
+def _approaches(
+    model: Any, args: argparse.Namespace
+) -> dict[str, tuple[Callable[..., Any], dict[str, Any]]]:
+    """Each approach's generate and the settings it is called with."""
     static = dict(cache_implementation="static", disable_compile=True)
     approaches: dict[str, tuple[Callable[..., Any], dict[str, Any]]] = {
         "eager": (model.generate, {})
@@ -130,6 +133,14 @@ def _one(model: Any, name: str, batch: int, args: argparse.Namespace) -> list[di
             approaches[f"multistep {config.label}"] = (served, {})
             if not args.skip_static_calls:
                 approaches[f"multistep {config.label}, static call"] = (served, static)
+    return approaches
+
+
+def _one(model: Any, name: str, batch: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    vocab = model.config.vocab_size
+    prompt = _prompt(vocab, batch, args.length, 99 + batch)
+    n = args.tokens
+    approaches = _approaches(model, args)
     outputs: dict[str, torch.Tensor] = {}
     setup: dict[str, float] = {}
     for label, (generate, extra) in approaches.items():
