@@ -194,11 +194,12 @@ class HangingServer:
 class DrippingServer:
     """A loopback HTTP server that answers every request 200 with ``Content-Length: length``
     and then sends its body one byte every ``interval_s`` seconds (a hostile or broken S3
-    front that never times a read out)."""
+    front that never times a read out); with ``headers=True`` its headers too."""
 
-    def __init__(self, length: int = 4000, interval_s: float = 2.0) -> None:
+    def __init__(self, length: int = 4000, interval_s: float = 2.0, headers: bool = False) -> None:
         self.length = length
         self.interval_s = interval_s
+        self.headers = headers
         self.socket = socket.socket()
         self.socket.bind(("127.0.0.1", 0))
         self.socket.listen(64)
@@ -241,12 +242,12 @@ class DrippingServer:
                 'ETag: "0123456789abcdef0123456789abcdef"\r\n'
                 "Content-Type: application/octet-stream\r\n\r\n"
             )
+            dripped = [bytes([b]) for b in head.encode()] if self.headers else [head.encode()]
             with contextlib.suppress(OSError):
-                conn.sendall(head.encode())
-                for _ in range(self.length):
-                    if self._stop.wait(self.interval_s):
+                for i, piece in enumerate([*dripped, *[b"x"] * self.length]):
+                    if i and self._stop.wait(self.interval_s):
                         return
-                    conn.sendall(b"x")
+                    conn.sendall(piece)
 
     def close(self) -> None:
         self._stop.set()

@@ -81,3 +81,47 @@ def test_a_dripping_artifact_download_is_cut_off_at_the_deadline(
     assert isinstance(error, RemoteUnavailable), error
     assert "cut off" in str(error) or "timed out" in str(error).lower(), error
     assert elapsed < DEADLINE.transfer_s + MARGIN_S, elapsed
+
+
+@pytest.fixture
+def dripping_headers(monkeypatch: pytest.MonkeyPatch) -> Iterator[DrippingServer]:
+    """Its answer's headers come one byte every 2 s (about 130 bytes: over 4 minutes)."""
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    server = DrippingServer(length=4000, interval_s=2.0, headers=True)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def test_dripped_headers_cannot_stall_a_lookup(
+    dripping_headers: DrippingServer, tmp_path: Path
+) -> None:
+    """The read timeout bounds each read only: the request's deadline holds across them."""
+    tier = _tier(dripping_headers)
+    store = CacheStore(tmp_path / "local")
+    pulled, elapsed = _timed(lambda: tier.pull("a" * 40, store, lambda m: None), 40.0)
+    assert pulled is False and dripping_headers.requests >= 1
+    assert elapsed < DEADLINE.transfer_s + MARGIN_S, elapsed
+    assert tier.breaker.failures == 1 and not tier.breaker.available()  # an outage: skipped
+    assert not [t for t in threading.enumerate() if t.name == "tunetree-interrupt"]
+
+
+@pytest.mark.parametrize("operation", ["head", "delete", "list"])
+def test_a_request_that_moves_no_object_is_cut_off_at_its_deadline(
+    dripping_headers: DrippingServer, operation: str
+) -> None:
+    timeouts = Timeouts(request_s=6.0)
+    tier = RemoteTier(
+        f"s3://{BUCKET}/x", secret=b"k", endpoint_url=dripping_headers.endpoint, timeouts=timeouts
+    )
+    calls = {
+        "head": lambda: tier.client.head("v1/entries/x"),
+        "delete": lambda: tier.client.delete("v1/entries/x"),
+        "list": lambda: list(tier.client.list("v1/entries")),
+    }
+    error, elapsed = _timed(calls[operation], 40.0)
+    assert isinstance(error, RemoteUnavailable), error
+    assert "cut off" in str(error), error
+    assert elapsed < timeouts.request_s + MARGIN_S, elapsed

@@ -1,4 +1,4 @@
-"""Inductor's compile worker threads: no queued compile outlives the tuning that queued it.
+"""Inductor's compile worker threads: no queued compile outlives the tune or load that queued it.
 
 Inductor compiles a graph's kernels in a thread pool (``torch._inductor.async_compile``, when
 ``compile_threads`` is above 1, its default on a host of two cores or more). Its workers are not
@@ -7,7 +7,8 @@ ends: a build stopped by the time budget (or failed) while its kernels were queu
 compile there, so a process that had finished tuning went on compiling for minutes before it
 exited, and meanwhile the compiles took cores from the measurements that followed the stop.
 
-The pool is shut down with its queued work cancelled; items already running (one kernel's
+Tuning (each cut) and ``tt.load`` (whose checks run a runner's lazy compile) shut down a pool
+made while they ran, with its queued work cancelled; items already running (one kernel's
 compiler run each) finish on their own. Inductor makes a new pool at its next compile.
 """
 

@@ -3,11 +3,12 @@
 It wraps boto3 (imported on first use; ``pip install 'tunetree[remote]'``), which reads the
 endpoint and credentials the standard way (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE`` and the shared config files). Every request has
-bounded connect and read timeouts and few retries, and one object's transfer has a wall-clock
-limit, so a remote that hangs costs seconds, not the tuning. Failures come back as three
-kinds: :class:`RemoteUnavailable` (cannot be reached, timed out), :class:`RemoteRefused` (it
-answered no: access denied, full, a server error) and :class:`RemoteMissing` (no such
-object); a conditional put that loses answers False.
+bounded connect and read timeouts and few retries, and a wall-clock limit from its request to
+its answer's last byte (a server that drips its headers or body, each byte within the read
+timeout, is cut off at it), so a remote that hangs costs seconds, not the tuning. Failures
+come back as three kinds: :class:`RemoteUnavailable` (cannot be reached, timed out, cut
+off), :class:`RemoteRefused` (it answered no: access denied, full, a server error) and
+:class:`RemoteMissing` (no such object); a conditional put that loses answers False.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .._util.interrupt import raised_after
 from ..errors import CacheError, MissingDependencyError
 
 CHUNK = 1 << 20
@@ -83,9 +85,12 @@ class Timeouts:
     connect_s: float = 2.0
     read_s: float = 5.0
     transfer_s: float = 120.0
-    """Wall-clock limit of one object's download, from its request to its last byte: every
-    read waits at most the time left, so a server trickling bytes is cut off at it."""
+    """Wall-clock limit of one object's download or upload, from its request to its last byte:
+    every read waits at most the time left, so a server trickling bytes is cut off at it."""
     attempts: int = 2
+    request_s: float = 30.0
+    """Wall-clock limit of a request that moves no object (head, delete, a page of a listing),
+    its retries included: an answer dripped byte by byte is cut off at it."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,7 @@ class S3Client:
         RemoteUnavailable when it takes longer than the transfer limit.
         """
         deadline = time.monotonic() + self.timeouts.transfer_s
-        response = self._call("get_object", name)
+        response = self._call("get_object", name, deadline)
         declared = int(response.get("ContentLength") or 0)
         if declared > max_bytes:
             response["Body"].close()
@@ -171,7 +176,7 @@ class S3Client:
         RemoteUnavailable when it takes longer than the transfer limit.
         """
         deadline = time.monotonic() + self.timeouts.transfer_s
-        response = self._call("get_object", name)
+        response = self._call("get_object", name, deadline)
         declared = int(response.get("ContentLength") or 0)
         if declared != size:
             response["Body"].close()
@@ -191,7 +196,7 @@ class S3Client:
     def head(self, name: str) -> tuple[int, str] | None:
         """Size and ETag of the object, or None when there is none."""
         try:
-            response = self._call("head_object", name)
+            response = self._call("head_object", name, self._request_deadline())
         except RemoteMissing:
             return None
         return int(response.get("ContentLength") or 0), str(response.get("ETag", ""))
@@ -210,7 +215,8 @@ class S3Client:
         if if_match:
             extra["IfMatch"] = if_match
         try:
-            self._call("put_object", name, Body=body, **extra)
+            deadline = time.monotonic() + self.timeouts.transfer_s
+            self._call("put_object", name, deadline, Body=body, **extra)
         except _ConditionFailed:
             return False
         return True
@@ -223,7 +229,7 @@ class S3Client:
     def delete(self, name: str) -> None:
         """Remove the object (no error when it is already gone)."""
         with contextlib.suppress(RemoteMissing):
-            self._call("delete_object", name)
+            self._call("delete_object", name, self._request_deadline())
 
     def list(self, folder: str, limit: int = 1_000_000) -> Iterator[ObjectInfo]:
         """Objects whose names start with ``folder/`` under the prefix, at most ``limit``."""
@@ -234,7 +240,7 @@ class S3Client:
             args: dict[str, Any] = {"Bucket": self.location.bucket, "Prefix": start}
             if token:
                 args["ContinuationToken"] = token
-            page = self._request("list_objects_v2", args, start)
+            page = self._request("list_objects_v2", args, start, self._request_deadline())
             for item in page.get("Contents", []):
                 seen += 1
                 if seen > limit:
@@ -251,15 +257,31 @@ class S3Client:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _call(self, operation: str, name: str, **extra: Any) -> Any:
-        args = {"Bucket": self.location.bucket, "Key": self.location.name(name), **extra}
-        return self._request(operation, args, name)
+    def _request_deadline(self) -> float:
+        return time.monotonic() + self.timeouts.request_s
 
-    def _request(self, operation: str, args: dict[str, Any], name: str) -> Any:
+    def _call(self, operation: str, name: str, deadline: float, **extra: Any) -> Any:
+        args = {"Bucket": self.location.bucket, "Key": self.location.name(name), **extra}
+        return self._request(operation, args, name, deadline)
+
+    def _request(self, operation: str, args: dict[str, Any], name: str, deadline: float) -> Any:
+        """One request and its answer's headers, by ``deadline`` (monotonic) at the latest.
+
+        The read timeout bounds each read only: a request past ``deadline`` is interrupted
+        (:func:`tunetree._util.interrupt.raised_after`, within a read timeout at worst), and its
+        client, whose connection it left mid-answer, is dropped.
+        """
         client = self._s3()
         exceptions = self._botocore.exceptions
+        limit = max(deadline - time.monotonic(), 0.0)
         try:
-            return getattr(client, operation)(**args)
+            with raised_after(limit, _PastDeadline):
+                return getattr(client, operation)(**args)
+        except _PastDeadline:
+            self._client = None
+            raise RemoteUnavailable(
+                f"{operation} {name}: no answer by its deadline ({limit:.0f} s); cut off"
+            ) from None
         except exceptions.ClientError as exc:
             raise _client_error(exc, operation, name) from exc
         except (exceptions.BotoCoreError, OSError) as exc:
@@ -320,6 +342,10 @@ def _custom_endpoint(explicit: str | None) -> bool:
     return bool(
         explicit or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     )
+
+
+class _PastDeadline(BaseException):
+    """Raised inside a request past its deadline; never leaves :meth:`S3Client._request`."""
 
 
 class _ConditionFailed(RemoteError):

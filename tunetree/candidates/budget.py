@@ -12,13 +12,12 @@ a tune to exactly one phase (the innermost one open), so the phases of its
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._util.interrupt import raised_after
 from .._util.table import format_table
 from ..backends.compile_pool import close_compile_pool
 from .build_costs import BuildCosts
@@ -51,59 +50,22 @@ class BuildStopped(BaseException):
     """
 
 
-REFIRE_S = 0.5
-"""How often a stop is raised again while the stopped block still runs (see
-:func:`stopped_after`)."""
-
-
 @contextlib.contextmanager
 def stopped_after(seconds: float) -> Iterator[None]:
     """Raise :class:`BuildStopped` in this thread if the block runs longer than ``seconds``.
 
-    A watcher thread sets the exception asynchronously (``PyThreadState_SetAsyncExc``): it is
-    raised at this thread's next Python instruction, so a block inside a long C call (a
-    compiler subprocess) stops when that call returns. Raised inside a finalizer or a weakref
-    callback, the exception is printed and ignored by Python ("Exception ignored in"), and the
-    block goes on, far past its budget: so it is set
-    again every :data:`REFIRE_S` until the block ends. An exception set as the block ended is
-    withdrawn before it can be raised outside it. The watcher is joined when the block ends,
-    and after a stop the compiles Inductor had queued are cancelled
-    (:mod:`tunetree.backends.compile_pool`).
+    Raised asynchronously at this thread's next Python instruction, so a block inside a long C
+    call (a compiler subprocess) stops when that call returns, and raised again until the block
+    ends (:func:`tunetree._util.interrupt.raised_after`). After a stop the compiles Inductor had
+    queued are cancelled (:mod:`tunetree.backends.compile_pool`).
     """
-    target = threading.get_ident()
-    lock = threading.Lock()
-    state = {"finished": False, "fired": False}
-    wake = threading.Event()
-
-    def watch() -> None:
-        timeout = max(seconds, 0.0)
-        while not wake.wait(timeout):
-            with lock:
-                if state["finished"]:
-                    return
-                state["fired"] = True
-                _set_async_exc(target, BuildStopped)
-            timeout = REFIRE_S
-
-    watcher = threading.Thread(target=watch, name="tunetree-budget-watch", daemon=True)
-    watcher.start()
+    interrupt = None
     try:
-        yield
+        with raised_after(seconds, BuildStopped) as interrupt:
+            yield
     finally:
-        with lock:
-            state["finished"] = True
-            if state["fired"]:
-                _set_async_exc(target, None)  # withdraw it if it was not raised yet
-        wake.set()
-        watcher.join()
-        if state["fired"]:  # kernels the stopped build queued would compile on (at exit too)
+        if interrupt is not None and interrupt.fired:  # queued kernels would compile on
             close_compile_pool()
-
-
-def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None
-    )
 
 
 def now() -> float:

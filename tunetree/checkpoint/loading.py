@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..backends.base import Backend, Runner
+from ..backends.compile_pool import compile_pool_closed
 from ..errors import (
     CheckpointError,
     IncompatibleCheckpointError,
@@ -52,6 +53,7 @@ from .writer import model_state
 log = logging.getLogger(__name__)
 
 
+@compile_pool_closed()
 def load(
     model: Any,
     path: str | os.PathLike[str],
@@ -67,6 +69,8 @@ def load(
     is returned (a shallow copy when the whole model was tuned). Nothing is unpickled. Saved
     backend configurations are checked against allow-lists that cannot name programs, paths
     or code.
+    Compiles a runner's check started (Inductor compiles on its first call) never outlive the
+    load: Inductor's compile pool made meanwhile is shut down, its queued work cancelled.
 
     Args:
         model: A freshly built, untuned model of the same architecture.

@@ -25,6 +25,7 @@ class FleetRow:
         tuning_s: ``auto_tune``'s wall time.
         wall_s: The job's wall time, build and data included.
         error: Why it failed.
+        untuned: Why ``auto_tune`` kept the untuned model ("" when a depth was kept).
     """
 
     job: str
@@ -50,6 +51,8 @@ class FleetRow:
     wall_s: float = 0.0
     """Build, data, tuning and cache transfers on the worker."""
     error: str | None = None
+    untuned: str = ""
+    """Why the job's model was left untuned (:func:`tunetree.search.untuned.why_untuned`)."""
 
     @property
     def ok(self) -> bool:
@@ -96,7 +99,7 @@ class FleetReport:
                 r.job,
                 r.node,
                 r.hardware,
-                r.status if r.ok else f"{r.status}: {r.error}",
+                _status(r),
                 r.threads or "-",
                 "-" if r.depth is None else r.depth,
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
@@ -123,3 +126,10 @@ class FleetReport:
             title=f"fleet tune: {len(self.rows)} jobs, {len(self.failed())} failed",
         )
         return table
+
+
+def _status(row: FleetRow) -> str:
+    """The status column: a failure's error, or why a completed job left its model untuned."""
+    if not row.ok:
+        return f"{row.status}: {row.error}"
+    return f"{row.status}, untuned: {row.untuned}" if row.untuned else row.status

@@ -18,6 +18,7 @@ import torch
 from ..cache import TuningCache
 from ..candidates.budget import BUILD
 from ..search.auto import auto_tune
+from ..search.untuned import why_untuned
 from .hardware import hardware_class
 from .job import Job, resolve
 from .report import FleetRow
@@ -61,6 +62,9 @@ def _tune(job: Job, remote: str | None, cache_dir: str | None, row: FleetRow) ->
     options = {"verbose": False, **job.auto_tune}
     result = auto_tune(model, data, cache=cache, **options)
     row.depth, row.speedup, row.tuning_s = result.depth, result.speedup, result.tuning_s
+    row.untuned = why_untuned(result)
+    if row.untuned:
+        log.info("fleet job %s left untuned: %s\n%s", job.name, row.untuned, result)
     if result.breakdown is not None:
         row.builds = sum(p.count for p in result.breakdown.phases if p.phase == BUILD)
     row.cache_hits = cache.stats.hits
