@@ -101,8 +101,7 @@ def test_sampling_draws_the_tokens_generate_draws_from_the_same_seed(warpers: di
     loop = served(model, 4)
     plan, reason = loop.plan((), {**inputs, **gen, "pad_token_id": 0})
     assert plan is not None, reason
-    loop.loop_for(plan)  # built (its warm-up steps draw numbers) before the seed is set
-    torch.manual_seed(1234)
+    torch.manual_seed(1234)  # the loop is built inside this call: building draws nothing
     assert torch.equal(loop.serve(plan), expected)
 
 
@@ -159,6 +158,10 @@ def test_a_captured_loop_returns_eager_static_tokens_on_the_gpu(dtype: torch.dty
         inputs = {k: v.cuda() for k, v in prompt(2, length, seed).items()}
         out = loop(**inputs, **gen, do_sample=False, pad_token_id=0)
         assert torch.equal(out, eager(model, inputs, **gen))
+    torch.manual_seed(8)
+    again = loop(**inputs, **gen)  # the captured graph replayed from another seed
+    torch.manual_seed(8)
+    assert torch.equal(again, eager(model, inputs, **gen))
     assert loop.counts.served == 2 and loop.counts.original == 0
     assert all(graph.graph is not None for graph in loop.loops.values())
 
@@ -240,9 +243,12 @@ def test_a_captured_sampling_loop_draws_generates_tokens_from_the_same_seed() ->
     gen = dict(max_new_tokens=40, min_new_tokens=40, do_sample=True, top_k=20, temperature=0.8,
                cache_implementation="static", disable_compile=True, pad_token_id=0)  # fmt: skip
     inputs = {k: v.cuda() for k, v in prompt(2, 9, 1).items()}
-    loop(**inputs, **gen)  # captured here: the capture's warm-ups draw numbers
     torch.manual_seed(7)
-    out = loop(**inputs, **gen)
+    out = loop(**inputs, **gen)  # captured inside this call: building draws nothing
     torch.manual_seed(7)
     assert torch.equal(out, eager(model, inputs, **gen))
+    torch.manual_seed(8)
+    again = loop(**inputs, **gen)  # the captured graph replayed from another seed
+    torch.manual_seed(8)
+    assert torch.equal(again, eager(model, inputs, **gen))
     assert loop.counts.served == 2

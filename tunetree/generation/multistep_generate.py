@@ -230,8 +230,10 @@ class MultiStepGenerate:
                 max_new=max(plan.max_new, loop.max_new if loop else 0),
                 compiled=self.config.compiled,
             )
-            self._prefill(loop, plan)
-            loop.capture()
+            devices = [loop.token.device] if loop.token.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=devices):  # building draws none of the caller's
+                self._prefill(loop, plan)
+                loop.capture()
             self.loops[key] = loop
             log.debug("decode loop captured for batch %d, capacity %d", batch, capacity)
         return loop

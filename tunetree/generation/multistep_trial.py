@@ -5,7 +5,9 @@ forward: ``generate``'s own loop sets the pace. :class:`~.multistep_generate.Mul
 replaces that loop for greedy calls. Each config (steps per replay; eager's kernels, which keep
 eager's numerics, or Inductor's code for the step) is built, checked against eager (tokens
 equal on the tuning prompts, the held-out ones and probes of another batch size and length,
-and every check call served by the loop), then measured end to end beside the untuned model.
+or parting only where eager's own two best logits are within the dtype's tolerance, see
+:mod:`.near_tie`; and every check call served by the loop; each call from the same seed, so
+a sampling call is compared draw for draw), then measured end to end beside the untuned model.
 Every config is a row of the result's table with its reason when it fails; nothing raises.
 """
 
@@ -25,6 +27,7 @@ from ..candidates.measure import Timing
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, run_model
 from .multistep_generate import MultiStepConfig, MultiStepGenerate
+from .near_tie import TokenVerdict, judge_tokens
 from .stateful_check import probes, prompt_of
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,9 @@ class MultiStepTrial:
     untuned: Timing | None = None
     chosen: bool = False
     checked: int = 0
-    """Check calls whose tokens equal eager's."""
+    """Check calls whose tokens passed (equal to eager's, or parting at a near-tie)."""
+    near_ties: int = 0
+    """Rows of the check calls that part from eager's tokens at one of eager's near-ties."""
     model: Any = field(default=None, repr=False)
 
     @property
@@ -65,10 +70,18 @@ class MultiStepTrial:
             ("*" if self.chosen else "") + self.config.label,
             str(self.timing) if self.timing else "-",
             f"{self.speedup:.2f}x" if self.speedup else "-",
-            f"{self.checked} equal" if self.checked else "-",
+            _tokens_cell(self.checked, self.near_ties),
             f"{self.build_s:.1f} s" if self.build_s is not None else "-",
             self.status + (f": {self.reason}" if self.reason else ""),
         ]
+
+
+def _tokens_cell(checked: int, ties: int) -> str:
+    if not checked:
+        return "-"
+    if not ties:
+        return f"{checked} calls equal"
+    return f"{checked} calls: equal but {ties} rows parting at eager's near-ties"
 
 
 def trials_table(trials: Sequence[MultiStepTrial]) -> str:
@@ -134,11 +147,19 @@ def try_multistep(
     vocab = int(getattr(model.config, "vocab_size", 2))
     room = int(getattr(model.config, "max_position_embeddings", 64)) // 4
     checks = [*samples, *held, *(_on(p, device) for p in probes(samples, vocab, room))]
-    expected = [run_model(model, sample, call) for sample in checks]
+    expected = [_seeded(model, sample, call) for sample in checks]
     for trial in trials:
         _build_and_check(trial, model, checks, expected, call)
     _measure_and_choose(trials, model, measure)
     return trials
+
+
+def _seeded(model: Any, sample: Sample, call: CallFn | None) -> Any:
+    """One check call from a fixed seed, torch's generators restored after it."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(0)
+        return run_model(model, sample, call)
 
 
 def _on(sample: Sample, device: torch.device) -> Sample:
@@ -156,7 +177,7 @@ def _build_and_check(
     served: MultiStepGenerate = twin.__dict__["generate"]
     start = time.perf_counter()
     try:
-        outputs = [run_model(twin, sample, call) for sample in checks]
+        outputs = [_seeded(twin, sample, call) for sample in checks]
     except (RuntimeError, TypeError, ValueError) as exc:  # a capture or compile that fails
         trial.status, trial.reason = "failed", f"{type(exc).__name__}: {str(exc)[:200]}"
         return
@@ -171,12 +192,13 @@ def _build_and_check(
             f"{counts.original} of {len(checks)} calls ran the original generate ({reasons})"
         )
         return
-    for index, (got, want) in enumerate(zip(outputs, expected, strict=True)):
-        problem = _differs(_tokens(got), _tokens(want))
-        if problem:
-            trial.status, trial.reason = "rejected", f"check call {index}: {problem}"
+    for index, (sample, got, want) in enumerate(zip(checks, outputs, expected, strict=True)):
+        verdict = _judge(model, sample, _tokens(got), _tokens(want))
+        if verdict.problem:
+            trial.status, trial.reason = "rejected", f"check call {index}: {verdict.problem}"
             return
         trial.checked += 1
+        trial.near_ties += verdict.near_ties
     trial.status, trial.model = "passed", twin
 
 
@@ -184,16 +206,14 @@ def _tokens(out: Any) -> torch.Tensor | None:
     return out if isinstance(out, torch.Tensor) else getattr(out, "sequences", None)
 
 
-def _differs(got: torch.Tensor | None, want: torch.Tensor | None) -> str:
-    """Why the tokens are not eager's ("" when equal)."""
-    if got is None or want is None:
-        return "no token ids to compare"
-    if got.shape != want.shape:
-        return f"{tuple(got.shape)} tokens against eager's {tuple(want.shape)}"
-    if torch.equal(got, want):
-        return ""
-    column = int((got != want).any(dim=0).nonzero()[0])
-    return f"tokens differ from eager's at position {column} of {got.shape[1]}"
+def _judge(
+    model: Any, sample: Sample, got: torch.Tensor | None, want: torch.Tensor | None
+) -> TokenVerdict:
+    """The check call's tokens against eager's, up to eager's near-ties (:mod:`.near_tie`)."""
+    prompt = prompt_of(sample)
+    if got is None or want is None or prompt is None:
+        return TokenVerdict(False, problem="no token ids to compare")
+    return judge_tokens(model, got, want, prompt["attention_mask"])
 
 
 def _measure_and_choose(trials: list[MultiStepTrial], model: Any, measure: Measure) -> None:
