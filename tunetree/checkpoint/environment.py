@@ -130,12 +130,14 @@ def _accelerators() -> dict[str, Any]:
     return found
 
 
-def environment_record(backends_used: Iterable[Any] = ()) -> dict[str, Any]:
+def environment_record(
+    backends_used: Iterable[Any] = (), libraries: Iterable[str] = ()
+) -> dict[str, Any]:
     """Where this process runs, as JSON data.
 
     Host name, operating system, CPU model and flags, accelerators, and the versions of Python,
-    torch, tunetree and of the libraries behind ``backends_used`` (kinds, backend objects or
-    classes).
+    torch, tunetree, of the libraries behind ``backends_used`` (kinds, backend objects or
+    classes) and of the distributions named in ``libraries``.
 
     Two records are equal exactly when a tuning measured in one holds in the other.
     """
@@ -148,6 +150,8 @@ def environment_record(backends_used: Iterable[Any] = ()) -> dict[str, Any]:
     for kind in kinds:
         for distribution in backend_libraries(kind):
             versions[distribution] = library_version(distribution)
+    for distribution in libraries:
+        versions[distribution] = library_version(distribution)
     return {
         "host": socket.gethostname(),
         "os": {
