@@ -153,6 +153,18 @@ def test_too_little_budget_left_skips_the_trial_with_a_reason_row(
     assert depths == [0, auto.MAX_DEFAULT_DEPTH]  # the depths still get what is left
 
 
+def test_a_budget_spent_by_the_trial_leaves_deeper_depths_uninspected(
+    monkeypatch: pytest.MonkeyPatch, depths: list[int]
+) -> None:
+    monkeypatch.setattr(first, "try_stateful", lambda *a, **k: [_trial(chosen=False)])
+    monkeypatch.setattr(first, "expected_s", lambda model, pass_s: 0.0)  # the trial starts
+    monkeypatch.setattr(auto, "_search", _no_depth_search)
+    with pytest.raises(Stop) as stopped:
+        _tune(_model(), time_budget=1e-3)
+    assert depths == [0]
+    assert stopped.value.args[0].info.max_depth == 0
+
+
 class _Spent:
     """A deadline already passed: no time left for anything after the first config."""
 

@@ -310,8 +310,9 @@ def _whole_model_first(
     """The whole-model stateful trial where it comes first, and the inspection the rest needs.
 
     Returns the trial's result when it won (nothing deeper was inspected), else None, the
-    model inspected down to the deepest depth tried, the run when the trial made one, and the
-    trial's rows.
+    model inspected down to the deepest depth tried (the root only when less of the budget is
+    left than the root's inspection took), the run when the trial made one, and the trial's
+    rows.
     """
     deepest = MAX_DEFAULT_DEPTH if search.max_depth is None else search.max_depth
     first = _whole_first(model, cfg, search, strategy, dev)
@@ -325,6 +326,9 @@ def _whole_model_first(
     whole, trials = stateful_first(run, rows, held, search.accuracy, search.budget_s, start, pass_s)
     if whole is not None:
         return whole, info, run, trials
+    if run.deadline is not None and run.deadline.left_s() < pass_s:
+        progress("not inspecting deeper: the time budget is used up")
+        return None, info, run, trials  # the root's row says what the budget skipped
     info, _ = _inspect(model, dataset, cfg, dev, clock, progress, deepest)
     run.info, run.generation = info, is_generation(info, model)
     return None, info, run, trials
