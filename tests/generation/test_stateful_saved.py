@@ -17,6 +17,7 @@ import tunetree as tt  # noqa: E402
 from tunetree.candidates.measure import Timing  # noqa: E402
 from tunetree.checkpoint import read_info, writer  # noqa: E402
 from tunetree.checkpoint.format import MANIFEST  # noqa: E402
+from tunetree.cli import main  # noqa: E402
 from tunetree.errors import CheckpointError, IncompatibleCheckpointError  # noqa: E402
 from tunetree.generation import stateful_saved  # noqa: E402
 from tunetree.generation.stateful import StatefulConfig, export_whole, stateful_model  # noqa: E402
@@ -89,9 +90,11 @@ def _manifest_text(path: Path) -> str:
 
 
 def test_the_file_holds_weights_and_a_record_no_runtime_model_and_pins_the_libraries(
-    saved: tuple[torch.nn.Module, Path, Path],
+    saved: tuple[torch.nn.Module, Path, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _, _, directory = saved
+    _, path, directory = saved
+    assert main(["info", str(path)]) == 0
+    assert "served whole by: openvino-stateful" in capsys.readouterr().out
     files = sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*"))
     assert files == ["environment.json", "manifest.json", "tunetree-format", "weights.safetensors"]
     record = json.loads((directory / "environment.json").read_text())

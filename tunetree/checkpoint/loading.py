@@ -83,7 +83,8 @@ def load(
 
     Raises:
         IncompatibleCheckpointError: Another format version or environment (every difference
-            listed).
+            listed), or a model one runner serves whole (``generate``'s stateful model:
+            :func:`tunetree.load` rebuilds it).
         CheckpointError: A damaged or hostile file, or a runner that fails its check.
         UntrustedConfigError: A saved configuration outside the allow-lists.
         InvalidInputError: ``model`` already carries a tune.
