@@ -35,15 +35,15 @@ from .depths import DepthRun
 log = logging.getLogger(__name__)
 
 EXPORT_MIN_S = 5.0
-"""Seconds the export and compile of the smallest model take at least (a 2-layer d64 Llama:
-about 3 s on a 2-core EPYC)."""
+"""Seconds the export and compile of even the smallest model are expected to take."""
 EXPORT_S_PER_GIB = 60.0
-"""Seconds the export and compile take per GiB of float32 weights (a 134M Llama, 0.5 GiB:
-under 30 s on the same machine, alone)."""
+"""Seconds the export and compile are expected to take per GiB of float32 weights. A rough,
+cautious bound: the whole tune of a 134M Llama (0.5 GiB), this trial included, took 60 s on
+a 2-core EPYC alone."""
 EAGER_PASSES = 12
-"""Passes over the tuning calls the trial costs, in eager time: generate and teacher-forced
-logits of both models on each prompt and two probes, then the measurement beside the
-untuned model."""
+"""Passes over the tuning calls the trial is expected to cost, in eager time: generate and
+teacher-forced logits of both models on each prompt and on two probes, then the measurement
+beside the untuned model (about ten; two more kept for the runtime's slower first calls)."""
 
 
 def applies(model: Any, strategy_kinds: Sequence[str], device: torch.device) -> bool:
