@@ -130,14 +130,12 @@ def _accelerators() -> dict[str, Any]:
     return found
 
 
-def environment_record(
-    backends_used: Iterable[Any] = (), libraries: Iterable[str] = ()
-) -> dict[str, Any]:
+def environment_record(backends_used: Iterable[Any] = ()) -> dict[str, Any]:
     """Where this process runs, as JSON data.
 
     Host name, operating system, CPU model and flags, accelerators, and the versions of Python,
-    torch, tunetree, of the libraries behind ``backends_used`` (kinds, backend objects or
-    classes) and of the distributions named in ``libraries``.
+    torch, tunetree and of the libraries behind ``backends_used`` (kinds, backend objects or
+    classes).
 
     Two records are equal exactly when a tuning measured in one holds in the other.
     """
@@ -150,8 +148,6 @@ def environment_record(
     for kind in kinds:
         for distribution in backend_libraries(kind):
             versions[distribution] = library_version(distribution)
-    for distribution in libraries:
-        versions[distribution] = library_version(distribution)
     return {
         "host": socket.gethostname(),
         "os": {
@@ -164,6 +160,13 @@ def environment_record(
         "backends": kinds,
         "versions": versions,
     }
+
+
+def with_libraries(record: dict[str, Any], libraries: Iterable[str]) -> dict[str, Any]:
+    """``record`` with the versions of the distributions in ``libraries`` added (in place)."""
+    for distribution in libraries:
+        record["versions"][distribution] = library_version(distribution)
+    return record
 
 
 def flatten_record(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -22,7 +22,7 @@ from .compat import (
     runner_directory,
     tuned_device,
 )
-from .environment import Difference, compare_records, environment_record
+from .environment import Difference, compare_records, environment_record, with_libraries
 from .format import EnvironmentMismatchError, Manifest
 from .reader import Budget, Source, open_source, read_header, read_manifest, verify
 from .staging import recover
@@ -125,7 +125,9 @@ def read_info(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> Ch
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     recover(path)  # as tt.load does
     header = read_header(path)
-    running = environment_record(header.record["backends"], recorded_libraries(header.record))
+    running = with_libraries(
+        environment_record(header.record["backends"]), recorded_libraries(header.record)
+    )
     differences = compare_records(header.record, running, ignore)
     refusal, verified = None, None
     with open_source(path, header) as source:

@@ -33,7 +33,7 @@ from .compat import (
     tuned_device,
     where,
 )
-from .environment import compare_records, environment_record
+from .environment import compare_records, environment_record, with_libraries
 from .format import EntryRecord, Manifest, accuracy_note
 from .reader import (
     Budget,
@@ -127,7 +127,9 @@ def load_with(
         )
     recover(path)  # a directory save killed between its renames: its old copy back
     header = read_header(path)
-    running = environment_record(header.record["backends"], recorded_libraries(header.record))
+    running = with_libraries(
+        environment_record(header.record["backends"]), recorded_libraries(header.record)
+    )
     differences = compare_records(header.record, running, ignore)
     if differences:
         raise environment_error(path, differences)

@@ -27,7 +27,7 @@ from ..runtime.artifacts import BackendRecord, file_sha256, files_under, save_ru
 from ..runtime.plan import Plan, PlanEntry
 from ..runtime.wrap import dispatcher_of
 from ..signature.modules import hidden_modules, module_paths, resolve_device, root_modules
-from .environment import environment_record
+from .environment import environment_record, with_libraries
 from .format import (
     DIR_ENVIRONMENT,
     DIR_FORMAT,
@@ -103,8 +103,9 @@ def save(
         )
     device = resolve_device(model, None)
     kinds = [entry.backend for entry in plan.entries]
-    record = environment_record(
-        [*kinds, *(whole.backends if whole else ())], whole.libraries if whole else ()
+    record = with_libraries(
+        environment_record([*kinds, *(whole.backends if whole else ())]),
+        whole.libraries if whole else (),
     )
     record_bytes = json.dumps(record, sort_keys=True).encode("utf-8")
     staging = sibling(target)
