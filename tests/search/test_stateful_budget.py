@@ -153,16 +153,19 @@ def test_too_little_budget_left_skips_the_trial_with_a_reason_row(
     assert depths == [0, auto.MAX_DEFAULT_DEPTH]  # the depths still get what is left
 
 
-def test_a_budget_spent_by_the_trial_leaves_deeper_depths_uninspected(
+def test_a_budget_spent_by_the_trial_stops_there_with_the_depths_skipped(
     monkeypatch: pytest.MonkeyPatch, depths: list[int]
 ) -> None:
-    monkeypatch.setattr(first, "try_stateful", lambda *a, **k: [_trial(chosen=False)])
+    lost = _trial(chosen=False)
+    monkeypatch.setattr(first, "try_stateful", lambda *a, **k: [lost])
     monkeypatch.setattr(first, "expected_s", lambda model, pass_s: 0.0)  # the trial starts
-    monkeypatch.setattr(auto, "_search", _no_depth_search)
-    with pytest.raises(Stop) as stopped:
-        _tune(_model(), time_budget=1e-3)
-    assert depths == [0]
-    assert stopped.value.args[0].info.max_depth == 0
+    monkeypatch.setattr(auto, "_search", _no_depth_search)  # nor is the untuned model timed
+    model = _model()
+    result = _tune(model, time_budget=1e-3)
+    assert depths == [0]  # nothing deeper inspected
+    assert result.model is model and result.depth is None and result.stateful == [lost]
+    assert result.rows and all(r.error == TIME_BUDGET_ERROR for r in result.rows)
+    assert [s.what for s in result.skipped()] == ["depth"] * len(result.rows)
 
 
 class _Spent:

@@ -31,6 +31,7 @@ from ..candidates.budget import (
     END_TO_END,
     INSPECTION,
     SETUP,
+    TIME_BUDGET_ERROR,
     Deadline,
     Stopwatch,
     now,
@@ -309,10 +310,10 @@ def _whole_model_first(
 ) -> tuple[AutoTuneResult | None, ModelInfo, DepthRun | None, list[StatefulTrial]]:
     """The whole-model stateful trial where it comes first, and the inspection the rest needs.
 
-    Returns the trial's result when it won (nothing deeper was inspected), else None, the
-    model inspected down to the deepest depth tried (the root only when less of the budget is
-    left than the root's inspection took), the run when the trial made one, and the trial's
-    rows.
+    Returns the result when the trial won (nothing deeper was inspected) or when less of the
+    budget is left than the root's inspection took (the untuned model, every depth skipped),
+    else None and the model inspected down to the deepest depth tried; then the run when the
+    trial made one, and the trial's rows.
     """
     deepest = MAX_DEFAULT_DEPTH if search.max_depth is None else search.max_depth
     first = _whole_first(model, cfg, search, strategy, dev)
@@ -327,8 +328,25 @@ def _whole_model_first(
     if whole is not None:
         return whole, info, run, trials
     if run.deadline is not None and run.deadline.left_s() < pass_s:
-        progress("not inspecting deeper: the time budget is used up")
-        return None, info, run, trials  # the root's row says what the budget skipped
+        # Less left than one pass over the calls: no depth could be inspected, let alone
+        # measured end to end beside the untuned model. The model stays untuned.
+        progress("the time budget is used up: no depth is inspected or tuned")
+        for row in rows:
+            row.status, row.error = DepthStatus.SKIPPED, TIME_BUDGET_ERROR
+        spent = AutoTuneResult(
+            model,
+            None,
+            rows,
+            None,
+            info=info,
+            original=model,
+            stateful=trials,
+            tuning_s=now() - start,
+            breakdown=clock.breakdown(),
+            time_budget=search.budget_s,
+            accuracy=search.accuracy,
+        )
+        return spent, info, run, trials
     info, _ = _inspect(model, dataset, cfg, dev, clock, progress, deepest)
     run.info, run.generation = info, is_generation(info, model)
     return None, info, run, trials
