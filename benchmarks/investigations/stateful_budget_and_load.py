@@ -62,7 +62,8 @@ def main() -> None:
         model, tuning, call=call, verbose=False, time_budget=args.budget, cache=False
     )
     wall = time.perf_counter() - start
-    print(f"auto_tune: {wall:.1f} s against a {args.budget:.0f} s budget ({wall / args.budget:.2f})")
+    ratio = wall / args.budget
+    print(f"auto_tune: {wall:.1f} s against a {args.budget:.0f} s budget ({ratio:.2f})")
     print(result, flush=True)
     out = Path(directory) / "model.tt"
     start = time.perf_counter()
