@@ -27,7 +27,7 @@ from .candidates.strategy import (
     default_strategy,
     quick_strategy,
 )
-from .checkpoint import load, save
+from .checkpoint import save
 from .errors import (
     BackendError,
     BackendUnavailableError,
@@ -39,6 +39,7 @@ from .errors import (
     TunetreeError,
     UntrustedConfigError,
 )
+from .generation.loading import load
 from .live import jit
 from .pretrained import load_pretrained
 from .runtime.wrap import serve_alone, unwrap

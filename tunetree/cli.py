@@ -146,6 +146,11 @@ def _print_info(info: CheckpointInfo, verbose: bool = False) -> None:
         from .checkpoint.format import accuracy_note
 
         print(f"accuracy: {e(accuracy_note(m.accuracy))}")
+    if m.whole is not None:
+        whole = f"{m.whole.kind} {m.whole.config}"
+        print(f"served whole by: {e(whole)} (exported again and checked at load)")
+        if m.whole.accuracy is not None:
+            print(f"  CHANGES RESULTS: admitted under {e(str(m.whole.accuracy))}")
     print()
     print(_plan_table(info))
     print()

@@ -12,7 +12,6 @@ pytest.importorskip("openvino")
 
 import tunetree as tt  # noqa: E402
 from tunetree.candidates.measure import Timing  # noqa: E402
-from tunetree.errors import CheckpointError  # noqa: E402
 from tunetree.generation.stateful import StatefulConfig, stateful_model  # noqa: E402
 from tunetree.generation.stateful_trial import UNTUNED, try_stateful  # noqa: E402
 from tunetree.signature.graph import Sample  # noqa: E402
@@ -105,15 +104,6 @@ def test_a_call_it_cannot_answer_runs_the_original_forward_with_its_reason(
     too_long = torch.randint(3, 500, (1, 200))  # past the envelope (128 positions)
     torch.testing.assert_close(tuned(input_ids=too_long).logits, model(input_ids=too_long).logits)
     assert any("envelope" in r for r in tuned.forward.counts.reasons)
-
-
-def test_save_refuses_a_stateful_model_and_writes_nothing(
-    served: tuple[torch.nn.Module, torch.nn.Module], tmp_path
-) -> None:
-    _, tuned = served
-    with pytest.raises(CheckpointError, match="stateful"):
-        tt.save(tuned, tmp_path / "model.tt")
-    assert list(tmp_path.iterdir()) == []
 
 
 def _timings(models: dict) -> dict[str, Timing]:

@@ -174,8 +174,7 @@ def check(
         cache=False,
         verbose=False,
         # the zoo checks a depth's plan (save, load, unseen shapes): generate's whole-model
-        # stateful runner, which a checkpoint does not hold yet, has its own tests
-        # (tests/generation/test_stateful.py)
+        # stateful runner has its own tests (tests/generation/test_stateful*.py)
         savable=True,
     )
     row.tuning_s = time.perf_counter() - start

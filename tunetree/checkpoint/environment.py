@@ -162,6 +162,13 @@ def environment_record(backends_used: Iterable[Any] = ()) -> dict[str, Any]:
     }
 
 
+def with_libraries(record: dict[str, Any], libraries: Iterable[str]) -> dict[str, Any]:
+    """``record`` with the versions of the distributions in ``libraries`` added (in place)."""
+    for distribution in libraries:
+        record["versions"][distribution] = library_version(distribution)
+    return record
+
+
 def flatten_record(record: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested objects as dotted entries, e.g. ``versions.torch``; lists stay values."""
     flat: dict[str, Any] = {}

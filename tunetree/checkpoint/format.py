@@ -26,6 +26,7 @@ from ..errors import CheckpointError, IncompatibleCheckpointError
 from ..runtime.artifacts import BackendRecord
 from ..signature.graph import Dim, GraphKey, TensorSpec
 from .environment import Difference
+from .whole import WholeRecord
 
 FORMAT_VERSION = 1
 """The ``.tt`` format version this tunetree writes and reads."""
@@ -224,6 +225,8 @@ class Manifest:
     weights_tensors: int = 0
     accuracy: dict[str, Any] | None = None
     """Set when the plan was tuned under an accuracy budget: the budget and measured error."""
+    whole: WholeRecord | None = None
+    """Set when one runner serves the whole model (no plan entries): what rebuilds it."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_json(self) -> dict[str, Any]:
@@ -244,6 +247,7 @@ class Manifest:
             "entries": [e.to_json() for e in self.entries],
             "members": {name: m.to_json() for name, m in self.members.items()},
             **({"accuracy": self.accuracy} if self.accuracy is not None else {}),
+            **({"whole": self.whole.to_json()} if self.whole is not None else {}),
         }
 
     @classmethod
@@ -282,6 +286,11 @@ class Manifest:
                 )
             if any(not m.startswith(f"{RUNNERS}/{i}/") for m in entry.members):
                 raise ManifestError(f"field 'entries[{i}].members' names another entry's files")
+        whole = None
+        if fields.data.get("whole") is not None:
+            whole = WholeRecord.from_json(fields.child("whole"))
+            if entries:
+                raise fields.fail("whole", "is set beside plan entries (one or the other)")
         device = fields.get("device", str, "cpu")
         if not DEVICE.fullmatch(device):
             raise fields.fail("device", f"is {device[:40]!r}, not a device such as 'cuda:0'")
@@ -298,6 +307,7 @@ class Manifest:
             fields.optional("depth", int),
             weights.get("tensors", int, 0),
             read_accuracy(fields),
+            whole,
         )
 
 

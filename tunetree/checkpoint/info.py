@@ -22,11 +22,12 @@ from .compat import (
     runner_directory,
     tuned_device,
 )
-from .environment import Difference, compare_records, environment_record
+from .environment import Difference, compare_records, environment_record, with_libraries
 from .format import EnvironmentMismatchError, Manifest
 from .reader import Budget, Source, open_source, read_header, read_manifest, verify
 from .staging import recover
 from .weights_header import read_header as read_weights_header
+from .whole import check_libraries, recorded_libraries
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class CheckpointInfo:
             "created_utc": self.manifest.created_utc,
             "plan": self.plan_rows(),
             "accuracy": self.manifest.accuracy,
+            "whole": self.manifest.whole.to_json() if self.manifest.whole is not None else None,
         }
 
 
@@ -123,7 +125,9 @@ def read_info(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> Ch
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     recover(path)  # as tt.load does
     header = read_header(path)
-    running = environment_record(header.record["backends"])
+    running = with_libraries(
+        environment_record(header.record["backends"]), recorded_libraries(header.record)
+    )
     differences = compare_records(header.record, running, ignore)
     refusal, verified = None, None
     with open_source(path, header) as source:
@@ -131,6 +135,8 @@ def read_info(path: str | os.PathLike[str], *, ignore: Iterable[str] = ()) -> Ch
         try:
             size = read_bytes(path, source, manifest)
             backends = check_plan(path, header.record, manifest, tuned_device(manifest), size)
+            if manifest.whole is not None:
+                check_libraries(path, header.record, manifest.whole)
             if not differences:
                 verified = check_members(source, manifest, backends)
         except EnvironmentMismatchError:

@@ -34,7 +34,7 @@ from .compat import (
     tuned_device,
     where,
 )
-from .environment import compare_records, environment_record
+from .environment import compare_records, environment_record, with_libraries
 from .format import EntryRecord, Manifest, accuracy_note
 from .reader import (
     Budget,
@@ -48,6 +48,7 @@ from .reader import (
 from .runner_check import RunnerCheck, check_budget_bytes, check_runner
 from .staging import recover
 from .weights_header import read_header as read_weights_header
+from .whole import Rebuild, Rebuilders, recorded_libraries, whole_rebuilder
 from .writer import model_state
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ def load(
 
     Raises:
         IncompatibleCheckpointError: Another format version or environment (every difference
-            listed).
+            listed), or a model one runner serves whole (``generate``'s stateful model:
+            :func:`tunetree.load` rebuilds it).
         CheckpointError: A damaged or hostile file, or a runner that fails its check.
         UntrustedConfigError: A saved configuration outside the allow-lists.
         InvalidInputError: ``model`` already carries a tune.
@@ -102,6 +104,25 @@ def load(
         >>> torch.equal(fast(x), result.model(x))
         True
     """
+    return load_with(model, path, {}, ignore=ignore, device=device, trust_config=trust_config)
+
+
+def load_with(
+    model: Any,
+    path: str | os.PathLike[str],
+    rebuilders: Rebuilders,
+    *,
+    ignore: Iterable[str] = (),
+    device: torch.device | str | None = None,
+    trust_config: bool = False,
+) -> Any:
+    """:func:`load`, where a model served whole is rebuilt by ``rebuilders`` (by kind).
+
+    Raises:
+        IncompatibleCheckpointError: As :func:`load`, and for a whole-model runner of a kind
+            ``rebuilders`` lacks.
+        CheckpointError: As :func:`load`, and for a rebuilt runner that fails its check.
+    """
     path = Path(os.fspath(path))
     ignore = (ignore,) if isinstance(ignore, str) else tuple(ignore)
     if wrapped_paths(model):
@@ -110,7 +131,9 @@ def load(
         )
     recover(path)  # a directory save killed between its renames: its old copy back
     header = read_header(path)
-    running = environment_record(header.record["backends"])
+    running = with_libraries(
+        environment_record(header.record["backends"]), recorded_libraries(header.record)
+    )
     differences = compare_records(header.record, running, ignore)
     if differences:
         raise environment_error(path, differences)
@@ -118,6 +141,9 @@ def load(
         manifest = read_manifest(source, header)
         dev = _target_device(model, device, manifest)
         size = read_bytes(path, source, manifest)
+        if manifest.whole is not None:
+            rebuild = whole_rebuilder(path, header.record, manifest.whole, rebuilders)
+            return _load_whole(model, source, manifest, dev, rebuild)
         backends = check_plan(path, header.record, manifest, dev, size, trust_config)
         tuned, checks = _load_from(model, source, manifest, dev, backends, size)
     note = results_note(manifest, backends, checks)
@@ -189,6 +215,20 @@ def _load_from(
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _load_whole(
+    model: Any, source: Source, manifest: Manifest, dev: torch.device, rebuild: Rebuild
+) -> Any:
+    """The saved weights applied, then the whole-model runner rebuilt and checked on them."""
+    assert manifest.whole is not None
+    workdir = Path(tempfile.mkdtemp(prefix="tunetree-load-"))
+    try:
+        weights_file = extract(source, manifest.weights_member, manifest, workdir, Budget())
+        _apply_weights(model, weights_file, dev)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return rebuild(model, manifest.whole, dev)
 
 
 def _target_device(

@@ -27,7 +27,7 @@ from ..runtime.artifacts import BackendRecord, file_sha256, files_under, save_ru
 from ..runtime.plan import Plan, PlanEntry
 from ..runtime.wrap import dispatcher_of
 from ..signature.modules import hidden_modules, module_paths, resolve_device, root_modules
-from .environment import environment_record
+from .environment import environment_record, with_libraries
 from .format import (
     DIR_ENVIRONMENT,
     DIR_FORMAT,
@@ -41,6 +41,7 @@ from .format import (
     MemberRecord,
 )
 from .staging import install, recover, sibling
+from .whole import whole_record
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,13 @@ def save(
     """Save a tuned model (or a tune result) so that :func:`load` can rebuild it without tuning.
 
     The file holds its weights, its plan, the winning runners' artifacts and the environment
-    record. Only what the plan reaches is written; losing candidates leave no trace. The write
-    is atomic: a temporary file (or directory) beside ``path`` is filled, flushed to disk and
-    put at the target in one step (:func:`.staging.install`), so a save killed halfway leaves
-    the previous checkpoint intact; what a killed save left beside it is cleaned up first.
+    record; a model whose whole forward one runner serves (``generate``'s stateful model on
+    the CPU) holds its weights and that runner's config, which the load re-exports from the
+    weights and checks against eager. Only what the plan reaches is written; losing
+    candidates leave no trace. The write is atomic: a temporary file (or directory) beside
+    ``path`` is filled, flushed to disk and put at the target in one step
+    (:func:`.staging.install`), so a save killed halfway leaves the previous checkpoint
+    intact; what a killed save left beside it is cleaned up first.
 
     Args:
         model_or_result: ``result.model``, or the result of :func:`tunetree.tune` or
@@ -84,6 +88,7 @@ def save(
     """
     model, plan, graphs = _model_and_plan(model_or_result)
     _refuse_unsaved_forward(model)
+    whole = whole_record(model)
     _refuse_hidden_modules(model)
     target = Path(os.fspath(path))
     if target.parent.is_dir():
@@ -97,7 +102,11 @@ def save(
             f"{target} is a directory that is not a tunetree checkpoint; refusing to replace it"
         )
     device = resolve_device(model, None)
-    record = environment_record(entry.backend for entry in plan.entries)
+    kinds = [entry.backend for entry in plan.entries]
+    record = with_libraries(
+        environment_record([*kinds, *(whole.backends if whole else ())]),
+        whole.libraries if whole else (),
+    )
     record_bytes = json.dumps(record, sort_keys=True).encode("utf-8")
     staging = sibling(target)
     staging.mkdir(mode=0o700)
@@ -120,6 +129,7 @@ def save(
             depth=plan.depth,
             weights_tensors=tensors,
             accuracy=plan.accuracy,
+            whole=whole,
         )
         (staging / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=1, sort_keys=True))
         if compress_checkpoint:
@@ -138,8 +148,8 @@ def save(
 def _refuse_unsaved_forward(model: Any) -> None:
     """Refuse a model whose forward (or ``generate``) is served by what a checkpoint lacks.
 
-    Such a stand-in says why in its ``save_refusal`` (the whole-model stateful runner of
-    ``generate``, the GPU's multi-step decode loop): saving the model without it would write a
+    Such a stand-in says why in its ``save_refusal`` (the GPU's multi-step decode
+    loop): saving the model without it would write a
     file that loads as another model.
     """
     for name in ("forward", "generate"):

@@ -203,7 +203,6 @@ def _tune(
         quick=args.quick,
         cache=cache,
         accuracy=accuracy,
-        savable=True,  # the result is saved: only plans a checkpoint holds
     )
     print(result)
     out = save(result, args.out)

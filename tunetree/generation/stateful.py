@@ -68,6 +68,10 @@ class StatefulConfig:
             parts.append(f"{self.weights}-weights")
         return " ".join(parts)
 
+    def to_json(self) -> dict[str, Any]:
+        """The config as a checkpoint records it (its kind is :attr:`name`)."""
+        return {"precision": self.precision, "weights": self.weights, "max_length": self.max_length}
+
     def compile_config(self) -> dict[str, Any]:
         """The properties passed to OpenVINO's ``compile_model``."""
         return {"INFERENCE_PRECISION_HINT": self.precision, "PERFORMANCE_HINT": "LATENCY"}
@@ -181,14 +185,20 @@ def attach(
     runner: StatefulRunner,
     output_type: type,
     max_length: int,
+    config: StatefulConfig | None = None,
 ) -> nn.Module:
-    """A shallow copy of ``model`` whose forward the runner serves."""
+    """A shallow copy of ``model`` whose forward the runner serves.
+
+    With ``config``, the forward carries the record a checkpoint saves to rebuild it (results
+    kept; a config that changes them is recorded once its accuracy is measured).
+    """
     twin = copy.copy(model)  # shares parameters, buffers, submodules and hooks
     twin.__dict__.pop("forward", None)
     original = twin.forward
-    twin.__dict__["forward"] = StatefulForward(
-        original, runner, model.config, output_type, max_length
-    )
+    forward = StatefulForward(original, runner, model.config, output_type, max_length)
+    if config is not None:
+        forward.record = {"kind": config.name, "config": config.to_json(), "accuracy": None}
+    twin.__dict__["forward"] = forward
     return twin
 
 
@@ -201,4 +211,5 @@ def stateful_model(model: nn.Module, config: StatefulConfig | None = None) -> nn
     config = config or StatefulConfig()
     exported = export_whole(model)
     runner = runner_for(exported, config)
-    return attach(model, runner, exported.output_type, envelope(model, exported.shape, config))
+    limit = envelope(model, exported.shape, config)
+    return attach(model, runner, exported.output_type, limit, config)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import CheckpointError
 from .held_cache import held_state_of
 from .stateful_runner import StatefulRunner
 
@@ -56,18 +57,25 @@ class StatefulForward:
         self.output_type = output_type
         self.max_length = max_length
         self.counts = ServeCounts()
+        self.record: dict[str, Any] | None = None
+        """``{"kind", "config", "accuracy"}`` for a checkpoint (set by whoever built it)."""
         signature = inspect.signature(original)
         self._names = list(signature.parameters)
         # generate reads the forward's signature to decide what to pass (position_ids from the
         # mask, for left-padded rows): it must see the original's.
         self.__signature__ = signature
 
-    save_refusal = (
-        "its forward is served by a whole-model stateful OpenVINO runner, which a checkpoint "
-        "does not hold yet (it would load as another model); keep the process serving, or "
-        "save the untuned model and tune again after loading"
-    )
-    """Why ``tt.save`` refuses a model this forward serves (read by the checkpoint writer)."""
+    def checkpoint_record(self) -> dict[str, Any]:
+        """What rebuilds this forward's runner at load (read by :func:`tunetree.save`).
+
+        Raises:
+            CheckpointError: the runner was built without a config to record.
+        """
+        if self.record is None:
+            raise CheckpointError(
+                "cannot save: this stateful forward was built without a config to record"
+            )
+        return dict(self.record)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The forward's output for ``kwargs``: the runner's, or the original forward's."""

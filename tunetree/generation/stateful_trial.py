@@ -21,6 +21,7 @@ from typing import Any
 
 from .._util.table import format_table
 from ..accuracy.budget import AccuracyBudget
+from ..candidates.budget import TIME_BUDGET_ERROR, Deadline
 from ..candidates.measure import Timing
 from ..errors import TunetreeError
 from ..signature.compare import Tolerances
@@ -125,11 +126,15 @@ def try_stateful(
     accuracy: AccuracyBudget | None = None,
     held: Sequence[Sample] = (),
     tolerances: Tolerances | None = None,
+    deadline: Deadline | None = None,
 ) -> list[StatefulTrial]:
     """Build, check and measure every config (see the module's docstring); the best is chosen.
 
     The chosen trial (``chosen=True``) is the fastest that passed its check and beats the
     untuned model; its ``model`` serves ``generate``. Nothing raises: a failure is a row.
+    With ``deadline``, a config after the first is not started when less time is left than
+    the first one's build and check took, and nothing is measured once it has passed (those
+    configs' rows say so).
     """
     trials = [StatefulTrial(c) for c in configs(accuracy)]
     reason = unavailable_reason(model)
@@ -150,10 +155,22 @@ def try_stateful(
     vocab = int(getattr(model.config, "vocab_size", 2))
     room = envelope(model, exported.shape, StatefulConfig()) - _new_tokens(model, samples, call)
     checked = [*samples, *held, *probes(samples, vocab, room)]
+    first_s: float | None = None
     for trial in trials:
+        if first_s is not None and deadline is not None and deadline.left_s() < first_s:
+            trial.status = "skipped"
+            trial.reason = f"{TIME_BUDGET_ERROR} ({deadline.left_s():.0f} s left)"
+            continue
+        started = time.perf_counter()
         _build_and_check(trial, model, exported, checked, call, accuracy, tolerances)
+        first_s = time.perf_counter() - started if first_s is None else first_s
         if trial.build_s is not None:
             trial.build_s += export_s
+    if deadline is not None and deadline.passed():
+        for trial in trials:
+            if trial.status == "passed":
+                trial.status, trial.model = "skipped", None
+                trial.reason = f"{TIME_BUDGET_ERROR} before it was measured"
     _measure_and_choose(trials, model, measure)
     return trials
 
@@ -198,7 +215,8 @@ def _build_and_check(
         trial.status, trial.reason = "failed", f"OpenVINO: {str(exc).strip()[:200]}"
         return
     trial.build_s = time.perf_counter() - start
-    tuned = attach(model, runner, exported.output_type, envelope(model, exported.shape, config))
+    limit = envelope(model, exported.shape, config)
+    tuned = attach(model, runner, exported.output_type, limit, config)
     if config.preserves_results:
         report = check(model, tuned, samples, call, tolerances=tolerances)
     else:
@@ -216,7 +234,27 @@ def _build_and_check(
     if report_problem:
         trial.status, trial.reason = "rejected", report_problem
         return
+    if not config.preserves_results:
+        record_accuracy(tuned, accuracy, report)
     trial.status, trial.model = "passed", tuned
+
+
+def record_accuracy(tuned: Any, accuracy: AccuracyBudget | None, report: CheckReport) -> None:
+    """Put the budget a results-changing config was admitted under into its saved record.
+
+    A budget of a callable metric is not recorded (a load could not measure it again), so
+    such a model is not saved: its record keeps no accuracy, and the load refuses it.
+    """
+    forward = tuned.__dict__["forward"]
+    if accuracy is None or forward.record is None or report.error is None:
+        return
+    if not isinstance(accuracy.metric, str) or accuracy.max_error is None:
+        return
+    forward.record["accuracy"] = {
+        "metric": accuracy.metric,
+        "max_error": float(accuracy.max_error),
+        "error": float(report.error),
+    }
 
 
 def _new_tokens(model: Any, samples: Sequence[Sample], call: CallFn | None) -> int:

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import load
 from ..errors import InvalidInputError, MissingDependencyError
+from ..generation.loading import load
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from ..candidates.budget import (
     END_TO_END,
     INSPECTION,
     SETUP,
+    TIME_BUDGET_ERROR,
     Deadline,
     Stopwatch,
     now,
@@ -72,7 +73,7 @@ from .endtoend import (
 )
 from .multistep_first import multistep_first
 from .rival import WHOLE_MODEL, FinalCheck, FinalRun, final_check, whole_model_plan
-from .stateful_first import stateful_first
+from .stateful_first import applies, stateful_first
 from .tune import (
     GraphCache,
     check_device,
@@ -153,7 +154,8 @@ def auto_tune(
         time_budget: Seconds from the call, held within about 10 % (``"default"``:
             :data:`DEFAULT_TIME_BUDGET_S`, or :data:`QUICK_TIME_BUDGET_S` with ``quick``;
             None: unlimited). No depth, graph, build or measurement is started that is
-            expected to cross it, up to a quarter of it is kept for the end-to-end
+            expected to cross it (nor ``generate``'s whole-model trial, whose rows then say
+            so), up to a quarter of it is kept for the end-to-end
             measurement of the depth in progress, and the skipped work is marked "time budget
             used up" (``result.skipped()``); eager is always there.
         quick: A first look: only backends that build quickly
@@ -167,9 +169,10 @@ def auto_tune(
         reuse_decision: Record the depth chosen in the tuning cache; a later call with the
             same key whose plan comes whole from the cache checks it against eager and
             measures it once beside the untuned model, no other depth. False: measure all.
-        savable: Keep to plans :func:`tunetree.save` can write: ``generate``'s whole model as
-            one stateful runner (tried first on the CPU) is not held by a checkpoint yet, so
-            it is not tried.
+        savable: Every result :func:`tunetree.save` writes now, ``generate``'s whole model
+            as one stateful runner included (re-exported and checked at load); True still
+            skips that runner so that the result is a depth plan of per-graph runners (for
+            callers that inspect or check such a plan).
         config: The settings below as one :class:`tunetree.TuneConfig`; a keyword given
             beside it must agree with it.
         strategy: The candidates per graph (None: :func:`tunetree.default_strategy` for the
@@ -246,46 +249,20 @@ def _auto_tune(
     if search.accuracy is not None:
         dataset, held = search.accuracy.split(list(dataset))
     with preserved_state(model), eval_mode(model):
-        progress("inspecting the model")
-        with clock.phase(INSPECTION):
-            info = inspect(
-                model,
-                dataset,
-                call=cfg.call,
-                device=dev,
-                dynamic_shapes=cfg.dynamic_shapes,
-                max_depth=MAX_DEFAULT_DEPTH if search.max_depth is None else search.max_depth,
-            )
-        rows = _depth_rows(info, search.min_depth, search.max_depth)
-        if not rows:
-            fused = f"; {info.fast_path_note()}" if info.fused else ""
-            raise InvalidInputError(
-                f"no depth to try: min_depth={search.min_depth} is deeper than the model's "
-                f"deepest executed module (depth {info.max_depth}){fused}"
-            )
-        if info.fused:
-            log.warning("auto_tune: %s", info.fast_path_note())
+        strategy = cfg.strategy or _strategy(dev, search.quick, search.accuracy)  # built once
+        whole, info, run, trials = _whole_model_first(
+            model, dataset, held, cfg, search, strategy, dev, clock, progress, start
+        )
+        if whole is not None:
+            return whole
+        rows = _checked_rows(info, search)
         if cfg.dry_run:
             for row in rows:
                 row.status = DepthStatus.DRY_RUN
             return AutoTuneResult(model, None, rows, None, info=info, dry_run=True, original=model)
+        if run is None:
+            run = _depth_run(model, info, cfg, search, strategy, progress, clock, start)
         with clock.phase(SETUP):
-            run = DepthRun(
-                model=model,
-                info=info,
-                call=cfg.call,
-                config=cfg.measure_config
-                or (MeasureConfig.first_look() if search.quick else MeasureConfig()),
-                # built once: log lines appear once
-                strategy=cfg.strategy or _strategy(dev, search.quick, search.accuracy),
-                tolerances=cfg.tolerances,
-                progress=progress,
-                cache=open_cache(cfg.cache),
-                devices=tensor_placement(model),
-                deadline=_deadline(search.budget_s, start),
-                clock=clock,
-                generation=is_generation(info, model),
-            )
             nothing = _nothing_to_try(run.strategy, dev)
             if nothing:
                 log.warning("auto_tune leaves the model untuned: %s", nothing)
@@ -297,9 +274,13 @@ def _auto_tune(
             if search.accuracy is not None:
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(search.accuracy, model, info, held, cfg.call)
-        whole, trials, multistep = _whole_model_first(run, rows, held, dev, search, start)
-        if whole is not None:
-            return whole
+        looped, multistep = (
+            (None, [])
+            if search.savable or cfg.dry_run
+            else multistep_first(run, rows, held, dev, search.budget_s, start)
+        )
+        if looped is not None:
+            return looped
         decisions = DepthDecisions.open(run, rows, search.tie_tolerance, search.reuse_decision)
         before = decisions.try_reuse()
         if before is None:
@@ -310,26 +291,139 @@ def _auto_tune(
     return result
 
 
-def _whole_model_first(
-    run: DepthRun,
-    rows: list[DepthRow],
-    held: list[Any],
-    dev: torch.device,
-    search: _DepthSearch,
-    start: float,
-) -> tuple[AutoTuneResult | None, list[StatefulTrial], list[MultiStepTrial]]:
-    """``generate`` served whole, tried before any depth: stateful on a CPU, looped on a GPU.
+def _checked_rows(info: ModelInfo, search: _DepthSearch) -> list[DepthRow]:
+    """The depth rows to try; InvalidInputError when there is none."""
+    rows = _depth_rows(info, search.min_depth, search.max_depth)
+    if not rows:
+        fused = f"; {info.fast_path_note()}" if info.fused else ""
+        raise InvalidInputError(
+            f"no depth to try: min_depth={search.min_depth} is deeper than the model's "
+            f"deepest executed module (depth {info.max_depth}){fused}"
+        )
+    if info.fused:
+        log.warning("auto_tune: %s", info.fast_path_note())
+    return rows
 
-    Returns the result when one of them wins, else None, and both kinds' rows. Skipped for a
-    ``savable`` tune: neither is written to a ``.tt`` file yet.
+
+def _whole_model_first(
+    model: Any,
+    dataset: Any,
+    held: list[Any],
+    cfg: TuneConfig,
+    search: _DepthSearch,
+    strategy: Strategy,
+    dev: torch.device,
+    clock: Stopwatch,
+    progress: Progress,
+    start: float,
+) -> tuple[AutoTuneResult | None, ModelInfo, DepthRun | None, list[StatefulTrial]]:
+    """The whole-model stateful trial where it comes first, and the inspection the rest needs.
+
+    Returns the result when the trial won (nothing deeper was inspected) or when less of the
+    budget is left than the root's inspection took (the untuned model, every depth skipped),
+    else None and the model inspected down to the deepest depth tried; then the run when the
+    trial made one, and the trial's rows.
     """
-    if search.savable:
-        return None, [], []
-    whole, trials = stateful_first(run, rows, held, dev, search.budget_s, start)
+    deepest = MAX_DEFAULT_DEPTH if search.max_depth is None else search.max_depth
+    first = _whole_first(model, cfg, search, strategy, dev)
+    # The trial needs the root's calls only: deeper depths are inspected after it, and only
+    # when it did not win.
+    info, pass_s = _inspect(model, dataset, cfg, dev, clock, progress, 0 if first else deepest)
+    if not first:
+        return None, info, None, []
+    run = _depth_run(model, info, cfg, search, strategy, progress, clock, start)
+    rows = _depth_rows(info, search.min_depth, search.max_depth)
+    whole, trials = stateful_first(run, rows, held, search.accuracy, search.budget_s, start, pass_s)
     if whole is not None:
-        return whole, trials, []
-    looped, multistep = multistep_first(run, rows, held, dev, search.budget_s, start)
-    return looped, trials, multistep
+        return whole, info, run, trials
+    if run.deadline is not None and run.deadline.left_s() < pass_s:
+        # Less left than one pass over the calls: no depth could be inspected, let alone
+        # measured end to end beside the untuned model. The model stays untuned.
+        progress("the time budget is used up: no depth is inspected or tuned")
+        for row in rows:
+            row.status, row.error = DepthStatus.SKIPPED, TIME_BUDGET_ERROR
+        spent = AutoTuneResult(
+            model,
+            None,
+            rows,
+            None,
+            info=info,
+            original=model,
+            stateful=trials,
+            tuning_s=now() - start,
+            breakdown=clock.breakdown(),
+            time_budget=search.budget_s,
+            accuracy=search.accuracy,
+        )
+        return spent, info, run, trials
+    info, _ = _inspect(model, dataset, cfg, dev, clock, progress, deepest)
+    run.info, run.generation = info, is_generation(info, model)
+    return None, info, run, trials
+
+
+def _whole_first(
+    model: Any, cfg: TuneConfig, search: _DepthSearch, strategy: Strategy, dev: torch.device
+) -> bool:
+    """Whether the whole-model stateful trial comes before the depths' inspection.
+
+    Not for a dry run, a savable-only search, or a search that starts below the root.
+    """
+    if cfg.dry_run or search.savable or search.min_depth != 0:
+        return False
+    return applies(model, [b.kind for b in strategy.backends], dev)
+
+
+def _inspect(
+    model: Any,
+    dataset: Any,
+    cfg: TuneConfig,
+    dev: torch.device,
+    clock: Stopwatch,
+    progress: Progress,
+    depth: int,
+) -> tuple[ModelInfo, float]:
+    """The model inspected down to ``depth``, and how long that took (one pass of its calls)."""
+    progress("inspecting the model" if depth else "inspecting the model's root")
+    started = now()
+    with clock.phase(INSPECTION):
+        info = inspect(
+            model,
+            dataset,
+            call=cfg.call,
+            device=dev,
+            dynamic_shapes=cfg.dynamic_shapes,
+            max_depth=depth,
+        )
+    return info, now() - started
+
+
+def _depth_run(
+    model: Any,
+    info: ModelInfo,
+    cfg: TuneConfig,
+    search: _DepthSearch,
+    strategy: Strategy,
+    progress: Progress,
+    clock: Stopwatch,
+    start: float,
+) -> DepthRun:
+    """What the whole-model trial and the depths share."""
+    with clock.phase(SETUP):
+        return DepthRun(
+            model=model,
+            info=info,
+            call=cfg.call,
+            config=cfg.measure_config
+            or (MeasureConfig.first_look() if search.quick else MeasureConfig()),
+            strategy=strategy,
+            tolerances=cfg.tolerances,
+            progress=progress,
+            cache=open_cache(cfg.cache),
+            devices=tensor_placement(model),
+            deadline=_deadline(search.budget_s, start),
+            clock=clock,
+            generation=is_generation(info, model),
+        )
 
 
 def _deadline(budget_s: float | None, start: float) -> Deadline | None:
@@ -435,7 +529,7 @@ def _finish(
     """Pick the depth, wrap the model with its plan, and return the whole result.
 
     ``untuned_after`` is the untuned timing taken beside the last measured depth;
-    ``stateful`` and ``multistep`` the whole-model rows tried first (none chosen).
+    ``stateful`` the whole-model stateful runner's rows, tried first (none chosen).
     """
     measured = [r for r in rows if r.untuned is not None and r.same_as is None]
     after = measured[-1].untuned if measured else None
