@@ -137,7 +137,7 @@ def test_too_little_budget_left_skips_the_trial_with_a_reason_row(
         return [_trial(chosen=False)]
 
     def finish(*args: Any) -> Any:
-        raise Stop(args[-1])  # the whole-model trials, as the result would hold them
+        raise Stop(args[-2])  # the stateful trials (then the GPU loop's), as the result holds them
 
     monkeypatch.setattr(first, "expected_s", lambda model, pass_s: 1e6)
     monkeypatch.setattr(first, "try_stateful", fake_try)
