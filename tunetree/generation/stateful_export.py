@@ -220,8 +220,9 @@ def _make_stateful(model: Any, shape: CacheShape) -> None:
         op.set_arguments([opset13.broadcast(zero, opset13.concat(dims, axis=0))])
     model.validate_nodes_and_infer_types()
     # The forms OpenVINO's CPU plugin fuses: attention with the cache update, rotary embedding.
-    if gather_state_rows(model) != pairs:
-        raise BackendError("not every state read feeds a concatenation with the step's entry")
+    gathered = gather_state_rows(model)
+    if gathered != pairs:  # still served, that attention split into matmuls and a softmax
+        log.info("stateful export: %d of %d states feed a concatenation", gathered, pairs)
     fold_scalar_converts(model)
 
 
