@@ -5,14 +5,13 @@ the logits; its KV cache is not an input or output but OpenVINO *state*: each pa
 input is paired with the present key/value output it becomes (OpenVINO's make-stateful
 transformation), so the cache stays inside the infer request between steps. The state's
 initial value is an empty ``[batch, kv_heads, 0, head_dim]`` tensor of the call's batch (read
-from ``input_ids``), so a reset request starts a prefill of any batch. OpenVINO's CPU plugin
-then runs attention and the cache update in its own fused kernels.
+from ``input_ids``), so a reset request starts a prefill of any batch. The graph is then put in
+the forms OpenVINO's CPU plugin fuses (:mod:`tunetree.generation.stateful_fusion`): attention
+with the cache update in one kernel, and the rotary embedding.
 
 Grouped-query attention is written as attention over repeated key/value heads, and a query
-row that its mask hides entirely (a left-padded prompt's padding) attends to a zero-valued
-key only it sees, so it gives eager's zeros (:func:`tunetree.backends.export_context.
-attention_as_eager`); without that the padding rows give NaN, which reaches every row through
-the values.
+row that its mask hides entirely (a left-padded prompt's padding) gives eager's zeros
+(:func:`attention_for_runtime`).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from torch import nn
 
 from ..backends.export_context import describe_error, exporting, quiet
 from ..errors import BackendError
+from .stateful_fusion import fold_scalar_converts, gather_state_rows
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +219,11 @@ def _make_stateful(model: Any, shape: CacheShape) -> None:
         zero = opset13.constant(0.0, dtype=op.get_output_element_type(0))
         op.set_arguments([opset13.broadcast(zero, opset13.concat(dims, axis=0))])
     model.validate_nodes_and_infer_types()
+    # The forms OpenVINO's CPU plugin fuses: attention with the cache update, rotary embedding.
+    gathered = gather_state_rows(model)
+    if gathered != pairs:  # still served, that attention split into matmuls and a softmax
+        log.info("stateful export: %d of %d states feed a concatenation", gathered, pairs)
+    fold_scalar_converts(model)
 
 
 def state_index(variable: str) -> int:
