@@ -107,6 +107,7 @@ def load(
     return load_with(model, path, {}, ignore=ignore, device=device, trust_config=trust_config)
 
 
+@compile_pool_closed()
 def load_with(
     model: Any,
     path: str | os.PathLike[str],
