@@ -257,21 +257,8 @@ class AutoTuneResult:
         return "\n\n".join(t for g in graphs if (t := g.per_shape_table()))
 
     def __str__(self) -> str:
-        rows = []
-        for r in self.rows:
-            mark = "*" if r.depth == self.depth else ""
-            error = [] if self.accuracy is None else [_error_text(r.output_error)]
-            rows.append(
-                [
-                    f"{mark}{r.depth}",
-                    r.modules,
-                    r.graphs,
-                    str(r.timing) if r.timing else "-",
-                    f"{r.speedup:.2f}x" if r.speedup else "-",
-                    *error,
-                    r.status_text,
-                ]
-            )
+        with_error = self.accuracy is not None
+        rows = [_depth_cells(r, r.depth == self.depth, with_error) for r in self.rows]
         error_header = [] if self.accuracy is None else ["error"]
         if self.dry_run:
             head = "Dry run: what each depth would wrap (nothing was tuned)"
@@ -389,6 +376,19 @@ def serve_plan(original: Any, plan: Plan, depth: int) -> Any:
     """``original`` served by ``plan`` (at depth 0 a new wrapper, deeper wrapped in place)."""
     unwrap(original)
     return wrap(original, plan.runners(), plan, in_place=depth != 0)
+
+
+def _depth_cells(row: DepthRow, selected: bool, with_error: bool) -> list[Any]:
+    """One depth's row of the result's table."""
+    return [
+        f"{'*' if selected else ''}{row.depth}",
+        row.modules,
+        row.graphs,
+        str(row.timing) if row.timing else "-",
+        f"{row.speedup:.2f}x" if row.speedup else "-",
+        *([_error_text(row.output_error)] if with_error else []),
+        row.status_text,
+    ]
 
 
 def _error_text(value: float | None) -> str:
