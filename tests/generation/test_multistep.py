@@ -214,7 +214,8 @@ def test_off_a_gpu_every_config_is_a_row_that_says_why() -> None:
 
 def test_the_fastest_passed_config_that_beats_the_untuned_model_is_chosen() -> None:
     from tunetree.candidates.measure import Timing
-    from tunetree.generation.multistep_trial import UNTUNED, MultiStepTrial, _measure_and_choose
+    from tunetree.generation.choosing import UNTUNED, measure_and_choose
+    from tunetree.generation.multistep_trial import MultiStepTrial
 
     def timing(ms: float) -> Timing:
         return Timing(ms / 1e3, ms / 1e3, ms / 1e3, ms / 1e3, 5, 1)
@@ -224,12 +225,12 @@ def test_the_fastest_passed_config_that_beats_the_untuned_model_is_chosen() -> N
     for trial in trials[:2]:
         trial.status, trial.model = "passed", object()
     times = {UNTUNED: 10.0, trials[0].config.label: 4.0, trials[1].config.label: 3.0}
-    _measure_and_choose(trials, None, lambda models: {k: timing(times[k]) for k in models})
+    measure_and_choose(trials, None, lambda models: {k: timing(times[k]) for k in models})
     assert [t.chosen for t in trials] == [False, True, False]
     assert trials[1].speedup == pytest.approx(10 / 3)
     assert trials[0].model is None and trials[1].model is not None
     slow = [MultiStepTrial(MultiStepConfig(8), status="passed", model=object())]
-    _measure_and_choose(
+    measure_and_choose(
         slow, None, lambda models: {UNTUNED: timing(2.0), slow[0].config.label: timing(3.0)}
     )
     assert not slow[0].chosen and slow[0].model is None  # slower than untuned: never chosen

@@ -12,8 +12,9 @@ pytest.importorskip("openvino")
 
 import tunetree as tt  # noqa: E402
 from tunetree.candidates.measure import Timing  # noqa: E402
+from tunetree.generation.choosing import UNTUNED  # noqa: E402
 from tunetree.generation.stateful import StatefulConfig, stateful_model  # noqa: E402
-from tunetree.generation.stateful_trial import UNTUNED, try_stateful  # noqa: E402
+from tunetree.generation.stateful_trial import try_stateful  # noqa: E402
 from tunetree.signature.graph import Sample  # noqa: E402
 
 GEN = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)

@@ -20,9 +20,10 @@ from tunetree.checkpoint.format import MANIFEST  # noqa: E402
 from tunetree.cli import main  # noqa: E402
 from tunetree.errors import CheckpointError, IncompatibleCheckpointError  # noqa: E402
 from tunetree.generation import stateful_saved  # noqa: E402
+from tunetree.generation.choosing import UNTUNED  # noqa: E402
 from tunetree.generation.stateful import StatefulConfig, export_whole, stateful_model  # noqa: E402
 from tunetree.generation.stateful_forward import is_stateful_forward  # noqa: E402
-from tunetree.generation.stateful_trial import UNTUNED, try_stateful  # noqa: E402
+from tunetree.generation.stateful_trial import try_stateful  # noqa: E402
 from tunetree.signature.graph import Sample  # noqa: E402
 
 GEN = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,15 +26,13 @@ from .._util.table import format_table
 from ..candidates.measure import Timing
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, run_model
+from .choosing import Measure, measure_and_choose
 from .multistep_generate import MultiStepConfig, MultiStepGenerate
 from .near_tie import TokenVerdict, judge_tokens
 from .stateful_check import probes, prompt_of
 
 log = logging.getLogger(__name__)
 
-UNTUNED = "untuned"
-Measure = Callable[[dict[str, Any]], dict[str, Timing]]
-"""Times models end to end, interleaved: name -> model in, name -> timing out."""
 
 CONFIGS = (MultiStepConfig(steps=8), MultiStepConfig(steps=32), MultiStepConfig(16, True))
 """Tried in this order: eager's kernels at two replay lengths, then Inductor's step."""
@@ -150,7 +148,7 @@ def try_multistep(
     expected = [_seeded(model, sample, call) for sample in checks]
     for trial in trials:
         _build_and_check(trial, model, checks, expected, call)
-    _measure_and_choose(trials, model, measure)
+    measure_and_choose(trials, model, measure)
     return trials
 
 
@@ -214,20 +212,3 @@ def _judge(
     if got is None or want is None or prompt is None:
         return TokenVerdict(False, problem="no token ids to compare")
     return judge_tokens(model, got, want, prompt["attention_mask"])
-
-
-def _measure_and_choose(trials: list[MultiStepTrial], model: Any, measure: Measure) -> None:
-    """Time the passed configs beside the untuned model; choose the fastest that beats it."""
-    passed = [t for t in trials if t.status == "passed"]
-    if passed:
-        timings = measure({UNTUNED: model, **{t.config.label: t.model for t in passed}})
-        for trial in passed:
-            trial.timing, trial.untuned = timings.get(trial.config.label), timings.get(UNTUNED)
-            trial.status = "measured"
-    winners = [t for t in passed if t.speedup is not None and t.speedup > 1.0]
-    if winners:
-        best = min(winners, key=lambda t: t.timing.median_s if t.timing else float("inf"))
-        best.chosen, best.status = True, "chosen"
-    for trial in trials:
-        if not trial.chosen:
-            trial.model = None  # its graphs' memory goes back before anything else is measured

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from ..errors import TunetreeError
 from ..signature.compare import Tolerances
 from ..signature.graph import Sample
 from ..signature.modules import CallFn
+from .choosing import Measure, measure_and_choose
 from .stateful import (
     Exported,
     StatefulConfig,
@@ -40,10 +41,6 @@ from .stateful import (
 from .stateful_check import CheckReport, check, probes, prompt_of
 
 log = logging.getLogger(__name__)
-
-UNTUNED = "untuned"
-Measure = Callable[[dict[str, Any]], dict[str, Timing]]
-"""Times models end to end, interleaved: name -> model in, name -> timing out."""
 
 
 @dataclass
@@ -171,25 +168,8 @@ def try_stateful(
             if trial.status == "passed":
                 trial.status, trial.model = "skipped", None
                 trial.reason = f"{TIME_BUDGET_ERROR} before it was measured"
-    _measure_and_choose(trials, model, measure)
+    measure_and_choose(trials, model, measure)
     return trials
-
-
-def _measure_and_choose(trials: list[StatefulTrial], model: Any, measure: Measure) -> None:
-    """Time the passed configs beside the untuned model; choose the fastest that beats it."""
-    passed = [t for t in trials if t.status == "passed"]
-    if passed:
-        timings = measure({UNTUNED: model, **{t.config.label: t.model for t in passed}})
-        for trial in passed:
-            trial.timing, trial.untuned = timings.get(trial.config.label), timings.get(UNTUNED)
-            trial.status = "measured"
-    winners = [t for t in passed if t.speedup is not None and t.speedup > 1.0]
-    if winners:
-        best = min(winners, key=lambda t: t.timing.median_s if t.timing else float("inf"))
-        best.chosen, best.status = True, "chosen"
-    for trial in trials:
-        if not trial.chosen:
-            trial.model = None  # its runner's threads must not slow what is measured next
 
 
 def _build_and_check(
