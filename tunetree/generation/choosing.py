@@ -9,7 +9,8 @@ others let go of their runners, so that their threads or graphs cost nothing aft
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..candidates.measure import Timing
 
@@ -18,19 +19,25 @@ Measure = Callable[[dict[str, Any]], dict[str, Timing]]
 """Times models end to end, interleaved: name -> model in, name -> timing out."""
 
 
-class Trial(Protocol):
-    """A whole-model config tried for ``generate``: its status, runner and timings."""
+@dataclass
+class Trial:
+    """A whole-model config tried for ``generate``: built, checked, measured, or why not."""
 
     config: Any
-    status: str
-    chosen: bool
-    model: Any
-    timing: Timing | None
-    untuned: Timing | None
+    status: str = "not tried"
+    reason: str = ""
+    build_s: float | None = None
+    timing: Timing | None = None
+    untuned: Timing | None = None
+    chosen: bool = False
+    model: Any = field(default=None, repr=False)
 
     @property
     def speedup(self) -> float | None:
-        """The untuned model's median over this config's, measured side by side."""
+        """The untuned model's median over this one's, measured side by side."""
+        if self.timing is None or self.untuned is None or not self.timing.median_s:
+            return None
+        return self.untuned.median_s / self.timing.median_s
 
 
 def measure_and_choose(trials: Sequence[Trial], model: Any, measure: Measure) -> None:

@@ -17,16 +17,15 @@ import copy
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .._util.table import format_table
-from ..candidates.measure import Timing
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, run_model
-from .choosing import Measure, measure_and_choose
+from .choosing import Measure, Trial, measure_and_choose
 from .multistep_generate import MultiStepConfig, MultiStepGenerate
 from .near_tie import TokenVerdict, judge_tokens
 from .stateful_check import probes, prompt_of
@@ -39,28 +38,14 @@ CONFIGS = (MultiStepConfig(steps=8), MultiStepConfig(steps=32), MultiStepConfig(
 
 
 @dataclass
-class MultiStepTrial:
+class MultiStepTrial(Trial):
     """One config of the multi-step decode loop: built, checked, measured, or why not."""
 
     config: MultiStepConfig
-    status: str = "not tried"
-    reason: str = ""
-    build_s: float | None = None
-    timing: Timing | None = None
-    untuned: Timing | None = None
-    chosen: bool = False
     checked: int = 0
     """Check calls whose tokens passed (equal to eager's, or parting at a near-tie)."""
     near_ties: int = 0
     """Rows of the check calls that part from eager's tokens at one of eager's near-ties."""
-    model: Any = field(default=None, repr=False)
-
-    @property
-    def speedup(self) -> float | None:
-        """The untuned model's median over this one's, measured side by side."""
-        if self.timing is None or self.untuned is None or not self.timing.median_s:
-            return None
-        return self.untuned.median_s / self.timing.median_s
 
     def cells(self) -> list[str]:
         """The trial's row of :func:`trials_table`."""

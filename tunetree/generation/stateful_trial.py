@@ -16,18 +16,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .._util.table import format_table
 from ..accuracy.budget import AccuracyBudget
 from ..candidates.budget import TIME_BUDGET_ERROR, Deadline
-from ..candidates.measure import Timing
 from ..errors import TunetreeError
 from ..signature.compare import Tolerances
 from ..signature.graph import Sample
 from ..signature.modules import CallFn
-from .choosing import Measure, measure_and_choose
+from .choosing import Measure, Trial, measure_and_choose
 from .stateful import (
     Exported,
     StatefulConfig,
@@ -44,25 +43,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class StatefulTrial:
+class StatefulTrial(Trial):
     """One config of the whole-model stateful runner: built, checked, measured, or why not."""
 
     config: StatefulConfig
-    status: str = "not tried"
-    reason: str = ""
     report: CheckReport | None = None
-    build_s: float | None = None
-    timing: Timing | None = None
-    untuned: Timing | None = None
-    chosen: bool = False
-    model: Any = field(default=None, repr=False)
-
-    @property
-    def speedup(self) -> float | None:
-        """The untuned model's median over this one's, measured side by side."""
-        if self.timing is None or self.untuned is None or not self.timing.median_s:
-            return None
-        return self.untuned.median_s / self.timing.median_s
 
     def cells(self) -> list[str]:
         """The trial's row of :func:`trials_table`."""
