@@ -129,6 +129,7 @@ class MultiStepGenerate:
         self.loops: dict[tuple[int, int], DecodeGraph] = {}
         self.counts = Counts()
         self._lock = threading.Lock()
+        self._cache_keyword = _cache_keyword(model)  # read once, not per call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """``generate(*args, **kwargs)``: served by the loop when it can, else the original."""
@@ -280,7 +281,7 @@ class MultiStepGenerate:
         extra: dict[str, Any] = {}
         if plan.static:  # the loop's own static cache stands for the one the call asked for
             config.cache_implementation = None
-            extra = {_cache_keyword(self.model): cache, "disable_compile": True}
+            extra = {self._cache_keyword: cache, "disable_compile": True}
         out = self.original(
             input_ids=plan.input_ids, attention_mask=plan.attention_mask,
             generation_config=config, **extra,
@@ -319,7 +320,7 @@ def _sampling(config: Any) -> tuple[tuple[str, float], ...] | None:
 
 def _copy_into(source: Any, target: Any, length: int) -> None:
     """Write a dynamic cache's first ``length`` positions into a static cache's layers."""
-    for index, (layer, into) in enumerate(zip(source.layers, target.layers, strict=True)):
+    for layer, into in zip(source.layers, target.layers, strict=True):
         keys, values = layer.keys[:, :, :length], layer.values[:, :, :length]
         if not into.is_initialized:
             into.lazy_initialization(keys, values)
@@ -329,7 +330,6 @@ def _copy_into(source: Any, target: Any, length: int) -> None:
         into.values[:, :, :length].copy_(values)
         if isinstance(getattr(into, "cumulative_length", None), torch.Tensor):
             into.cumulative_length.fill_(length)
-        del index
 
 
 def _cache_keyword(model: Any) -> str:
