@@ -39,7 +39,7 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
         "reason": served.reason,
         "builds": list(fakes.BUILDS),
         "served_builds": served.builds,
-        "first_call_tuned": len(fakes.RUNS) == 1,
+        "first_call_tuned": fakes.runs_here() == 1,
         "equal": torch.equal(out, expected),
         "ready_s": ready_s,
         "modules": {name: name in sys.modules for name in config.get("modules", [])},
