@@ -123,11 +123,12 @@ def test_a_config_the_budget_refuses_is_never_served() -> None:
         model, samples, call, _timings, accuracy=tt.AccuracyBudget(max_error=1e-12)
     )
     labels = {t.config.label: t for t in trials}
-    int8 = labels[StatefulConfig(weights="int8").label]
-    assert int8.status == "rejected" and "budget" in int8.reason
-    assert int8.model is None
-    assert int8.report is not None and int8.report.error is not None and int8.report.error > 0
-    assert not math.isnan(int8.report.top1)
+    for weights in ("int8", "int4"):
+        row = labels[StatefulConfig(weights=weights).label]
+        assert row.status == "rejected" and "budget" in row.reason
+        assert row.model is None
+        assert row.report is not None and row.report.error is not None and row.report.error > 0
+        assert not math.isnan(row.report.top1)
     chosen = [t for t in trials if t.chosen]
     assert [t.config.preserves_results for t in chosen] == [True]
 

@@ -6,6 +6,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -181,16 +182,21 @@ def test_a_killed_save_leaves_the_previous_file_loadable(
     assert torch.equal(loaded.generate(**prompt, **GEN), model.generate(**prompt, **GEN))
 
 
-def _timings(models: dict) -> dict[str, Timing]:
-    """A fake measurement: int8 fastest, every tuned model faster than the untuned one."""
-    return {
-        name: Timing(1.0 if name == UNTUNED else 0.1 if "int8" in name else 0.5, 1, 1, 1, 3, 1)
-        for name in models
-    }
+def _timings(fastest: str) -> Any:
+    """A fake measurement: ``fastest`` weights first, every tuned model beats the untuned one."""
+
+    def seconds(name: str) -> float:
+        return 1.0 if name == UNTUNED else 0.1 if f"{fastest}-weights" in name else 0.5
+
+    def timings(models: dict) -> dict[str, Timing]:
+        return {name: Timing(seconds(name), 1, 1, 1, 3, 1) for name in models}
+
+    return timings
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_a_budget_plan_saves_loads_and_is_reported_as_changing_results(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, weights: str
 ) -> None:
     model = _model()
     samples = [Sample((), _prompt(1, 6, 1)), Sample((), _prompt(2, 9, 2))]
@@ -199,15 +205,15 @@ def test_a_budget_plan_saves_loads_and_is_reported_as_changing_results(
         return m.generate(**x, **GEN)
 
     budget = tt.AccuracyBudget(max_error=0.5)
-    trials = try_stateful(model, samples, call, _timings, accuracy=budget)
+    trials = try_stateful(model, samples, call, _timings(weights), accuracy=budget)
     chosen = next(t for t in trials if t.chosen)
-    assert chosen.config == StatefulConfig(weights="int8")
-    path = tt.save(chosen.model, tmp_path / "int8.tt")
+    assert chosen.config == StatefulConfig(weights=weights)
+    path = tt.save(chosen.model, tmp_path / f"{weights}.tt")
     with caplog.at_level(logging.WARNING, logger="tunetree"):
         loaded = tt.load(_model(seed=1), path)
     assert any("CHANGES RESULTS" in r.getMessage() for r in caplog.records)
     record = loaded.forward.checkpoint_record()
-    assert record["config"]["weights"] == "int8"
+    assert record["config"]["weights"] == weights
     assert record["accuracy"]["max_error"] == 0.5 and record["accuracy"]["metric"] == "rel_l2"
     out = loaded.generate(**_prompt(3, 20, seed=9), **GEN)
     assert out.shape == (3, 26) and loaded.forward.counts.original == 0

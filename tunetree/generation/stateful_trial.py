@@ -6,7 +6,7 @@ the overhead around each layer's kernels: the whole forward as one stateful Open
 equal and teacher-forced logits within the tolerances, on the tuning prompts and held-out
 probes of other batch sizes and lengths) and measured end to end beside the untuned model.
 Under an accuracy budget the reduced-precision configs (bf16 compute where the CPU has bf16
-units, 8-bit weights) are tried too, each admitted only by its teacher-forced error; they
+units, 8- and 4-bit weights) are tried too, each admitted only by its teacher-forced error; they
 change results and are never tried otherwise. Every config becomes a row of the result's
 table, with its reason when it fails.
 """
@@ -86,11 +86,11 @@ def trials_table(trials: Sequence[StatefulTrial]) -> str:
 
 
 def configs(accuracy: AccuracyBudget | None) -> list[StatefulConfig]:
-    """The configs to try: f32 alone, or with a budget also bf16 and 8-bit weights."""
+    """The configs to try: f32 alone, or with a budget also bf16 and 8- and 4-bit weights."""
     found = [StatefulConfig()]
     if accuracy is None or accuracy.max_error is None:
         return found
-    found.append(StatefulConfig(weights="int8"))
+    found += [StatefulConfig(weights="int8"), StatefulConfig(weights="int4")]
     if bf16_reason() is None:
         found += [
             StatefulConfig(precision="bf16"),

@@ -1,28 +1,60 @@
-"""8-bit weight-only compression of an OpenVINO model's matmuls, with OpenVINO's own ops.
+"""Weight-only compression of an OpenVINO model's matmuls (8 or 4 bits), with OpenVINO's own ops.
 
 Every ``MatMul`` whose weight is a float constant (at least :data:`MIN_ELEMENTS` of them) gets
-the weight as unsigned 8-bit integers with a zero point and a scale per output channel,
-decompressed in the graph (``Constant(u8) -> Convert -> Subtract -> Multiply``): the pattern
-OpenVINO's CPU plugin runs as int8-weight matmuls, the one weight-compression tools write.
-Results change (the weights are rounded), so this is offered only under an accuracy budget.
+its weight as unsigned integers with a zero point and a scale, decompressed in the graph
+(``Constant(u8|u4) -> Convert -> Subtract -> Multiply [-> Reshape]``): the pattern OpenVINO's
+CPU plugin runs as compressed-weight matmuls, the one weight-compression tools write.
+
+- ``int8``: 8 bits, one scale and zero point per output channel.
+- ``int4``: 4 bits in groups of inputs (the largest of :data:`GROUPS` that divides the
+  weight's inputs), a scale and zero point per group. The last matmul (the LM head, whose
+  errors reach the logits undamped) and any weight whose inputs divide into none of them stay
+  at 8 bits per channel, as weight-compression tools do.
+
+Results change (the weights are rounded), so both are offered only under an accuracy budget.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 MIN_ELEMENTS = 4096
 """Smaller weights stay as they are (their bytes do not matter)."""
+GROUPS = (128, 64, 32)
+"""Inputs that may share one 4-bit scale and zero point, the preferred size first."""
 
 
 def compress_int8(model: Any) -> Any:
     """A copy of ``model`` with its matmul weights in 8 bits (asymmetric, per channel)."""
-    import openvino
-    from openvino import opset13
-
     model = model.clone()
+    for op, weight, axis in list(_weight_matmuls(model)):
+        op.input(1).replace_source_output(_int8(weight, axis))
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+def compress_int4(model: Any) -> Any:
+    """A copy of ``model`` with its matmul weights in 4 bits per group of inputs.
+
+    The last matmul and weights whose input count divides into none of :data:`GROUPS` get
+    8 bits per channel instead (see the module's docstring).
+    """
+    model = model.clone()
+    found = list(_weight_matmuls(model))
+    for index, (op, weight, axis) in enumerate(found):
+        group = next((g for g in GROUPS if weight.shape[axis] % g == 0), None)
+        last = index == len(found) - 1
+        node = _int8(weight, axis) if group is None or last else _int4(weight, axis, group)
+        op.input(1).replace_source_output(node)
+    model.validate_nodes_and_infer_types()
+    return model
+
+
+def _weight_matmuls(model: Any) -> Iterator[tuple[Any, np.ndarray, int]]:
+    """``(matmul, weight, reduced axis)`` for each matmul with a large float32 constant weight."""
     for op in model.get_ordered_ops():
         if op.get_type_name() != "MatMul":
             continue
@@ -32,20 +64,66 @@ def compress_int8(model: Any) -> Any:
         weight = source.get_data()
         if weight.ndim != 2 or weight.size < MIN_ELEMENTS or weight.dtype != np.float32:
             continue
-        axis = 1 if op.get_attributes().get("transpose_b", False) else 0
-        low = weight.min(axis=axis, keepdims=True)
-        high = weight.max(axis=axis, keepdims=True)
-        scale = ((high - low) / 255.0).astype(np.float32)
-        scale[scale == 0] = 1.0
-        zero = np.clip(np.round(-low / scale), 0, 255)
-        quantized = np.clip(np.round(weight / scale + zero), 0, 255).astype(np.uint8)
-        decompressed = opset13.multiply(
-            opset13.subtract(
-                opset13.convert(opset13.constant(quantized), openvino.Type.f32),
-                opset13.convert(opset13.constant(zero.astype(np.uint8)), openvino.Type.f32),
-            ),
-            opset13.constant(scale),
-        )
-        op.input(1).replace_source_output(decompressed.output(0))
-    model.validate_nodes_and_infer_types()
-    return model
+        yield op, weight, 1 if op.get_attributes().get("transpose_b", False) else 0
+
+
+def _quantize(weight: np.ndarray, axis: int, levels: int) -> tuple[np.ndarray, ...]:
+    """Asymmetric rounding along ``axis``: integer weights, zero points and scales."""
+    low = weight.min(axis=axis, keepdims=True)
+    high = weight.max(axis=axis, keepdims=True)
+    scale = ((high - low) / levels).astype(np.float32)
+    scale[scale == 0] = 1.0
+    zero = np.clip(np.round(-low / scale), 0, levels)
+    quantized = np.clip(np.round(weight / scale + zero), 0, levels).astype(np.uint8)
+    return quantized, zero.astype(np.uint8), scale
+
+
+def _int8(weight: np.ndarray, axis: int) -> Any:
+    """The decompression subgraph of ``weight`` in 8 bits per output channel."""
+    import openvino
+    from openvino import opset13
+
+    quantized, zero, scale = _quantize(weight, axis, 255)
+    return opset13.multiply(
+        opset13.subtract(
+            opset13.convert(opset13.constant(quantized), openvino.Type.f32),
+            opset13.convert(opset13.constant(zero), openvino.Type.f32),
+        ),
+        opset13.constant(scale),
+    ).output(0)
+
+
+def _int4(weight: np.ndarray, axis: int, group: int) -> Any:
+    """The decompression subgraph of ``weight`` in 4 bits per group along ``axis``."""
+    import openvino
+    from openvino import opset13
+
+    rows, cols = weight.shape
+    if axis == 1:  # [out, in]: groups of inputs along the last axis
+        grouped = weight.reshape(rows, cols // group, group)
+        reduced = 2
+    else:  # [in, out]: groups of inputs along the first axis
+        grouped = weight.reshape(rows // group, group, cols)
+        reduced = 1
+    quantized, zero, scale = _quantize(grouped, reduced, 15)
+    decompressed = opset13.multiply(
+        opset13.subtract(
+            opset13.convert(_u4_constant(quantized), openvino.Type.f32),
+            opset13.convert(_u4_constant(zero), openvino.Type.f32),
+        ),
+        opset13.constant(scale),
+    )
+    return opset13.reshape(decompressed, np.array([rows, cols], dtype=np.int64), False).output(0)
+
+
+def _u4_constant(values: np.ndarray) -> Any:
+    """An OpenVINO ``u4`` constant of ``values`` (each 0..15), packed two to a byte."""
+    import openvino
+
+    flat = values.reshape(-1).astype(np.uint8)
+    if flat.size % 2:
+        flat = np.append(flat, np.uint8(0))
+    packed = np.ascontiguousarray(flat[0::2] | (flat[1::2] << 4))
+    # The tensor wraps ``packed``'s memory: the constant must copy it, since ``packed`` dies here.
+    tensor = openvino.Tensor(packed, openvino.Shape(list(values.shape)), openvino.Type.u4)
+    return openvino.op.Constant(tensor, shared_memory=False)

@@ -1,0 +1,112 @@
+"""Weight-only compression of OpenVINO matmuls: the integers, their packing, the layout."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+ov = pytest.importorskip("openvino")
+
+from openvino import opset13  # noqa: E402
+
+from tunetree.generation.weights import compress_int4, compress_int8  # noqa: E402
+
+F32 = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+"""f32 compute with activations not quantized on the fly: the weights alone are rounded."""
+
+
+def _chain(weights: list[tuple[np.ndarray, bool]]) -> object:
+    """x -> MatMul(w0) -> MatMul(w1) -> ... (each ``(weight, transpose_b)``)."""
+    first, transposed = weights[0]
+    width = first.shape[1] if transposed else first.shape[0]
+    x = opset13.parameter([2, width], np.float32, name="x")
+    node = x
+    for weight, transposed in weights:
+        node = opset13.matmul(node, opset13.constant(weight), False, transposed)
+    return ov.Model([node], [x])
+
+
+def _run(model: object, x: np.ndarray) -> np.ndarray:
+    return ov.Core().compile_model(model, "CPU", F32)(x)[0]
+
+
+def _dequantized(weight: np.ndarray, axis: int, levels: int) -> np.ndarray:
+    """The weight the runtime should compute with: asymmetric rounding along ``axis``."""
+    low, high = weight.min(axis=axis, keepdims=True), weight.max(axis=axis, keepdims=True)
+    scale = (high - low) / levels
+    zero = np.clip(np.round(-low / scale), 0, levels)
+    q = np.clip(np.round(weight / scale + zero), 0, levels)
+    return (q - zero) * scale
+
+
+def _groups(weight: np.ndarray, group: int, transposed: bool) -> np.ndarray:
+    if transposed:  # [out, in]
+        rows, cols = weight.shape
+        return _dequantized(weight.reshape(rows, cols // group, group), 2, 15).reshape(rows, cols)
+    rows, cols = weight.shape  # [in, out]
+    return _dequantized(weight.reshape(rows // group, group, cols), 1, 15).reshape(rows, cols)
+
+
+def _element_types(model: object) -> Counter[str]:
+    return Counter(
+        op.get_element_type().get_type_name()
+        for op in model.get_ordered_ops()  # type: ignore[attr-defined]
+        if op.get_type_name() == "Constant"
+    )
+
+
+@pytest.mark.parametrize("transposed", [True, False])
+def test_int4_computes_with_the_grouped_four_bit_weights(transposed: bool) -> None:
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((256, 256)).astype(np.float32)
+    w1 = rng.standard_normal((256, 64)).astype(np.float32)  # the last: 8 bits per channel
+    model = _chain([(w0, transposed), (w1.T.copy() if transposed else w1, transposed)])
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    out = _run(compress_int4(model), x)
+    last = _dequantized(w1.T.copy() if transposed else w1, 1 if transposed else 0, 255)
+    first = _groups(w0, 128, transposed)
+    expected = (x @ (first.T if transposed else first)) @ (last.T if transposed else last)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+    # A packing or grouping mistake would be far off; plain f32 weights are off by the rounding.
+    exact = (x @ (w0.T if transposed else w0)) @ w1
+    assert np.abs(out - exact).max() > 1e-2
+
+
+def test_int4_keeps_the_last_matmul_and_ungroupable_weights_at_eight_bits() -> None:
+    rng = np.random.default_rng(1)
+    model = _chain(
+        [
+            (rng.standard_normal((64, 128)).astype(np.float32), True),  # 4 bits, groups of 128
+            (rng.standard_normal((96, 64)).astype(np.float32), True),  # 64 inputs: groups of 64
+            (rng.standard_normal((80, 96)).astype(np.float32), True),  # 96: groups of 32
+            (rng.standard_normal((64, 80)).astype(np.float32), True),  # 80: 8 bits
+            (rng.standard_normal((64, 64)).astype(np.float32), True),  # the last: 8 bits
+        ]
+    )
+    types = _element_types(compress_int4(model))
+    assert types["u4"] == 2 * 3  # weights and zero points of the three grouped ones
+    assert types["u8"] == 2 * 2
+    assert types["f32"] == 5  # scales only: no float weight left
+
+
+def test_int8_keeps_one_scale_per_channel_and_small_weights_as_they_are() -> None:
+    rng = np.random.default_rng(2)
+    big = rng.standard_normal((128, 64)).astype(np.float32)
+    small = rng.standard_normal((8, 128)).astype(np.float32)  # under MIN_ELEMENTS
+    model = _chain([(big, True), (small, True)])
+    x = rng.standard_normal((2, 64)).astype(np.float32)
+    out = _run(compress_int8(model), x)
+    expected = (x @ _dequantized(big, 1, 255).T) @ small.T
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+    assert _element_types(compress_int8(model))["u4"] == 0
+
+
+def test_compression_leaves_the_given_model_as_it_was() -> None:
+    rng = np.random.default_rng(3)
+    model = _chain([(rng.standard_normal((128, 128)).astype(np.float32), True)] * 2)
+    before = _element_types(model)
+    compress_int4(model)
+    compress_int8(model)
+    assert _element_types(model) == before
