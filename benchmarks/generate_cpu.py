@@ -11,10 +11,10 @@ Approaches, in this process: eager (dynamic cache); tunetree with ``generate`` a
 it (``tt.auto_tune(model, prompts, call=lambda m, **x: m.generate(**x, **gen))``, dynamic
 cache, tuned on other prompts: 1x20 and 2x29); ``--static``: tunetree's static-cache recipe
 (``cache_implementation="static", disable_compile=True``); ``--budget``: tunetree under
-``AccuracyBudget(max_error=0.05)`` (changes results). In optimum-intel's own environment (it
+``AccuracyBudget(max_error=--max-error)`` (0.05 by default; changes results). In optimum-intel's own environment (it
 pins an older transformers): that environment's eager, ``OVModelForCausalLM.from_pretrained(
 dir, export=True)`` with the f32 hint, with OpenVINO's default precision (bf16 on a CPU with
-bf16 units) and with 8-bit weight-only compression, timed in a subprocess by
+bf16 units) and with 8-bit and 4-bit weight-only compression (NNCF's defaults), timed in a subprocess by
 ``benchmarks/optimum_intel_worker.py`` with the same cycled interleaving
 (:mod:`benchmarks._cycled`), its tokens sent back as JSON to be compared with eager's.
 That environment is ``--optimum-venv`` (default :data:`OPTIMUM_VENV`); when it is missing
@@ -172,7 +172,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--static", action="store_true", help="also the static-cache recipe")
-    parser.add_argument("--budget", action="store_true", help="also AccuracyBudget(0.05)")
+    parser.add_argument("--budget", action="store_true", help="also AccuracyBudget(--max-error)")
+    parser.add_argument("--max-error", type=float, default=0.05, help="the budget's max_error")
     parser.add_argument("--no-optimum", action="store_true")
     parser.add_argument("--optimum-venv", type=Path, default=OPTIMUM_VENV)
     parser.add_argument("--time-budget", type=float, default=None, help="auto_tune's budget")
@@ -218,11 +219,12 @@ def main() -> None:
         start = time.perf_counter()
         result = tt.auto_tune(
             model, tuning, call=call, verbose=False, time_budget=budget, cache=False,
-            accuracy=tt.AccuracyBudget(max_error=0.05),
+            accuracy=tt.AccuracyBudget(max_error=args.max_error),
         )  # fmt: skip
-        setup_s["tunetree AccuracyBudget(0.05)"] = time.perf_counter() - start
+        name = f"tunetree AccuracyBudget({args.max_error:g})"
+        setup_s[name] = time.perf_counter() - start
         print(result, flush=True)
-        approaches["tunetree AccuracyBudget(0.05)"] = result.model
+        approaches[name] = result.model
 
     def runner(entry: Any, inputs: dict) -> Any:
         m, kwargs = entry if isinstance(entry, tuple) else (entry, gen)
@@ -254,6 +256,8 @@ def main() -> None:
                 )
         setup_s.update({a: s for a, s in optimum["load_s"].items()})
     print(table(rows, list(prompts), setup_s, n, args.model))
+    for a, reason in optimum.get("failed", {}).items():
+        print(f"{a}: failed to load ({reason})")
     forward = getattr(tuned.model, "forward", None)
     counts = getattr(forward, "counts", None)
     if counts is not None:

@@ -3,8 +3,8 @@
 optimum-intel pins an older transformers, so it cannot share tunetree's environment: the
 benchmark runs this file with that environment's Python. It reads a JSON request (the saved
 model's directory, the prompts as token ids and masks, generate's keywords, the rounds),
-loads the model with ``OVModelForCausalLM.from_pretrained(dir, export=True)`` three ways (f32
-hint, OpenVINO's default precision, 8-bit weight-only) beside that environment's own eager
+loads the model with ``OVModelForCausalLM.from_pretrained(dir, export=True)`` four ways (f32
+hint, OpenVINO's default precision, 8-bit and 4-bit weight-only) beside that environment's own eager
 model, times them with :mod:`_cycled` (the same method as the benchmark) and prints one JSON
 object on stdout: per approach and prompt, the median seconds of one ``generate`` and its
 tokens. It imports nothing of tunetree.
@@ -45,15 +45,22 @@ def main() -> None:
         "optimum-intel int8 weights": lambda: OVModelForCausalLM.from_pretrained(
             directory, export=True, quantization_config=OVWeightQuantizationConfig(bits=8)
         ),
+        "optimum-intel int4 weights": lambda: OVModelForCausalLM.from_pretrained(
+            directory, export=True, quantization_config=OVWeightQuantizationConfig(bits=4)
+        ),
     }
-    models, load_s = {}, {}
+    models, load_s, failed = {}, {}, {}
     for name, load in loads.items():
         if only and name not in only:
             continue
         start = time.perf_counter()
-        models[name] = load()
+        try:
+            models[name] = load()
+        except Exception as exc:  # an approach that fails is reported, the others still run
+            failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            continue
         load_s[name] = time.perf_counter() - start
-    result: dict = {"load_s": load_s, "prompts": {}}
+    result: dict = {"load_s": load_s, "failed": failed, "prompts": {}}
     for prompt_name, prompt in request["prompts"].items():
         inputs = {k: torch.tensor(v) for k, v in prompt.items()}
         tokens = {}
