@@ -76,16 +76,21 @@ def _members_lines(info: CheckpointInfo) -> list[str]:
         if check.runners
         else ""
     )
-    autocast = sum(e.backend.kind == "autocast" for e in info.manifest.entries)
+    autocast = sum(
+        e.backend.kind == "autocast" and e.runner.get("structure") is None
+        for e in info.manifest.entries
+    )
     counts = (
         f", and the output count of {autocast} Autocast runner{'s' if autocast > 1 else ''} "
-        "(a record with no artifact: only the model's output says how many dtypes it lists)"
+        "saved without its output structure (only the model's output says how many dtypes "
+        "it lists)"
         if autocast
         else ""
     )
     lines = [
         f"members: verified: {read} against their SHA-256{artifacts}; left to tt.load, which "
-        f"needs the model: the weights' fit to it and named output containers{counts}"
+        f"needs the model: the weights' fit to it and the saved output structures' "
+        f"match to its outputs{counts}"
     ]
     e, entries = escape_controls, info.manifest.entries
     lines += [

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+import torch.utils._pytree as pytree
 from torch import nn
 
 from ..errors import BackendError, InvalidInputError
 from ..signature.binding import original_forward
 from ..signature.graph import Graph, GraphKey, dtype_name, flatten, unflatten
+from . import structure
 from .base import ChangesResults, Runner
 from .flat import MAX_SAVED_TENSORS, learn_output_spec
 from .inductor import CUDA_GRAPH_MODES, MODES, compile_unavailable_reason, fresh_entry
@@ -31,6 +33,18 @@ def _output_dtypes(output: Any) -> list[str | None]:
     """Dtype name of every output leaf (None for non-tensors), in flattening order."""
     leaves, _ = flatten(output)
     return [dtype_name(x.dtype) if isinstance(x, torch.Tensor) else None for x in leaves]
+
+
+def _recorded_structure(spec: pytree.TreeSpec) -> list[Any] | None:
+    """The output structure ``spec`` in the closed vocabulary (:mod:`.structure`), to be saved.
+
+    None where it cannot be described as one (a dict with keys other than strings and
+    integers): the record then lists dtypes only, as records of earlier releases do.
+    """
+    try:
+        return structure.check(structure.describe(spec))
+    except BackendError:
+        return None
 
 
 class AutocastRunner(Runner):
@@ -46,6 +60,7 @@ class AutocastRunner(Runner):
         module: nn.Module,
         device: torch.device,
         output_dtypes: list[str | None],
+        output_structure: list[Any] | None = None,
     ) -> None:
         super().__init__(backend)
         self.device_type = device.type
@@ -59,6 +74,7 @@ class AutocastRunner(Runner):
         # CUDA graph replays overwrite their outputs: hand back copies.
         self.clone_outputs = backend.compile_mode in CUDA_GRAPH_MODES
         self.output_dtypes = output_dtypes
+        self.output_structure = output_structure
         by_name = {dtype_name(dt): dt for dt in (torch.float64, torch.float32, *_DTYPES.values())}
         self._targets = [by_name.get(name) if name else None for name in output_dtypes]
 
@@ -81,9 +97,16 @@ class AutocastRunner(Runner):
         return unflatten(cast, spec)
 
     def save(self, directory: Path) -> dict[str, Any]:
-        """Record eager's output dtypes only: there is nothing else to write."""
+        """Record eager's output dtypes and structure: there is nothing else to write.
+
+        The structure says how many outputs the dtypes are for, so a record whose counts
+        disagree is refused without the model (``tunetree info`` too).
+        """
         # Nothing to write: the runner is the module's forward under a context manager.
-        return {"output_dtypes": self.output_dtypes}
+        record: dict[str, Any] = {"output_dtypes": self.output_dtypes}
+        if self.output_structure is not None:
+            record["structure"] = self.output_structure
+        return record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,16 +176,21 @@ class Autocast(ChangesResults):
         """Build a runner that casts outputs to the dtypes of eager's first recorded output."""
         if not graph.outputs:
             raise BackendError("Autocast needs eager's output of one sample to know its dtypes")
-        return AutocastRunner(self, module, device, _output_dtypes(graph.outputs[0]))
+        first = graph.outputs[0]
+        return AutocastRunner(
+            self, module, device, _output_dtypes(first), _recorded_structure(flatten(first)[1])
+        )
 
     def check_saved_runner(self, key: GraphKey, saved: Any, max_elements: int) -> None:
-        """The record's output dtypes: a bounded list of known dtype names or None.
+        """The record's output dtypes and structure, checked as untrusted input.
 
-        Read from a file, so checked before anything uses them (an unhashable entry must be a
-        typed error, not a ``TypeError``); their count is checked against the module's output
-        by :meth:`load`, which has the module.
+        The dtypes: a bounded list of known dtype names or None (an unhashable entry must be a
+        typed error, not a ``TypeError``). The structure (records of this release): closed
+        vocabulary naming no type of a module absent here, with one leaf per dtype. Needs no
+        module (``tunetree info`` runs it too); :meth:`load` checks both against the module's
+        output.
         """
-        saved_output_dtypes(saved)
+        saved_output_structure(saved, saved_output_dtypes(saved))
 
     def load(
         self,
@@ -175,17 +203,22 @@ class Autocast(ChangesResults):
         """Rebuild the runner from the output dtypes in ``saved``, one per output leaf.
 
         The module's output structure is learnt on fake tensors shaped like ``key``
-        (:func:`.flat.learn_output_spec`): a record listing another number of outputs would
-        make every call raise, so it is refused here (BackendError).
+        (:func:`.flat.learn_output_spec`) and must match the saved one where the record has
+        it: a record listing another number of outputs would make every call raise, so it
+        is refused here (BackendError).
         """
         dtypes = saved_output_dtypes(saved)
-        leaves = learn_output_spec(module, key, device).num_leaves
-        if len(dtypes) != leaves:
+        node = saved_output_structure(saved, dtypes)
+        learnt = learn_output_spec(module, key, device)
+        if node is not None:
+            structure.build(node, lambda: learnt)
+        if len(dtypes) != learnt.num_leaves:
             raise BackendError(
                 f"the saved Autocast runner lists {len(dtypes)} output dtypes, but the module "
-                f"returns {leaves} outputs on its graph: the record is damaged or altered"
+                f"returns {learnt.num_leaves} outputs on its graph: the record is damaged or "
+                "altered"
             )
-        return AutocastRunner(self, module, device, dtypes)
+        return AutocastRunner(self, module, device, dtypes, _recorded_structure(learnt))
 
 
 _DTYPE_NAMES = frozenset(
@@ -220,3 +253,23 @@ def saved_output_dtypes(saved: Any) -> list[str | None]:
                 f"of {', '.join(sorted(_DTYPE_NAMES))} or null"
             )
     return dtypes
+
+
+def saved_output_structure(saved: Any, dtypes: list[str | None]) -> list[Any] | None:
+    """A saved record's output ``structure``, checked against its ``dtypes`` (BackendError).
+
+    None for a record without one (written before the structure was recorded): its count
+    is checked against the module's output only, by :meth:`Autocast.load`.
+    """
+    node = saved.get("structure") if isinstance(saved, dict) else None
+    if node is None:
+        return None
+    checked = structure.check(node)
+    structure.check_modules_present(checked)
+    leaves = structure.leaf_count(checked)
+    if leaves != len(dtypes):
+        raise BackendError(
+            f"the saved Autocast runner lists {len(dtypes)} output dtypes, but its output "
+            f"structure has {leaves} leaves: the record is damaged or altered"
+        )
+    return checked

@@ -89,6 +89,13 @@ def _check(node: Any, depth: int, count: list[int]) -> None:
         _check(child, depth + 1, count)
 
 
+def leaf_count(node: list[Any]) -> int:
+    """How many leaves a checked structure has (the flat outputs it is built around)."""
+    if node[0] == "leaf":
+        return 1
+    return sum(leaf_count(child) for child in node[-1])
+
+
 def from_pytree_json(text: Any) -> list[Any]:
     """The structure in pytree's ``treespec_dumps`` JSON (first release), read as data.
 

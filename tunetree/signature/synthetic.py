@@ -119,12 +119,14 @@ def _check_names(sig: Any, depth: int, in_cache: bool = False) -> None:
 def check_cache_constant(value: Any) -> None:
     """Refuse a number in a saved cache object that no cache holds (BackendError).
 
-    A size or index is -1 (unset) or more; a float is finite. The upper bound of a size
-    needs the model's config and is checked where a call is made (:func:`call_from_key`).
+    An int (a size, a capacity, a position, a window) is 0 or more: a cache layer holds
+    no negative one, and a module run on one fails (a tensor of a negative size); a float
+    is finite. The upper bound of a size needs the model's config and is checked where a
+    call is made (:func:`call_from_key`).
     """
-    if type(value) is int and value < -1:
+    if type(value) is int and value < 0:
         raise BackendError(
-            f"a saved cache object states the size {value}: a size is -1 (unset) or more"
+            f"a saved cache object states the size {value}: a size or position is 0 or more"
         )
     if isinstance(value, float) and not math.isfinite(value):
         raise BackendError("a saved cache object holds a float that is not finite")
