@@ -178,3 +178,79 @@ def test_auto_tune_serves_the_usual_generate_call_whole_before_any_depth() -> No
         prompt = _prompt(batch, length, seed=batch)
         assert torch.equal(result.model.generate(**prompt, **GEN), model.generate(**prompt, **GEN))
     assert result.model.forward.counts.original == 0
+
+
+STATIC = dict(GEN, cache_implementation="static", disable_compile=True)
+
+
+def test_a_static_cache_is_served_with_eagers_tokens_and_cache(
+    served: tuple[torch.nn.Module, torch.nn.Module],
+) -> None:
+    model, tuned = served
+    before = tuned.forward.counts.original
+    for batch, length in [(1, 5), (3, 23)]:
+        prompt = _prompt(batch, length, seed=7 * batch + length)
+        with torch.no_grad():
+            mine = tuned.generate(**prompt, **STATIC, return_dict_in_generate=True)
+            eager = model.generate(**prompt, **STATIC, return_dict_in_generate=True)
+        assert torch.equal(mine.sequences, eager.sequences)
+        pairs = zip(mine.past_key_values.layers, eager.past_key_values.layers, strict=True)
+        for got, expected in pairs:
+            assert int(got.cumulative_length) == int(expected.cumulative_length)
+            torch.testing.assert_close(got.keys, expected.keys, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got.values, expected.values, rtol=1e-4, atol=1e-4)
+    # Mistral's layers slide, but inside the envelope (below the window) they hold every
+    # position, and its 4-D mask is the causal one: served too.
+    assert tuned.forward.counts.original == before
+
+
+def test_an_ordinary_static_cache_of_sliding_layers_is_not_loaded() -> None:
+    from tunetree.generation.static_mask import cache_lengths
+
+    model = _model("mistral")
+    cache = transformers.StaticCache(config=model.config, max_cache_len=16)
+    with torch.no_grad():
+        model(**_prompt(1, 5), past_key_values=cache)
+    assert type(cache.layers[0]).__name__ == "StaticSlidingWindowLayer"
+    assert cache_lengths(cache) == "a StaticSlidingWindowLayer cache layer is not served"
+    full = transformers.StaticCache(config=_model("llama").config, max_cache_len=16)
+    with torch.no_grad():
+        _model("llama")(**_prompt(1, 5), past_key_values=full)
+    assert cache_lengths(full) == {5}
+
+
+def test_a_four_d_mask_is_served_only_as_the_causal_mask_of_its_padding() -> None:
+    from tunetree.generation.static_mask import padding_of
+
+    padding = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
+    causal = torch.ones(2, 5, dtype=torch.bool).tril(diagonal=3)  # 3 cached, 2 new positions
+    mask = (padding.bool()[:, None, :] & causal)[:, None]
+    capacity = torch.zeros(2, 1, 2, 3, dtype=torch.bool)  # keys past the input: never attended
+    full = torch.cat([mask, capacity], dim=-1)
+    assert torch.equal(padding_of(full, 2, 2, 3), padding)
+    additive = torch.zeros(full.shape).masked_fill(~full, torch.finfo(torch.float32).min)
+    assert torch.equal(padding_of(additive, 2, 2, 3), padding)
+    custom = full.clone()
+    custom[0, 0, 0, 1] = False  # a hole no padding explains
+    assert (
+        padding_of(custom, 2, 2, 3)
+        == "the 4-D attention_mask is not the causal mask of its padding"
+    )
+    ahead = full.clone()
+    ahead[0, 0, 0, 6] = True  # a key past the input
+    assert "not the causal mask" in str(padding_of(ahead, 2, 2, 3))
+    bias = additive.clone()
+    bias[0, 0, 0, 0] = -1.0  # a bias, not a mask
+    assert "other than 0" in str(padding_of(bias, 2, 2, 3))
+    assert "fewer than" in str(padding_of(full[..., :4], 2, 2, 3))
+
+
+def test_a_mask_per_layer_type_is_refused_with_its_reason_not_a_crash() -> None:
+    from tunetree.generation.stateful_forward import _mask_and_positions
+
+    mask = torch.ones(1, 1, 2, 4, dtype=torch.bool)
+    both = {"full_attention": mask, "sliding_attention": mask}
+    assert _mask_and_positions({"attention_mask": both}, 1, 2, 2) == (
+        "an attention_mask per layer type (full_attention, sliding_attention)"
+    )
+    assert "of type list" in str(_mask_and_positions({"attention_mask": [mask]}, 1, 2, 2))

@@ -1,4 +1,4 @@
-"""A Hugging Face dynamic cache whose tensors a runtime holds, read back only when asked for.
+"""A Hugging Face cache whose tensors a runtime holds, read back only when asked for.
 
 A stateful runner keeps the KV cache inside its infer request; the ``DynamicCache`` that
 ``generate`` passes from step to step must still tell the truth. Each of its layers becomes a
@@ -8,7 +8,8 @@ layer copies the runtime's state into every layer of that cache, after which the
 ordinary one again. ``generate``'s loop asks only for the length, so nothing is copied per
 token; a caller that reads the returned cache, reorders it (beam search) or continues from it
 gets the real tensors. The runner copies the state out before it drops it (a new prefill, or
-another cache loaded), so a cache never points at state that is gone.
+another cache loaded), so a cache never points at state that is gone. A static cache's layers
+get buffers of their capacity, the positions held written at the front and counted.
 """
 
 from __future__ import annotations
@@ -61,10 +62,30 @@ class HeldState:
                 raise BackendError(
                     f"the runtime holds {keys.shape[-2]} positions, the cache says {self.length}"
                 )
+            if hasattr(layer, "max_cache_len"):
+                keys, values = _in_capacity(layer, keys, values, self.length)
+            elif hasattr(layer, "cumulative_length"):
+                layer.cumulative_length = self.length
             layer.__dict__["_keys"], layer.__dict__["_values"] = keys, values
             layer.__dict__["_held"] = None
-            if hasattr(layer, "cumulative_length"):
-                layer.cumulative_length = self.length
+
+
+def _in_capacity(
+    layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A static layer's buffers of its capacity, ``length`` positions written, its count set."""
+    capacity = int(layer.max_cache_len)
+    if length > capacity:
+        raise BackendError(f"the runtime holds {length} positions, the static cache {capacity}")
+    buffers = []
+    for tensor in (keys, values):
+        buffer = tensor.new_zeros((*tensor.shape[:-2], capacity, tensor.shape[-1]))
+        buffer[..., :length, :] = tensor
+        buffers.append(buffer)
+    layer.cumulative_length = torch.tensor(length, dtype=torch.long)
+    layer.batch_size, layer.num_heads = int(keys.shape[0]), int(keys.shape[1])
+    layer.k_head_dim, layer.v_head_dim = int(keys.shape[-1]), int(values.shape[-1])
+    return buffers[0], buffers[1]
 
 
 class _HeldMixin:
@@ -104,6 +125,22 @@ class _HeldMixin:
         if state is not None:
             state.materialise()
         self.__dict__["_values"] = value
+
+    @property
+    def cumulative_length(self) -> Any:
+        """Positions written: the runtime's count while it holds them (a tensor if static)."""
+        if "cumulative_length" not in self.__dict__:
+            raise AttributeError("cumulative_length")  # a layer class without the count
+        state = self._held_state()
+        if state is None:
+            return self.__dict__["cumulative_length"]
+        if hasattr(self, "max_cache_len"):
+            return torch.tensor(state.length, dtype=torch.long)
+        return state.length
+
+    @cumulative_length.setter
+    def cumulative_length(self, value: Any) -> None:
+        self.__dict__["cumulative_length"] = value
 
     def get_seq_length(self) -> int:
         state = self._held_state()

@@ -1,12 +1,15 @@
 """Serving a causal LM's forward from a stateful runner, the original forward for the rest.
 
 A call is served when it is what ``generate`` (or a caller like it) makes: ``input_ids``, an
-optional 2-D ``attention_mask`` and ``position_ids``, a ``DynamicCache`` (or none, with
-``use_cache``), and no request the runner cannot answer (hidden states, attentions, labels,
-embeddings given instead of ids, more positions than its envelope). The cache is either empty
-(a prefill: the state is reset), the one the state belongs to (a step: appended), or an
-ordinary cache of full layers (its tensors are loaded into the state). Any other call runs the
-original forward, with its reason logged once per reason and counted.
+optional ``attention_mask`` and ``position_ids``, a ``DynamicCache`` or a ``StaticCache`` (or
+none, with ``use_cache``), and no request the runner cannot answer (hidden states,
+attentions, labels, embeddings given instead of ids, more positions than its envelope). The
+mask is 2-D, or the 4-D causal mask ``generate`` builds for a static cache (``[batch, 1,
+input, capacity]``), served only where it is exactly the causal mask of its padding
+(:func:`.static_mask.padding_of`). The cache is either empty (a prefill: the state is reset),
+the one the state belongs to (a step: appended), or an ordinary cache of full layers (its
+tensors are loaded into the state). Any other call runs the original forward, with its
+reason logged once per reason and counted.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from torch import nn
 from ..errors import CheckpointError
 from .held_cache import held_state_of
 from .stateful_runner import StatefulRunner
+from .static_mask import cache_lengths, is_served_cache, padding_of
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +145,6 @@ class StatefulForward:
 
     def _refusal(self, kwargs: dict[str, Any]) -> str:
         """Why the call's arguments are not served ("" when they are)."""
-        from transformers.cache_utils import DynamicCache
-
         known = {"input_ids", "attention_mask", "position_ids", "use_cache", "logits_to_keep"}
         for name, value in kwargs.items():
             if name in known or name in _CACHE_NAMES or name in _IGNORED:
@@ -159,8 +161,8 @@ class StatefulForward:
         if not isinstance(keep, int) or keep < 0:
             return "logits_to_keep is not a non-negative int"
         cache = next((kwargs[n] for n in _CACHE_NAMES if kwargs.get(n) is not None), None)
-        if cache is not None and type(cache) is not DynamicCache:
-            return f"a {type(cache).__name__} is not served (a DynamicCache is)"
+        if cache is not None and not is_served_cache(cache):
+            return f"a {type(cache).__name__} is not served (a DynamicCache or StaticCache is)"
         if cache is not None and len(cache.layers) != self.runner.shape.layers:
             return "the cache has another number of layers"
         return ""
@@ -176,19 +178,13 @@ class StatefulForward:
             if self.runner.batch != batch:
                 return f"the cache holds {self.runner.batch} rows, input_ids {batch}"
             return state.length
-        lengths = {
-            int(layer.keys.shape[-2]) if layer.is_initialized and layer.keys is not None else 0
-            for layer in cache.layers
-        }
+        lengths = cache_lengths(cache)
+        if isinstance(lengths, str):
+            return lengths
         if lengths == {0}:
             return 0
         if len(lengths) != 1:
             return "the cache's layers hold different lengths (a window crossed?)"
-        if any(
-            getattr(layer, "cumulative_length", None) not in (None, *lengths)
-            for layer in cache.layers
-        ):
-            return "a sliding-window layer has dropped positions"
         first = cache.layers[0].keys
         if first.shape[0] != batch:
             return f"the cache holds {first.shape[0]} rows, input_ids {batch}"
@@ -203,7 +199,7 @@ class StatefulForward:
             return
         if self.runner.owns(held_state_of(cache)):
             return
-        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        tensors = [t[..., :past, :] for layer in cache.layers for t in (layer.keys, layer.values)]
         self.runner.load(tensors)
 
     def _cache_field(self) -> str:
@@ -216,8 +212,18 @@ def _mask_and_positions(
 ) -> tuple[torch.Tensor, torch.Tensor] | str:
     """The call's mask and positions (eager's defaults when absent), or why they do not fit."""
     mask = kwargs.get("attention_mask")
+    if isinstance(mask, dict):  # masks per layer type: served where every layer is full attention
+        if set(mask) != {"full_attention"}:
+            return f"an attention_mask per layer type ({', '.join(sorted(map(str, mask)))})"
+        mask = mask["full_attention"]
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        return f"an attention_mask of type {type(mask).__name__} is not served"
     if mask is None:
         mask = torch.ones(batch, past + length, dtype=torch.long)
+    elif mask.dim() == 4:
+        mask = padding_of(mask, batch, length, past)
+        if isinstance(mask, str):
+            return mask
     elif mask.dim() != 2 or tuple(mask.shape) != (batch, past + length):
         return f"attention_mask of shape {tuple(mask.shape)} is not [batch, cache + input]"
     positions = kwargs.get("position_ids")
