@@ -62,3 +62,15 @@ def test_the_readme_first_python_block_runs_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "encoder.tt").is_file()
     assert "depth" in proc.stdout
+
+
+def test_the_package_layout_section_names_every_room_and_top_level_module() -> None:
+    text = README.read_text()
+    section = text[text.index("## Package layout") :]
+    section = section[: section.index("\n## ")]
+    package = ROOT / "tunetree"
+    rooms = {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    missing = sorted(room for room in rooms if f"`{room}/`" not in section)
+    assert not missing, f"rooms the README's table leaves out: {missing}"
+    top = {p.name for p in package.glob("*.py")}
+    assert not [name for name in top if f"`{name}`" not in section], top
