@@ -74,3 +74,16 @@ def test_the_package_layout_section_names_every_room_and_top_level_module() -> N
     assert not missing, f"rooms the README's table leaves out: {missing}"
     top = {p.name for p in package.glob("*.py")}
     assert not [name for name in top if f"`{name}`" not in section], top
+
+
+def test_the_package_layout_table_lists_rooms_top_to_bottom_as_the_import_contract() -> None:
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in contracts["contracts"] if c["id"] == "rooms")["layers"]
+    order = [re.split(r"[ :|]+", layer)[0].removeprefix("tunetree.") for layer in layers]
+    text = README.read_text()
+    section = text[text.index("## Package layout") :]
+    table = re.findall(r"(?m)^\| `([a-z_]+)/`", section[: section.index("\n## ")])
+    ranks = [order.index(room) for room in table]
+    assert ranks == sorted(ranks), list(zip(table, ranks, strict=True))
