@@ -87,3 +87,11 @@ def test_the_package_layout_table_lists_rooms_top_to_bottom_as_the_import_contra
     table = re.findall(r"(?m)^\| `([a-z_]+)/`", section[: section.index("\n## ")])
     ranks = [order.index(room) for room in table]
     assert ranks == sorted(ranks), list(zip(table, ranks, strict=True))
+
+
+def test_every_section_the_readme_points_to_exists() -> None:
+    text = README.read_text()
+    headings = set(re.findall(r"(?m)^#+ (.+)$", text))
+    pointed = re.findall(r'\b[Ss]ee "([^"]+)"', text)
+    assert pointed  # the scan reads them
+    assert not [name for name in pointed if name not in headings], pointed
