@@ -62,3 +62,36 @@ def test_the_readme_first_python_block_runs_as_written(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "encoder.tt").is_file()
     assert "depth" in proc.stdout
+
+
+def test_the_package_layout_section_names_every_room_and_top_level_module() -> None:
+    text = README.read_text()
+    section = text[text.index("## Package layout") :]
+    section = section[: section.index("\n## ")]
+    package = ROOT / "tunetree"
+    rooms = {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    missing = sorted(room for room in rooms if f"`{room}/`" not in section)
+    assert not missing, f"rooms the README's table leaves out: {missing}"
+    top = {p.name for p in package.glob("*.py")}
+    assert not [name for name in top if f"`{name}`" not in section], top
+
+
+def test_the_package_layout_table_lists_rooms_top_to_bottom_as_the_import_contract() -> None:
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in contracts["contracts"] if c["id"] == "rooms")["layers"]
+    order = [re.split(r"[ :|]+", layer)[0].removeprefix("tunetree.") for layer in layers]
+    text = README.read_text()
+    section = text[text.index("## Package layout") :]
+    table = re.findall(r"(?m)^\| `([a-z_]+)/`", section[: section.index("\n## ")])
+    ranks = [order.index(room) for room in table]
+    assert ranks == sorted(ranks), list(zip(table, ranks, strict=True))
+
+
+def test_every_section_the_readme_points_to_exists() -> None:
+    text = README.read_text()
+    headings = set(re.findall(r"(?m)^#+ (.+)$", text))
+    pointed = re.findall(r'\b[Ss]ee "([^"]+)"', text)
+    assert pointed  # the scan reads them
+    assert not [name for name in pointed if name not in headings], pointed

@@ -71,3 +71,17 @@ def test_the_readme_lists_every_suite_and_investigation() -> None:
     for script in SCRIPTS:
         module = "benchmarks." + script.removesuffix(".py").replace("/", ".")
         assert f"python -m {module}" in readme, module
+
+
+def test_the_readme_names_every_file_of_the_benchmarks() -> None:
+    """Suites, investigations and helpers alike: nothing in benchmarks/ goes unexplained."""
+    readme = (ROOT / "benchmarks" / "README.md").read_text()
+    files = [
+        p.name
+        for folder in ("", "investigations", "common")
+        for p in (ROOT / "benchmarks" / folder).glob("*.py")
+        if p.name != "__init__.py"
+    ]
+    assert "_cycled.py" in files and "models.py" in files
+    missing = [name for name in files if f"`{name}`" not in readme]
+    assert not missing, missing

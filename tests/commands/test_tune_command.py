@@ -293,3 +293,110 @@ def test_image_shapes_must_fit_the_models_image_size(
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("tunetree tune: error: --shapes: this model takes")
     assert "side 32" in err[0] and "not 224" in err[0]
+
+
+@pytest.fixture(scope="module")
+def vit_with_processor(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+    )
+    directory = tmp_path_factory.mktemp("vit")
+    transformers.ViTForImageClassification(config).save_pretrained(directory)
+    transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(directory)
+    return directory
+
+
+def _pictures(folder: Path) -> Path:
+    from PIL import Image
+
+    folder.mkdir()
+    g = torch.Generator().manual_seed(3)
+    for name, (w, h) in (("a.png", (40, 30)), ("b.jpg", (64, 64)), ("c.png", (17, 50))):
+        pixels = torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(folder / name)
+    (folder / "notes.txt").write_text("not an image\n")
+    return folder
+
+
+def test_image_files_go_through_the_directorys_image_processor(
+    vit_with_processor: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from PIL import Image
+
+    from tunetree.commands.tune_inputs import samples_from_file
+    from tunetree.pretrained import TASKS
+
+    task, cpu = TASKS["image-classification"], torch.device("cpu")
+    folder = _pictures(tmp_path / "pictures")
+    processor = transformers.AutoImageProcessor.from_pretrained(vit_with_processor)
+    images = [Image.open(folder / n).convert("RGB") for n in ("a.png", "b.jpg", "c.png")]
+    calls = samples_from_file(folder, vit_with_processor, task, cpu)
+    assert [tuple(c["pixel_values"].shape) for c in calls] == [(1, 3, 32, 32)] * 3 + [
+        (3, 3, 32, 32)
+    ]
+    expected = processor(images=images, return_tensors="pt")["pixel_values"]
+    assert torch.equal(calls[-1]["pixel_values"], expected)
+    one = samples_from_file(folder / "b.jpg", vit_with_processor, task, cpu)
+    assert len(one) == 1 and torch.equal(one[0]["pixel_values"], expected[1:2])
+
+    code, out = _tune(
+        vit_with_processor, tmp_path, "--task", "image-classification", "--inputs", str(folder)
+    )
+    assert code == 0, capsys.readouterr().err
+    tuned = tt.load_pretrained(vit_with_processor, out, task="image-classification")
+    eager = transformers.AutoModelForImageClassification.from_pretrained(vit_with_processor)
+    with torch.no_grad():
+        x = expected[:2]  # a batch size the tune never saw
+        torch.testing.assert_close(
+            tuned(pixel_values=x).logits, eager.eval()(pixel_values=x).logits, rtol=1e-4, atol=1e-5
+        )
+
+
+def test_bad_image_inputs_are_one_line_and_exit_2(
+    vit_with_processor: Path,
+    bert_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tunetree.commands import tune_inputs
+
+    folder = _pictures(tmp_path / "pictures")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
+    vit = ["--task", "image-classification", "--inputs"]
+    cases = [
+        (
+            bert_dir,
+            ["--task", "feature-extraction", "--inputs", str(folder / "a.png")],
+            "images cannot feed a text task",
+        ),
+        (bert_dir.parent, [*vit, str(folder)], "no config.json"),
+        (vit_with_processor, [*vit, str(tmp_path / "empty")], "holds no .png"),
+        (vit_with_processor, [*vit, str(tmp_path / "broken.png")], "cannot be read as an image"),
+        (vit_with_processor, [*vit, str(tmp_path / "gone.png")], "is not a file"),
+    ]
+    bare = tmp_path / "vit-no-processor"
+    bare.mkdir()
+    for item in vit_with_processor.iterdir():
+        if item.name != "preprocessor_config.json":
+            (bare / item.name).write_bytes(item.read_bytes())
+    cases.append((bare, [*vit, str(folder)], "images need an image processor"))
+    for directory, arguments, message in cases:
+        code = _status(["tune", str(directory), *arguments, "--out", str(tmp_path / "m.tt")])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (message, err)
+    monkeypatch.setattr(tune_inputs, "MAX_IMAGE_PIXELS", 32 * 32)
+    code = _status(
+        ["tune", str(vit_with_processor), *vit, str(folder), "--out", str(tmp_path / "m.tt")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "states 40x30 pixels, over 1024" in err, err
+    assert not (tmp_path / "m.tt").exists()

@@ -66,8 +66,9 @@ def add_tune_command(subparsers: Any) -> None:
         "--inputs",
         metavar="FILE",
         type=Path,
-        help=".txt or .json texts (through DIR's tokenizer), or a .pt / .safetensors of the "
-        "model's keyword arguments (a dict of tensors, or a list of them in a .pt)",
+        help=".txt or .json texts (through DIR's tokenizer), an image file or a directory of "
+        "them (through DIR's image processor), or a .pt / .safetensors of the model's keyword "
+        "arguments (a dict of tensors, or a list of them in a .pt)",
     )
     parser.add_argument(
         "--new-tokens",

@@ -24,6 +24,15 @@ TOKENIZER_FILES = (
 )
 """Files a saved tokenizer is made of (transformers builds an empty one without them)."""
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
+"""Image files ``--inputs`` takes, alone or in a directory."""
+
+MAX_IMAGE_PIXELS = 1 << 26
+"""The most pixels an input image may state (read from its header before it is decoded)."""
+
+MAX_IMAGES = 256
+"""The most images a directory given to ``--inputs`` may hold."""
+
 _SHAPE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -116,18 +125,33 @@ def synthetic_samples(
 def samples_from_file(
     path: Path, directory: Path, task: Task, device: torch.device
 ) -> list[dict[str, Any]]:
-    """The calls a file holds.
+    """The calls a file (or a directory of images) holds.
 
     ``.pt`` (read with ``weights_only=True``) or ``.safetensors``: a dict of tensors is one
     call, a list of such dicts (``.pt`` only) one call each. ``.txt``: one text per line;
     ``.json``: a list of texts, or a list of lists of texts (one batch each). Texts go
     through the directory's tokenizer: each line is a call of its own, and every text
-    together one padded batch.
+    together one padded batch. Images (an image file, or a directory of them) go through the
+    directory's image processor the same way: each image a call, all of them one batch.
+
+    Args:
+        path: The file, or a directory of image files.
+        directory: The checkpoint directory (its tokenizer or image processor).
+        task: The task the calls are for.
+        device: Where the calls' tensors go.
+
+    Returns:
+        The calls: the model's keyword arguments, one dict per call.
 
     Raises:
-        InvalidInputError: a missing or unreadable file, another suffix, or texts without
-            a tokenizer in ``directory``.
+        InvalidInputError: a missing or unreadable file, another suffix, texts without a
+            tokenizer or images without an image processor in ``directory``, or inputs of
+            the other kind than the task takes.
     """
+    if path.suffix.lower() in IMAGE_SUFFIXES or (path.is_dir() and task.inputs == "image"):
+        if task.inputs != "image":
+            raise InvalidInputError(f"--inputs: images cannot feed a {task.inputs} task")
+        return _processed(_images(path), directory, device)
     if not path.is_file():
         raise InvalidInputError(f"--inputs: {path} is not a file")
     suffix = path.suffix.lower()
@@ -149,7 +173,10 @@ def samples_from_file(
         if task.inputs != "text":
             raise InvalidInputError(f"--inputs: texts cannot feed an {task.inputs} task")
         return _tokenized(_texts(path), directory, task, device)
-    raise InvalidInputError(f"--inputs: {path.name} is not .pt, .safetensors, .txt or .json")
+    raise InvalidInputError(
+        f"--inputs: {path.name} is not .pt, .safetensors, .txt, .json, an image "
+        f"({', '.join(IMAGE_SUFFIXES)}) or a directory of images"
+    )
 
 
 def _calls(data: Any, path: Path) -> list[dict[str, Any]]:
@@ -215,4 +242,63 @@ def _tokenized(
     for batch in batches:
         encoded = tokenizer(batch, return_tensors="pt", padding=True)
         calls.append({k: v.to(device) for k, v in encoded.items()})
+    return calls
+
+
+def _images(path: Path) -> list[Any]:
+    """The images at ``path`` (a file, or a directory's image files by name), decoded as RGB.
+
+    Each image's size is read from its header and bounded before it is decoded.
+    """
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise InvalidInputError(f"--inputs: {path} holds no {'/'.join(IMAGE_SUFFIXES)} image")
+        if len(files) > MAX_IMAGES:
+            raise InvalidInputError(f"--inputs: {path} holds over {MAX_IMAGES} images")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise InvalidInputError(f"--inputs: {path} is not a file")
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise InvalidInputError("--inputs: images need Pillow: pip install 'tunetree[hf]'") from exc
+    images = []
+    for file in files:
+        try:
+            with Image.open(file) as image:
+                width, height = image.size
+                if width * height <= MAX_IMAGE_PIXELS:
+                    images.append(image.convert("RGB"))
+        except (OSError, ValueError, Image.DecompressionBombError) as exc:
+            raise InvalidInputError(f"--inputs: {file} cannot be read as an image: {exc}") from exc
+        if width * height > MAX_IMAGE_PIXELS:
+            raise InvalidInputError(
+                f"--inputs: {file} states {width}x{height} pixels, over {MAX_IMAGE_PIXELS}"
+            )
+    return images
+
+
+def _processed(images: list[Any], directory: Path, device: torch.device) -> list[dict[str, Any]]:
+    """Each image a call of batch 1 and, with several, all of them one batch."""
+    from transformers import AutoImageProcessor
+
+    if not (directory / "preprocessor_config.json").is_file():
+        raise InvalidInputError(
+            f"--inputs: images need an image processor in {directory} (no "
+            "preprocessor_config.json); give --shapes or a .pt of pixel_values"
+        )
+    try:
+        processor = AutoImageProcessor.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(
+            f"--inputs: images need an image processor in {directory} "
+            f"({str(exc).splitlines()[0][:200]})"
+        ) from exc
+    batches = [[image] for image in images] + ([images] if len(images) > 1 else [])
+    calls = []
+    for batch in batches:
+        encoded = processor(images=batch, return_tensors="pt")
+        calls.append({"pixel_values": encoded["pixel_values"].to(device)})
     return calls

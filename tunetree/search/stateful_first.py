@@ -41,9 +41,8 @@ EXPORT_S_PER_GIB = 60.0
 cautious bound)."""
 EAGER_PASSES = 4
 """Passes over the tuning calls the trial is expected to cost beyond the export, counted in
-the root inspection's time. Measured once: a 134M Llama's trial (export, compile, check on
-the prompts and probes, measurement) took 124.5 s where the root's inspection took 46.4 s
-(2.7 passes in all, load average 7 on the 2-core EPYC); four keeps about a 2x margin."""
+the root inspection's time: about twice the 2.7 passes one measured trial took (export,
+compile, check on the prompts and probes, measurement; docs/measurements.md)."""
 
 
 def applies(model: Any, strategy_kinds: Sequence[str], device: torch.device) -> bool:
