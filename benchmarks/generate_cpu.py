@@ -9,17 +9,20 @@ every approach generates as many), unseen prompts 1x37 and 4x61 (the second row 
 
 Approaches, in this process: eager (dynamic cache); tunetree with ``generate`` as users call
 it (``tt.auto_tune(model, prompts, call=lambda m, **x: m.generate(**x, **gen))``, dynamic
-cache, tuned on other prompts: 1x20 and 2x29); ``--static``: tunetree's static-cache recipe
+cache, tuned on other prompts: 1x20 and 2x29); ``--static``: tunetree on a static cache
 (``cache_implementation="static", disable_compile=True``); ``--budget``: tunetree under
-``AccuracyBudget(max_error=--max-error)`` (0.05 by default; changes results). In optimum-intel's own environment (it
-pins an older transformers): that environment's eager, ``OVModelForCausalLM.from_pretrained(
-dir, export=True)`` with the f32 hint, with OpenVINO's default precision (bf16 on a CPU with
-bf16 units) and with 8-bit and 4-bit weight-only compression (NNCF's defaults), timed in a subprocess by
-``benchmarks/optimum_intel_worker.py`` with the same cycled interleaving
-(:mod:`benchmarks._cycled`), its tokens sent back as JSON to be compared with eager's.
-That environment is ``--optimum-venv`` (default :data:`OPTIMUM_VENV`); when it is missing
-the script builds it (torch 2.13.0, then ``optimum-intel[openvino,nncf]``, then torchvision
-removed: it fails to import there). ``--no-optimum`` skips it.
+``AccuracyBudget(max_error=--max-error)`` (0.05 by default; changes results). In
+optimum-intel's own environment (it pins an older transformers), in a process kept alive
+beside this one (``benchmarks/optimum_intel_worker.py``): that environment's eager,
+``OVModelForCausalLM.from_pretrained(dir, export=True)`` with the f32 hint, with OpenVINO's
+default precision (bf16 on a CPU with bf16 units) and with 8-bit and 4-bit weight-only
+compression (NNCF's defaults). Every approach of both processes is called from one cycled
+order (:mod:`benchmarks._cycled`), so all are timed under the same machine state; the
+worker's calls are timed by the worker's clock and their tokens sent back as JSON to be
+compared with eager's. That environment is ``--optimum-venv`` (default
+:data:`OPTIMUM_VENV`); when it is missing the script builds it (torch 2.13.0, then
+``optimum-intel[openvino,nncf]``, then torchvision removed: it fails to import there).
+``--no-optimum`` skips it.
 
 ms per new token is one whole ``generate`` call's median time over the new tokens (prefill
 included), per prompt; ratios are against eager of the same process (optimum-intel's rows
@@ -38,6 +41,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,24 +111,71 @@ def ensure_venv(venv: Path) -> Path:
     return python
 
 
-def run_optimum(python: Path, directory: str, prompts: dict, gen: dict, rounds: int) -> dict:
-    """optimum-intel's timings and tokens from its worker (JSON on its stdout)."""
-    request = {
-        "model_dir": directory,
-        "prompts": {n: {k: v.tolist() for k, v in p.items()} for n, p in prompts.items()},
-        "gen": gen,
-        "rounds": rounds,
-    }
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(request, f)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    done = subprocess.run(
-        [str(python), str(WORKER), f.name], capture_output=True, text=True, env=env, check=False
-    )
-    os.unlink(f.name)
-    if done.returncode != 0:
-        raise RuntimeError(f"optimum-intel worker failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+class OptimumWorker:
+    """optimum-intel's approaches in their own environment's process, called one at a time.
+
+    Started with the request (directory, prompts, generate's keywords); each call runs one
+    ``generate`` there and returns the seconds measured there and the tokens.
+    """
+
+    def __init__(self, python: Path, directory: str, prompts: dict, gen: dict) -> None:
+        request = {
+            "model_dir": directory,
+            "prompts": {n: {k: v.tolist() for k, v in p.items()} for n, p in prompts.items()},
+            "gen": gen,
+        }
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(request, f)
+        self._request = f.name
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+        self._process = subprocess.Popen(
+            [str(python), str(WORKER), f.name],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        ready = self._answer()
+        self.approaches: list[str] = ready["loaded"]
+        self.load_s: dict[str, float] = ready["load_s"]
+        self.failed: dict[str, str] = ready["failed"]
+
+    def _answer(self) -> dict:
+        """The worker's next JSON line (anything else it prints is skipped)."""
+        assert self._process.stdout is not None
+        for line in self._process.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"optimum-intel worker ended (exit {self._process.wait()})")
+
+    def run(self, approach: str, prompt: str) -> tuple[float, list]:
+        """One ``generate`` of ``approach`` on ``prompt`` there: its seconds and tokens."""
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps({"approach": approach, "prompt": prompt}) + "\n")
+        self._process.stdin.flush()
+        answer = self._answer()
+        return float(answer["s"]), answer["tokens"]
+
+    def close(self) -> None:
+        """End the worker and remove its request file."""
+        if self._process.stdin is not None:
+            self._process.stdin.write("\n")
+            self._process.stdin.close()
+        self._process.wait(timeout=120)
+        os.unlink(self._request)
+
+
+class Remote:
+    """A worker's approach as a callable for :func:`cycled_medians`, keeping the worker's times."""
+
+    def __init__(self, worker: OptimumWorker, approach: str, prompt: str) -> None:
+        self.worker, self.approach, self.prompt = worker, approach, prompt
+        self.seconds: list[float] = []
+
+    def __call__(self) -> list:
+        seconds, tokens = self.worker.run(self.approach, self.prompt)
+        self.seconds.append(seconds)
+        return tokens
 
 
 def equal_share(a: list, b: torch.Tensor) -> float:
@@ -230,33 +281,29 @@ def main() -> None:
         m, kwargs = entry if isinstance(entry, tuple) else (entry, gen)
         return lambda: m.generate(**inputs, **kwargs)
 
-    rows: dict[str, dict[str, tuple[float, float]]] = {}
-    eager_tokens = {}
-    for name, inputs in prompts.items():
-        with torch.no_grad():
-            eager_tokens[name] = model.generate(**inputs, **gen)
-            tokens = {a: runner(e, inputs)() for a, e in approaches.items()}
-            seconds = cycled_medians(
-                {a: runner(e, inputs) for a, e in approaches.items()}, args.rounds
-            )
-        for a in approaches:
-            rows.setdefault(a, {})[name] = (
-                seconds[a],
-                equal_share(tokens[a].tolist(), eager_tokens[name]),
-            )
-    optimum: dict = {}
+    worker = None
     if not args.no_optimum:
-        python = ensure_venv(args.optimum_venv)
-        optimum = run_optimum(python, directory, prompts, gen, args.rounds)
-        for name, results in optimum["prompts"].items():
-            for a, r in results.items():
-                rows.setdefault(a, {})[name] = (
-                    r["s"],
-                    equal_share(r["tokens"], eager_tokens[name]),
-                )
-        setup_s.update({a: s for a, s in optimum["load_s"].items()})
+        worker = OptimumWorker(ensure_venv(args.optimum_venv), directory, prompts, gen)
+        setup_s.update(worker.load_s)
+    rows: dict[str, dict[str, tuple[float, float]]] = {}
+    try:
+        for name, inputs in prompts.items():
+            with torch.no_grad():
+                eager = model.generate(**inputs, **gen)
+                calls: dict[str, Any] = {a: runner(e, inputs) for a, e in approaches.items()}
+                remote = {a: Remote(worker, a, name) for a in (worker.approaches if worker else ())}
+                tokens = {a: call().tolist() for a, call in calls.items()}
+                tokens.update({a: call() for a, call in remote.items()})
+                seconds = cycled_medians({**calls, **remote}, args.rounds)
+            for a, call in remote.items():  # the worker's own clock; its first call warmed up
+                seconds[a] = statistics.median(call.seconds[-args.rounds :])
+            for a in seconds:
+                rows.setdefault(a, {})[name] = (seconds[a], equal_share(tokens[a], eager))
+    finally:
+        if worker is not None:
+            worker.close()
     print(table(rows, list(prompts), setup_s, n, args.model))
-    for a, reason in optimum.get("failed", {}).items():
+    for a, reason in (worker.failed if worker else {}).items():
         print(f"{a}: failed to load ({reason})")
     forward = getattr(tuned.model, "forward", None)
     counts = getattr(forward, "counts", None)

@@ -1,13 +1,16 @@
 """optimum-intel's side of ``benchmarks.generate_cpu``, run in optimum-intel's own environment.
 
 optimum-intel pins an older transformers, so it cannot share tunetree's environment: the
-benchmark runs this file with that environment's Python. It reads a JSON request (the saved
-model's directory, the prompts as token ids and masks, generate's keywords, the rounds),
-loads the model with ``OVModelForCausalLM.from_pretrained(dir, export=True)`` four ways (f32
-hint, OpenVINO's default precision, 8-bit and 4-bit weight-only) beside that environment's own eager
-model, times them with :mod:`_cycled` (the same method as the benchmark) and prints one JSON
-object on stdout: per approach and prompt, the median seconds of one ``generate`` and its
-tokens. It imports nothing of tunetree.
+benchmark runs this file with that environment's Python as a long-lived process. It reads a
+JSON request (the saved model's directory, the prompts as token ids and masks, generate's
+keywords), loads the model with ``OVModelForCausalLM.from_pretrained(dir, export=True)`` four
+ways (f32 hint, OpenVINO's default precision, 8-bit and 4-bit weight-only) beside that
+environment's own eager model, and prints one JSON line: the approaches loaded, their load
+times and why any failed. Then it serves: each line on stdin names an approach and a prompt,
+and it runs that ``generate`` once and answers one JSON line with the seconds it took
+(measured here, so the pipe costs nothing) and the tokens. The benchmark interleaves these
+calls with its own approaches' in one cycled order, so both processes are timed under the same
+machine state. An empty line ends it. It imports nothing of tunetree.
 """
 
 from __future__ import annotations
@@ -17,10 +20,6 @@ import json
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _cycled import cycled_medians
 
 
 def main() -> None:
@@ -34,7 +33,6 @@ def main() -> None:
     request = json.loads(Path(request_path).read_text())
     directory = request["model_dir"]
     gen = request["gen"]
-    rounds = int(request["rounds"])
     only = set(request.get("approaches") or ())
     loads = {
         "eager (optimum env)": lambda: AutoModelForCausalLM.from_pretrained(directory).eval(),
@@ -60,25 +58,18 @@ def main() -> None:
             failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             continue
         load_s[name] = time.perf_counter() - start
-    result: dict = {"load_s": load_s, "failed": failed, "prompts": {}}
-    for prompt_name, prompt in request["prompts"].items():
-        inputs = {k: torch.tensor(v) for k, v in prompt.items()}
-        tokens = {}
-
-        def run(model, inputs=inputs, name=None, tokens=tokens):
-            with torch.no_grad():
-                out = model.generate(**inputs, **gen)
-            if name is not None:
-                tokens[name] = out.tolist()
-            return out
-
-        for name, model in models.items():
-            run(model, name=name)
-        seconds = cycled_medians({n: (lambda m=m: run(m)) for n, m in models.items()}, rounds)
-        result["prompts"][prompt_name] = {
-            name: {"s": seconds[name], "tokens": tokens[name]} for name in models
-        }
-    print(json.dumps(result))
+    print(json.dumps({"loaded": list(models), "load_s": load_s, "failed": failed}), flush=True)
+    prompts = {n: {k: torch.tensor(v) for k, v in p.items()} for n, p in request["prompts"].items()}
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        asked = json.loads(line)
+        model, inputs = models[asked["approach"]], prompts[asked["prompt"]]
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(**inputs, **gen)
+        seconds = time.perf_counter() - start
+        print(json.dumps({"s": seconds, "tokens": out.tolist()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -254,3 +254,22 @@ def test_a_mask_per_layer_type_is_refused_with_its_reason_not_a_crash() -> None:
         "an attention_mask per layer type (full_attention, sliding_attention)"
     )
     assert "of type list" in str(_mask_and_positions({"attention_mask": [mask]}, 1, 2, 2))
+
+
+def test_configs_change_results_only_under_a_budget_smallest_change_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tunetree.generation import stateful_trial
+
+    assert stateful_trial.configs(None) == [StatefulConfig()]
+    budget = tt.AccuracyBudget(max_error=0.05)
+    monkeypatch.setattr(stateful_trial, "bf16_reason", lambda: None)
+    assert [c.label for c in stateful_trial.configs(budget)] == [
+        "openvino-stateful f32",
+        "openvino-stateful bf16",
+        "openvino-stateful f32 int8-weights",
+        "openvino-stateful bf16 int8-weights",
+        "openvino-stateful f32 int4-weights",
+    ]
+    monkeypatch.setattr(stateful_trial, "bf16_reason", lambda: "no bf16 units")
+    assert [c.weights for c in stateful_trial.configs(budget)] == [None, "int8", "int4"]

@@ -86,16 +86,22 @@ def trials_table(trials: Sequence[StatefulTrial]) -> str:
 
 
 def configs(accuracy: AccuracyBudget | None) -> list[StatefulConfig]:
-    """The configs to try: f32 alone, or with a budget also bf16 and 8- and 4-bit weights."""
+    """The configs to try: f32 alone, or with a budget also bf16 and 8- and 4-bit weights.
+
+    In the order a time budget should spend on them: the smallest change of results first
+    (bf16 compute, then 8-bit weights, then both), 4-bit weights, the likeliest to be over a
+    tight budget, last.
+    """
     found = [StatefulConfig()]
     if accuracy is None or accuracy.max_error is None:
         return found
-    found += [StatefulConfig(weights="int8"), StatefulConfig(weights="int4")]
-    if bf16_reason() is None:
-        found += [
-            StatefulConfig(precision="bf16"),
-            StatefulConfig(precision="bf16", weights="int8"),
-        ]
+    bf16 = bf16_reason() is None
+    if bf16:
+        found.append(StatefulConfig(precision="bf16"))
+    found.append(StatefulConfig(weights="int8"))
+    if bf16:
+        found.append(StatefulConfig(precision="bf16", weights="int8"))
+    found.append(StatefulConfig(weights="int4"))
     return found
 
 
