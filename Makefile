@@ -13,13 +13,16 @@ setup: $(STAMP)
 # pinned for development and CI as well (the package itself accepts >=4.44): its minor
 # releases change cache internals (5.25 gave Mamba's cache layers a token counter tensor),
 # so CI tests the release we last checked, and a new one is taken on by changing the pin.
+# The extras are the README's `all` (every optional backend and service client): CI then
+# installs exactly what a user's `pip install "tunetree[all]"` does, and runs the README's
+# first code block in it (tests/test_readme.py).
 TRANSFORMERS_PIN := transformers==5.25.0
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[openvino,onnx,ao,plot,remote,fleet,dev]' 'torch==2.13.0' '$(TRANSFORMERS_PIN)'
+	$(PY) -m pip install -q -e '.[all,dev]' 'torch==2.13.0' '$(TRANSFORMERS_PIN)'
 	touch $(STAMP)
 
 demo: setup

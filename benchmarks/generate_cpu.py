@@ -17,7 +17,7 @@ beside this one (``benchmarks/optimum_intel_worker.py``): that environment's eag
 ``OVModelForCausalLM.from_pretrained(dir, export=True)`` with the f32 hint, with OpenVINO's
 default precision (bf16 on a CPU with bf16 units) and with 8-bit and 4-bit weight-only
 compression (NNCF's defaults). Every approach of both processes is called from one cycled
-order (:mod:`benchmarks._cycled`), so all are timed under the same machine state; the
+order (:mod:`benchmarks.common.cycled`), so all are timed under the same machine state; the
 worker's calls are timed by the worker's clock and their tokens sent back as JSON to be
 compared with eager's. That environment is ``--optimum-venv`` (default
 :data:`OPTIMUM_VENV`); when it is missing the script builds it (torch 2.13.0, then
@@ -54,7 +54,7 @@ import torch
 import tunetree as tt
 from tunetree._util.table import format_table
 
-from ._cycled import cycled_medians
+from .common.cycled import cycled_medians
 
 OPTIMUM_VENV = Path("/root/.cache/tunetree-bench/optimum-intel-venv")
 """Where optimum-intel's own environment lives (``--optimum-venv``)."""
@@ -217,6 +217,42 @@ def table(
     return format_table(headers, lines, title=f"{model}, {n} new tokens, greedy, unseen prompts")
 
 
+def timed_rows(
+    model: Any,
+    approaches: dict[str, Any],
+    prompts: dict[str, dict[str, torch.Tensor]],
+    gen: dict,
+    worker: OptimumWorker | None,
+    rounds: int,
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per approach and prompt: median seconds of one ``generate`` and the share of eager rows.
+
+    This process's approaches (a model, or ``(model, generate's keywords)``) and the worker's
+    are called from one cycled order; the worker's calls are timed by its own clock.
+    """
+
+    def runner(entry: Any, inputs: dict) -> Any:
+        m, kwargs = entry if isinstance(entry, tuple) else (entry, gen)
+        return lambda: m.generate(**inputs, **kwargs)
+
+    rows: dict[str, dict[str, tuple[float, float]]] = {}
+    for name, inputs in prompts.items():
+        with torch.no_grad():
+            eager = model.generate(**inputs, **gen)
+            calls: dict[str, Any] = {a: runner(e, inputs) for a, e in approaches.items()}
+            remote: dict[str, Remote] = {}
+            if worker is not None:
+                remote = {a: Remote(worker, a, name) for a in worker.approaches}
+            tokens = {a: fn().tolist() for a, fn in calls.items()}
+            tokens.update({a: fn() for a, fn in remote.items()})
+            seconds = cycled_medians({**calls, **remote}, rounds)
+        for a, there in remote.items():  # the worker's own clock; its first call warmed up
+            seconds[a] = statistics.median(there.seconds[-rounds:])
+        for a in seconds:
+            rows.setdefault(a, {})[name] = (seconds[a], equal_share(tokens[a], eager))
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama-134m")
@@ -251,7 +287,7 @@ def main() -> None:
 
     approaches: dict[str, Any] = {"eager": model}
     setup_s: dict[str, float] = {}
-    budget = "default" if args.time_budget is None else args.time_budget
+    budget: Any = "default" if args.time_budget is None else args.time_budget
     start = time.perf_counter()
     tuned = tt.auto_tune(model, tuning, call=call, verbose=False, time_budget=budget, cache=False)
     setup_s["tunetree usual call"] = time.perf_counter() - start
@@ -277,28 +313,12 @@ def main() -> None:
         print(result, flush=True)
         approaches[name] = result.model
 
-    def runner(entry: Any, inputs: dict) -> Any:
-        m, kwargs = entry if isinstance(entry, tuple) else (entry, gen)
-        return lambda: m.generate(**inputs, **kwargs)
-
     worker = None
     if not args.no_optimum:
         worker = OptimumWorker(ensure_venv(args.optimum_venv), directory, prompts, gen)
         setup_s.update(worker.load_s)
-    rows: dict[str, dict[str, tuple[float, float]]] = {}
     try:
-        for name, inputs in prompts.items():
-            with torch.no_grad():
-                eager = model.generate(**inputs, **gen)
-                calls: dict[str, Any] = {a: runner(e, inputs) for a, e in approaches.items()}
-                remote = {a: Remote(worker, a, name) for a in (worker.approaches if worker else ())}
-                tokens = {a: call().tolist() for a, call in calls.items()}
-                tokens.update({a: call() for a, call in remote.items()})
-                seconds = cycled_medians({**calls, **remote}, args.rounds)
-            for a, call in remote.items():  # the worker's own clock; its first call warmed up
-                seconds[a] = statistics.median(call.seconds[-args.rounds :])
-            for a in seconds:
-                rows.setdefault(a, {})[name] = (seconds[a], equal_share(tokens[a], eager))
+        rows = timed_rows(model, approaches, prompts, gen, worker, args.rounds)
     finally:
         if worker is not None:
             worker.close()

@@ -32,7 +32,7 @@ import torch
 from tunetree.generation import stateful
 from tunetree.generation.stateful_runner import StatefulRunner
 
-from ._cycled import cycled_medians
+from .common.cycled import cycled_medians
 from .generate_cpu import UNSEEN, config, equal_share, prompt
 
 

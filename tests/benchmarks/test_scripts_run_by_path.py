@@ -82,6 +82,6 @@ def test_the_readme_names_every_file_of_the_benchmarks() -> None:
         for p in (ROOT / "benchmarks" / folder).glob("*.py")
         if p.name != "__init__.py"
     ]
-    assert "_cycled.py" in files and "models.py" in files
+    assert "cycled.py" in files and "models.py" in files
     missing = [name for name in files if f"`{name}`" not in readme]
     assert not missing, missing

@@ -273,3 +273,12 @@ def test_configs_change_results_only_under_a_budget_smallest_change_first(
     ]
     monkeypatch.setattr(stateful_trial, "bf16_reason", lambda: "no bf16 units")
     assert [c.weights for c in stateful_trial.configs(budget)] == [None, "int8", "int4"]
+
+
+def test_only_a_results_changing_config_holds_its_cache_in_sixteen_bits() -> None:
+    def cache(**config: str) -> str:
+        return StatefulConfig(**config).compile_config()["KV_CACHE_PRECISION"]  # type: ignore[arg-type]
+
+    assert cache() == "f32"  # the default: OpenVINO's own default (u8) would change results
+    assert cache(weights="int8") == cache(weights="int4") == "f16"
+    assert cache(precision="bf16") == cache(precision="bf16", weights="int8") == "bf16"

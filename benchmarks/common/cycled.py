@@ -1,7 +1,7 @@
 """Interleaved timing with the order of approaches cycled, in plain Python.
 
-Imported by ``benchmarks.generate_cpu`` and by its optimum-intel worker, which runs in another
-virtual environment (no tunetree, no torch assumptions): both time the same way. Each round
+Used by ``benchmarks.generate_cpu`` (which calls its optimum-intel worker's approaches from the
+same order), ``benchmarks.stateful_fusion_cpu`` and an investigation. Each round
 runs every approach once, in an order that cycles through every permutation, so no approach
 always follows the same one (a runtime's spinning thread pool slows whatever runs next).
 """
