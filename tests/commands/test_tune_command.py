@@ -273,10 +273,9 @@ def test_input_files_hold_the_models_keyword_arguments(
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_image_shapes_must_fit_the_models_image_size(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = transformers.ViTConfig(
+def _tiny_vit_config() -> Any:
+    """A 1-layer ViT of 32x32 images in 8x8 patches, 3 labels."""
+    return transformers.ViTConfig(
         image_size=32,
         patch_size=8,
         hidden_size=32,
@@ -285,6 +284,12 @@ def test_image_shapes_must_fit_the_models_image_size(
         intermediate_size=64,
         num_labels=3,
     )
+
+
+def test_image_shapes_must_fit_the_models_image_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _tiny_vit_config()
     transformers.ViTForImageClassification(config).save_pretrained(tmp_path / "vit")
     capsys.readouterr()  # save_pretrained's own progress bar
     argv = ["tune", str(tmp_path / "vit"), "--task", "image-classification", "--shapes", "1x224"]
@@ -298,15 +303,7 @@ def test_image_shapes_must_fit_the_models_image_size(
 @pytest.fixture(scope="module")
 def vit_with_processor(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
-    config = transformers.ViTConfig(
-        image_size=32,
-        patch_size=8,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=3,
-    )
+    config = _tiny_vit_config()
     directory = tmp_path_factory.mktemp("vit")
     transformers.ViTForImageClassification(config).save_pretrained(directory)
     transformers.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(directory)

@@ -73,7 +73,11 @@ class HeldState:
 def _in_capacity(
     layer: Any, keys: torch.Tensor, values: torch.Tensor, length: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A static layer's buffers of its capacity, ``length`` positions written, its count set."""
+    """A static layer's buffers of its capacity, ``length`` positions written, its count set.
+
+    Written here rather than by the layer's ``lazy_initialization``, which marks its buffers
+    as static addresses for Dynamo: reading a cache back must not import the compiler.
+    """
     capacity = int(layer.max_cache_len)
     if length > capacity:
         raise BackendError(f"the runtime holds {length} positions, the static cache {capacity}")

@@ -78,24 +78,30 @@ def _quantize(weight: np.ndarray, axis: int, levels: int) -> tuple[np.ndarray, .
     return quantized, zero.astype(np.uint8), scale
 
 
-def _int8(weight: np.ndarray, axis: int) -> Any:
-    """The decompression subgraph of ``weight`` in 8 bits per output channel."""
+def _decompressed(quantized: Any, zero: Any, scale: np.ndarray) -> Any:
+    """``(quantized - zero) * scale`` in f32 from integer constants: the decompression pattern."""
     import openvino
     from openvino import opset13
 
-    quantized, zero, scale = _quantize(weight, axis, 255)
     return opset13.multiply(
         opset13.subtract(
-            opset13.convert(opset13.constant(quantized), openvino.Type.f32),
-            opset13.convert(opset13.constant(zero), openvino.Type.f32),
+            opset13.convert(quantized, openvino.Type.f32),
+            opset13.convert(zero, openvino.Type.f32),
         ),
         opset13.constant(scale),
-    ).output(0)
+    )
+
+
+def _int8(weight: np.ndarray, axis: int) -> Any:
+    """The decompression subgraph of ``weight`` in 8 bits per output channel."""
+    from openvino import opset13
+
+    quantized, zero, scale = _quantize(weight, axis, 255)
+    return _decompressed(opset13.constant(quantized), opset13.constant(zero), scale).output(0)
 
 
 def _int4(weight: np.ndarray, axis: int, group: int) -> Any:
     """The decompression subgraph of ``weight`` in 4 bits per group along ``axis``."""
-    import openvino
     from openvino import opset13
 
     rows, cols = weight.shape
@@ -106,13 +112,7 @@ def _int4(weight: np.ndarray, axis: int, group: int) -> Any:
         grouped = weight.reshape(rows // group, group, cols)
         reduced = 1
     quantized, zero, scale = _quantize(grouped, reduced, 15)
-    decompressed = opset13.multiply(
-        opset13.subtract(
-            opset13.convert(_u4_constant(quantized), openvino.Type.f32),
-            opset13.convert(_u4_constant(zero), openvino.Type.f32),
-        ),
-        opset13.constant(scale),
-    )
+    decompressed = _decompressed(_u4_constant(quantized), _u4_constant(zero), scale)
     return opset13.reshape(decompressed, np.array([rows, cols], dtype=np.int64), False).output(0)
 
 
