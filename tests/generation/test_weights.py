@@ -41,12 +41,13 @@ def _dequantized(weight: np.ndarray, axis: int, levels: int) -> np.ndarray:
     return (q - zero) * scale
 
 
-def _groups(weight: np.ndarray, group: int, transposed: bool) -> np.ndarray:
+def _groups(weight: np.ndarray, group: int, transposed: bool, levels: int = 15) -> np.ndarray:
+    rows, cols = weight.shape
     if transposed:  # [out, in]
-        rows, cols = weight.shape
-        return _dequantized(weight.reshape(rows, cols // group, group), 2, 15).reshape(rows, cols)
-    rows, cols = weight.shape  # [in, out]
-    return _dequantized(weight.reshape(rows // group, group, cols), 1, 15).reshape(rows, cols)
+        grouped = weight.reshape(rows, cols // group, group)
+        return _dequantized(grouped, 2, levels).reshape(rows, cols)
+    grouped = weight.reshape(rows // group, group, cols)  # [in, out]
+    return _dequantized(grouped, 1, levels).reshape(rows, cols)
 
 
 def _element_types(model: object) -> Counter[str]:
@@ -61,11 +62,11 @@ def _element_types(model: object) -> Counter[str]:
 def test_int4_computes_with_the_grouped_four_bit_weights(transposed: bool) -> None:
     rng = np.random.default_rng(0)
     w0 = rng.standard_normal((256, 256)).astype(np.float32)
-    w1 = rng.standard_normal((256, 64)).astype(np.float32)  # the last: 8 bits per channel
+    w1 = rng.standard_normal((256, 64)).astype(np.float32)  # the last: 8 bits, groups of 64
     model = _chain([(w0, transposed), (w1.T.copy() if transposed else w1, transposed)])
     x = rng.standard_normal((2, 256)).astype(np.float32)
     out = _run(compress_int4(model), x)
-    last = _dequantized(w1.T.copy() if transposed else w1, 1 if transposed else 0, 255)
+    last = _groups(w1.T.copy() if transposed else w1, 64, transposed, levels=255)
     first = _groups(w0, 128, transposed)
     expected = (x @ (first.T if transposed else first)) @ (last.T if transposed else last)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
@@ -91,15 +92,23 @@ def test_int4_keeps_the_last_matmul_and_ungroupable_weights_at_eight_bits() -> N
     assert types["f32"] == 5  # scales only: no float weight left
 
 
-def test_int8_keeps_one_scale_per_channel_and_small_weights_as_they_are() -> None:
+@pytest.mark.parametrize("transposed", [True, False])
+def test_int8_rounds_per_group_of_inputs_and_per_channel_where_they_do_not_divide(
+    transposed: bool,
+) -> None:
     rng = np.random.default_rng(2)
-    big = rng.standard_normal((128, 64)).astype(np.float32)
+    grouped = rng.standard_normal((96, 192)).astype(np.float32)  # [out, in]: 3 groups of 64
+    ragged = rng.standard_normal((128, 96)).astype(np.float32)  # 96 inputs: per channel
     small = rng.standard_normal((8, 128)).astype(np.float32)  # under MIN_ELEMENTS
-    model = _chain([(big, True), (small, True)])
-    x = rng.standard_normal((2, 64)).astype(np.float32)
+    layout = [grouped, ragged, small]
+    model = _chain([(w if transposed else w.T.copy(), transposed) for w in layout])
+    x = rng.standard_normal((2, 192)).astype(np.float32)
     out = _run(compress_int8(model), x)
-    expected = (x @ _dequantized(big, 1, 255).T) @ small.T
+    first = _dequantized(grouped.reshape(96, 3, 64), 2, 255).reshape(96, 192)
+    expected = (x @ first.T) @ _dequantized(ragged, 1, 255).T @ small.T
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+    per_channel = (x @ _dequantized(grouped, 1, 255).T) @ _dequantized(ragged, 1, 255).T @ small.T
+    assert not np.allclose(out, per_channel, rtol=1e-4, atol=1e-3)  # the groups are real
     assert _element_types(compress_int8(model))["u4"] == 0
 
 
