@@ -113,6 +113,33 @@ def teacher_forced(
     return torch.cat(logits, dim=1)
 
 
+class EagerReferences:
+    """Eager's side of :func:`check` (its tokens and teacher-forced logits) per check prompt.
+
+    Computed on first use and kept, so that several configs checked on the same prompts run
+    eager once: on a CPU eager's ``generate`` is the slowest part of a check.
+    """
+
+    def __init__(self, eager: Any, call: CallFn | None) -> None:
+        self.eager, self.call = eager, call
+        self._found: dict[int, tuple[Sample, torch.Tensor | None, torch.Tensor | None]] = {}
+
+    def get(
+        self, sample: Sample, prompt: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Eager's token ids for ``sample`` and its logits teacher-forced on its new tokens."""
+        kept = self._found.get(id(sample))
+        if kept is not None and kept[0] is sample:
+            return kept[1], kept[2]
+        with torch.no_grad():
+            ref = _sequences(run_model(self.eager, sample, self.call))
+        logits = None
+        if ref is not None and ref.shape[1] > prompt["input_ids"].shape[1]:
+            logits = teacher_forced(self.eager, prompt, ref[:, prompt["input_ids"].shape[1] :])
+        self._found[id(sample)] = (sample, ref, logits)
+        return ref, logits
+
+
 def check(
     eager: Any,
     tuned: Any,
@@ -122,20 +149,23 @@ def check(
     tolerances: Tolerances | None = None,
     metric: Metric | None = None,
     max_error: float | None = None,
+    references: EagerReferences | None = None,
 ) -> CheckReport:
     """Compare ``tuned`` with ``eager`` on ``samples`` (see the module's docstring).
 
     Without ``metric``: tokens must be equal and logits within ``tolerances``. With
     ``metric`` and ``max_error``: the teacher-forced logits' error must stay within it.
+    ``references`` (of ``eager`` and ``call``) keeps eager's side between checks.
     """
+    references = references or EagerReferences(eager, call)
     tokens_equal, worst, agree, total, error = True, 0.0, 0, 0, 0.0
     problem = ""
     for sample in samples:
         prompt = prompt_of(sample)
         if prompt is None:
             return CheckReport(0, False, math.inf, 0.0, None, "a prompt has no input_ids matrix")
+        ref, reference = references.get(sample, prompt)
         with torch.no_grad():
-            ref = _sequences(run_model(eager, sample, call))
             out = _sequences(run_model(tuned, sample, call))
         if ref is None or out is None:
             return CheckReport(0, False, math.inf, 0.0, None, "generate returned no token ids")
@@ -143,9 +173,8 @@ def check(
             tokens_equal = False
         start = prompt["input_ids"].shape[1]
         new = ref[:, start:]
-        if new.shape[1] == 0:
+        if new.shape[1] == 0 or reference is None:
             continue
-        reference = teacher_forced(eager, prompt, new)
         candidate = teacher_forced(tuned, prompt, new)
         rows = prompt["attention_mask"].sum(dim=1) > 0
         picks = candidate[:, start - 1 :].argmax(dim=-1)[rows]

@@ -37,7 +37,7 @@ from .stateful import (
     runner_for,
     unavailable_reason,
 )
-from .stateful_check import CheckReport, check, probes, prompt_of
+from .stateful_check import CheckReport, EagerReferences, check, probes, prompt_of
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +144,14 @@ def try_stateful(
     room = envelope(model, exported.shape, StatefulConfig()) - _new_tokens(model, samples, call)
     checked = [*samples, *held, *probes(samples, vocab, room)]
     first_s: float | None = None
+    references = EagerReferences(model, call)  # eager runs once for every config's check
     for trial in trials:
         if first_s is not None and deadline is not None and deadline.left_s() < first_s:
             trial.status = "skipped"
             trial.reason = f"{TIME_BUDGET_ERROR} ({deadline.left_s():.0f} s left)"
             continue
         started = time.perf_counter()
-        _build_and_check(trial, model, exported, checked, call, accuracy, tolerances)
+        _build_and_check(trial, model, exported, checked, call, accuracy, tolerances, references)
         first_s = time.perf_counter() - started if first_s is None else first_s
         if trial.build_s is not None:
             trial.build_s += export_s
@@ -171,6 +172,7 @@ def _build_and_check(
     call: CallFn | None,
     accuracy: AccuracyBudget | None,
     tolerances: Tolerances | None,
+    references: EagerReferences,
 ) -> None:
     config = trial.config
     if config.precision == "bf16" and (reason := bf16_reason()) is not None:
@@ -189,12 +191,13 @@ def _build_and_check(
     limit = envelope(model, exported.shape, config)
     tuned = attach(model, runner, exported.output_type, limit, config)
     if config.preserves_results:
-        report = check(model, tuned, samples, call, tolerances=tolerances)
+        report = check(model, tuned, samples, call, tolerances=tolerances, references=references)
     else:
         assert accuracy is not None
         report = check(
-            model, tuned, samples, call, metric=accuracy.metric, max_error=accuracy.max_error
-        )
+            model, tuned, samples, call, metric=accuracy.metric, max_error=accuracy.max_error,
+            references=references,
+        )  # fmt: skip
     trial.report = report
     served = tuned.__dict__["forward"].counts
     if served.original:
