@@ -253,3 +253,16 @@ def test_a_captured_sampling_loop_draws_generates_tokens_from_the_same_seed() ->
     torch.manual_seed(8)
     assert torch.equal(again, eager(model, inputs, **gen))
     assert loop.counts.served == 2
+
+
+def test_inductors_settings_are_patched_only_while_the_step_compiles() -> None:
+    import torch._inductor.config as inductor_config
+
+    from tunetree.generation.multistep import INDUCTOR_SETTINGS, _inductor_settings
+
+    before = {name: getattr(inductor_config, name) for name in INDUCTOR_SETTINGS}
+    with _inductor_settings(True):
+        assert all(getattr(inductor_config, k) == v for k, v in INDUCTOR_SETTINGS.items())
+    with _inductor_settings(False):
+        assert {name: getattr(inductor_config, name) for name in INDUCTOR_SETTINGS} == before
+    assert {name: getattr(inductor_config, name) for name in INDUCTOR_SETTINGS} == before
