@@ -60,6 +60,24 @@ def test_the_loop_returns_generates_tokens_for_left_padded_rows(static: bool, st
     assert torch.equal(loop.serve(plan), eager(model, inputs, **gen))
 
 
+def test_a_loop_with_another_attention_runs_it_on_a_private_copy_with_generates_tokens() -> None:
+    model = qwen3()
+    loop = MultiStepGenerate(model, model.generate, MultiStepConfig(4, attention="eager"))
+    assert model.config._attn_implementation == "sdpa"  # the user's model keeps its own
+    assert loop.step_model.config._attn_implementation == "eager"
+    assert loop.step_model is not model
+    ours = dict(model.named_parameters())
+    for name, parameter in loop.step_model.named_parameters():
+        assert parameter is ours[name]  # shared, not copied
+    inputs = prompt(3, 11, 1)
+    gen = dict(max_new_tokens=19, min_new_tokens=19)
+    plan, reason = loop.plan((), {**inputs, **gen, "do_sample": False, "pad_token_id": 0})
+    assert plan is not None, reason
+    assert torch.equal(loop.serve(plan), eager(model, inputs, **gen))
+    assert next(iter(loop.loops.values())).model is loop.step_model
+    assert "eager attention" in loop.config.label
+
+
 def test_rows_that_finish_are_padded_and_the_call_stops_when_all_have() -> None:
     model = qwen3()
     inputs = prompt(2, 9, 2)

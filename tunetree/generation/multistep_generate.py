@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..signature.modules import private_copy
 from .multistep import DecodeGraph, LoopShape, StopRule, _forward_keywords
 
 log = logging.getLogger(__name__)
@@ -81,16 +82,22 @@ _SAMPLING_NEUTRAL = {"typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
 
 @dataclass(frozen=True)
 class MultiStepConfig:
-    """How the decode loop is built: steps per replay and eager's kernels or Inductor's."""
+    """How the decode loop is built: steps per replay, kernels, and the step's attention."""
 
     steps: int = 16
     compiled: bool = False
+    attention: str | None = None
+    """None: the model's own. Else Hugging Face's name of another (``"eager"``: matmuls and a
+    softmax, which Inductor fuses into fewer kernels than a fused attention kernel takes at
+    batch 1); the step then runs a private copy of the model (parameters shared, its own
+    config), so the user's model keeps its setting."""
 
     @property
     def label(self) -> str:
         """The config's name in tables."""
         kind = "Inductor step" if self.compiled else "eager kernels"
-        return f"{self.steps} steps/replay, {kind}"
+        attention = f", {self.attention} attention" if self.attention else ""
+        return f"{self.steps} steps/replay, {kind}{attention}"
 
 
 @dataclass
@@ -126,6 +133,8 @@ class MultiStepGenerate:
 
     def __init__(self, model: Any, original: Callable[..., Any], config: MultiStepConfig) -> None:
         self.model, self.original, self.config = model, original, config
+        self.step_model = model if config.attention is None else _with_attention(model, config)
+        """What the decode step runs: the model, or its private copy with another attention."""
         self.loops: dict[tuple[int, int], DecodeGraph] = {}
         self.counts = Counts()
         self._lock = threading.Lock()
@@ -225,7 +234,7 @@ class MultiStepGenerate:
         loop = self.loops.get(key)
         if loop is None or loop.rule != plan.rule or loop.max_new < plan.max_new:
             loop = DecodeGraph(
-                self.model,
+                self.step_model,
                 LoopShape(batch, capacity, steps),
                 plan.rule,
                 max_new=max(plan.max_new, loop.max_new if loop else 0),
@@ -289,6 +298,13 @@ class MultiStepGenerate:
         if not plan.static:
             _copy_into(out.past_key_values, cache, plan.input_ids.shape[1])
         return out.sequences[:, -1]
+
+
+def _with_attention(model: Any, config: MultiStepConfig) -> Any:
+    """A private copy of ``model`` (parameters shared) running ``config.attention``."""
+    twin = private_copy(model)
+    twin.set_attn_implementation(config.attention)
+    return twin
 
 
 def _rule(config: Any, prompt: int) -> StopRule:

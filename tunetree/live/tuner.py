@@ -24,7 +24,6 @@ smallest recorded call, stopped before it draws) is left untuned with that reaso
 from __future__ import annotations
 
 import atexit
-import copy
 import logging
 import os
 import queue
@@ -41,7 +40,7 @@ from ..errors import TunetreeError
 from ..search.auto import auto_tune
 from ..search.auto_result import AutoTuneResult
 from ..signature.graph import Sample
-from ..signature.modules import CallFn, module_paths, run_model
+from ..signature.modules import CallFn, private_copy, run_model
 from ..signature.rng import global_draw, rng_left_alone
 from .recorder import tensor_bytes
 
@@ -85,15 +84,6 @@ def builds_of(result: AutoTuneResult | None) -> int:
     if result is None or result.breakdown is None:
         return 0
     return sum(p.count for p in result.breakdown.phases if p.phase == BUILD)
-
-
-def private_copy(model: Any) -> Any:
-    """A copy of ``model`` to tune: modules and buffers copied, parameters shared."""
-    memo: dict[int, Any] = {}
-    for _, module in module_paths(model):
-        for parameter in module.parameters(recurse=False):
-            memo[id(parameter)] = parameter
-    return copy.deepcopy(model, memo)
 
 
 def lower_priority(nice: int) -> bool:

@@ -8,6 +8,7 @@ import the inspector.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -118,6 +119,19 @@ def module_paths(model: Any) -> Iterator[tuple[str, nn.Module]]:
     for prefix, root in root_modules(model).items():
         for name, module in root.named_modules():
             yield ".".join(p for p in (prefix, name) if p), module
+
+
+def private_copy(model: Any) -> Any:
+    """A copy of ``model`` whose modules, buffers and config are its own; parameters shared.
+
+    What the copy is given (hooks, settings, buffers written) leaves ``model`` as it was,
+    at the memory of its buffers only.
+    """
+    memo: dict[int, Any] = {}
+    for _, module in module_paths(model):
+        for parameter in module.parameters(recurse=False):
+            memo[id(parameter)] = parameter
+    return copy.deepcopy(model, memo)
 
 
 def run_model(model: Any, sample: Sample, call: CallFn | None) -> Any:
