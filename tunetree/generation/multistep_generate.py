@@ -303,7 +303,10 @@ class MultiStepGenerate:
 def _with_attention(model: Any, config: MultiStepConfig) -> Any:
     """A private copy of ``model`` (parameters shared) running ``config.attention``."""
     twin = private_copy(model)
-    twin.set_attn_implementation(config.attention)
+    setter = getattr(twin, "set_attn_implementation", None)
+    if setter is None:
+        raise ValueError("this transformers cannot set a model's attention implementation")
+    setter(config.attention)
     return twin
 
 

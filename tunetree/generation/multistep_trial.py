@@ -163,10 +163,10 @@ def _build_and_check(
     expected: Sequence[Any],
     call: CallFn | None,
 ) -> None:
-    twin = attach(model, trial.config)
-    served: MultiStepGenerate = twin.__dict__["generate"]
     start = time.perf_counter()
     try:
+        twin = attach(model, trial.config)  # another attention: a private copy set to it
+        served: MultiStepGenerate = twin.__dict__["generate"]
         outputs = [_seeded(twin, sample, call) for sample in checks]
     except (RuntimeError, TypeError, ValueError) as exc:  # a capture or compile that fails
         trial.status, trial.reason = "failed", f"{type(exc).__name__}: {str(exc)[:200]}"
