@@ -170,9 +170,7 @@ def test_eager_generates_once_per_check_prompt_however_many_configs_are_checked(
             eager_calls.append(x["input_ids"].shape)
         return m.generate(**x, **GEN)
 
-    trials = try_stateful(
-        model, samples, call, _timings, accuracy=tt.AccuracyBudget(max_error=0.5)
-    )
+    trials = try_stateful(model, samples, call, _timings, accuracy=tt.AccuracyBudget(max_error=0.5))
     checked = [t for t in trials if t.report is not None]
     assert len(checked) >= 3  # f32, 8-bit and 4-bit weights at least
     # one call to learn how many tokens a call makes, then the two tuning prompts and the
