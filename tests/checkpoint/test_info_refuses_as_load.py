@@ -226,3 +226,23 @@ def test_info_refuses_a_cache_size_of_minus_one_as_load_does(
     assert "states the size -1" in document["error"]
     with pytest.raises(tt.BackendError, match="states the size -1"):
         tt.load(gpt2(), path)
+
+
+def test_info_refuses_a_static_layer_of_capacity_zero_as_load_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A static cache layer with room for no position. Before, ``tunetree info`` exited 0 and
+    ``tt.load`` refused it only after running the module on it (its outputs then differed
+    from the saved runner's); no static layer is made so, and both refuse it by name now."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("onnxruntime")
+    from tests.checkpoint.fixtures.make_generation_fixture import FIXTURE, gpt2
+
+    path = rewrite(tmp_path / "g.tt", manifest=_static_capacity(0), source=FIXTURE)
+    as_recorded(path, monkeypatch)
+    status, err, document = _info(path)
+    reason = "StaticLayer states max_cache_len 0"
+    assert status == EXIT_UNREADABLE and document["compatible"] is False, (err, document)
+    assert reason in document["error"]
+    with pytest.raises(tt.BackendError, match=reason):
+        tt.load(gpt2(), path)

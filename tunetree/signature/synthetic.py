@@ -159,6 +159,15 @@ def _check_data(name: Any, attributes: Any, depth: int) -> None:
         except ValueError as exc:
             raise BackendError(f"a saved {name}: {exc}") from None
         _check_names(value, depth + 1, in_cache=True)
+        if attribute in CAPACITIES and value == ("const", "int", 0) and "Static" in name:
+            raise BackendError(
+                f"a saved {name} states {attribute} 0: a static cache layer holds at least one "
+                "position"
+            )
+
+
+CAPACITIES = frozenset({"max_cache_len", "sliding_window"})
+"""Static cache layers' sizes: no layer is made with room for no position."""
 
 
 def call_from_key(
