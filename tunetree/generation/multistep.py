@@ -265,10 +265,10 @@ class DecodeGraph:
 
 INDUCTOR_SETTINGS = {"coordinate_descent_tuning": True}
 """Inductor's settings while it compiles the step: coordinate-descent tuning of its kernels'
-block sizes turns each batch-1 matmul into one tuned Triton kernel fused with its neighbours
-(on the H200, Qwen3-0.6B's bf16 step took 1.51 ms instead of 2.28, a Llama-3-8B-shaped one
-5.31 instead of 5.73: ``benchmarks/results/2026-12-05-h200-s16``). Patched for the compile
-only; torch's own settings are as the caller left them afterwards."""
+block sizes turns each batch-1 matmul into one tuned Triton kernel fused with its neighbours,
+where the default settings call cuBLAS once per projection (a third fewer kernels and a
+third less time per step on a 0.6B model in bf16; docs/measurements.md points to the run).
+Patched for the compile only; torch's own settings are as the caller left them afterwards."""
 
 
 def _inductor_settings(compiled: bool) -> contextlib.AbstractContextManager[Any]:

@@ -40,8 +40,8 @@ CONFIGS = (
     MultiStepConfig(16, True, attention="eager"),
 )
 """Tried in this order: eager's kernels at two replay lengths, then Inductor's step with the
-model's attention and with Hugging Face's eager attention (on the H200, 1.51 and 1.32 ms per
-step for Qwen3-0.6B in bf16: ``benchmarks/results/2026-12-05-h200-s16``)."""
+model's attention and with Hugging Face's eager attention (fewer kernels per step than a fused
+attention kernel's launches at batch 1: 12% less time per step on a 0.6B model in bf16)."""
 
 
 @dataclass

@@ -7,8 +7,8 @@ CPU plugin runs as compressed-weight matmuls, the one weight-compression tools w
 
 - ``int8``: 8 bits in groups of :data:`INT8_GROUP` inputs, a scale and zero point per group
   (per output channel where the inputs do not divide into groups). Groups keep a 0.5B model's
-  teacher-forced logit error about a quarter below per-channel scales at the same speed here
-  (``benchmarks/results/2026-12-05-cpu-generate-s16``).
+  teacher-forced logit error a fifth to a quarter below per-channel scales, at the same speed
+  (docs/measurements.md).
 - ``int4``: 4 bits in groups of inputs (the largest of :data:`GROUPS` that divides the
   weight's inputs), a scale and zero point per group. The last matmul (the LM head, whose
   errors reach the logits undamped) and any weight whose inputs divide into none of them stay
