@@ -7,6 +7,11 @@ another thread runs ``torch.export`` of a 12-layer BERT in a loop (the Python-he
 a build); per interpreter switch interval: calls made, median, 99th percentile and worst call.
 If the worst call shrinks with the switch interval, the serving thread waits on the GIL (the
 interpreter hands it over only every interval), not only on the cores.
+
+``--process`` runs the same background work in a child process instead (its own GIL), at
+each nice value of ``--nice``: what is left is the cores. ``--work compute`` makes the
+background a 12-layer BERT's forward in a loop at torch's thread count (what a tune's
+measurements do) instead of ``torch.export``.
 """
 
 from __future__ import annotations
@@ -34,11 +39,68 @@ def _export(model: torch.nn.Module, stop: threading.Event) -> None:
         torch.export.export(model, (torch.randint(0, 1000, (1, 16)),))
 
 
+def _compute(model: torch.nn.Module, stop: threading.Event) -> None:
+    x = torch.randint(0, 1000, (4, 64))
+    while not stop.is_set():
+        with torch.no_grad():
+            model(x)
+
+
+def _background_child(work: str, nice: int) -> None:
+    """The child process of ``--process``: lower its priority, then loop until killed."""
+    import transformers
+
+    os.setpriority(os.PRIO_PROCESS, 0, nice)
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=12)).eval()
+    (_compute if work == "compute" else _export)(model, threading.Event())
+
+
+def _child_rows(served: torch.nn.Module, x: torch.Tensor, args: argparse.Namespace) -> None:
+    import subprocess
+
+    for nice in [int(v) for v in args.nice.split(",")]:
+        for label, background in (("alone", False), (f"beside a child ({args.work}, nice {nice})", True)):
+            child = None
+            if background:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.investigations.tuner_gil", "--child",
+                     "--work", args.work, "--nice", str(nice)]
+                )
+                time.sleep(8.0)  # its imports and model build
+            stop, times = threading.Event(), []
+            thread = threading.Thread(target=_serve, args=(served, x, stop, times))
+            thread.start()
+            time.sleep(args.seconds)
+            stop.set()
+            thread.join()
+            if child is not None:
+                child.kill()
+                child.wait()
+            _report(label, times)
+
+
+def _report(label: str, times: list[float]) -> None:
+    kept = sorted(times[3:])
+    print(
+        f"{label}: {len(kept)} calls, median {statistics.median(kept) * 1e3:.1f} ms, p99 "
+        f"{kept[int(len(kept) * 0.99)] * 1e3:.1f} ms, worst {kept[-1] * 1e3:.1f} ms",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--switch-ms", default="5,0.5", help="interpreter switch intervals")
     parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--process", action="store_true", help="background in a child process")
+    parser.add_argument("--work", choices=("export", "compute"), default="export")
+    parser.add_argument("--nice", default="0,10", help="the child's nice values (--process)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        _background_child(args.work, int(args.nice))
+        return
     import transformers
 
     print("load average before:", os.getloadavg(), flush=True)
@@ -49,6 +111,10 @@ def main() -> None:
     served = transformers.BertModel(small).eval()
     exported = transformers.BertModel(transformers.BertConfig(num_hidden_layers=12)).eval()
     x = torch.randint(0, 1000, (4, 64))
+    if args.process:
+        _child_rows(served, x, args)
+        print("load average after:", os.getloadavg(), flush=True)
+        return
     before = sys.getswitchinterval()
     try:
         for ms in [float(v) for v in args.switch_ms.split(",")]:

@@ -26,6 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 tuner_module = importlib.import_module("tunetree.live.tuner")
 
 
+THREAD = {"tuner_process": False}
+"""These tests follow the tune in this process (builds, priorities, failures patched in); the
+child process that runs a cold tune by default is tested in ``test_child``."""
+
+
 def limits(**changes: Any) -> Any:
     from tunetree.live import RecordLimits
 
@@ -78,7 +83,7 @@ def test_live_calls_tune_here_and_a_second_process_starts_tuned_with_no_build(
     cache = tmp_path / "cache"
     model = fakes.model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    served = tt.jit(model, cache=cache, limits=limits(), **fakes.options())
+    served = tt.jit(model, cache=cache, limits=limits(), **fakes.options(), **THREAD)
     rows = [1, 2, 3, 8]
     assert same(serve(served, rows), eager(rows))
     assert served.wait(timeout=120), served.reason
@@ -108,6 +113,7 @@ def test_a_second_host_starts_tuned_from_the_remote_with_its_own_empty_cache(
         cache=tt.TuningCache(tmp_path / "host-a", remote=remote),
         limits=limits(),
         **fakes.options(),
+        **THREAD,
     )
     serve(served, [1, 2, 3, 5, 8])
     assert served.wait(timeout=120), served.reason
@@ -119,7 +125,9 @@ def test_a_second_host_starts_tuned_from_the_remote_with_its_own_empty_cache(
 
 
 def test_four_threads_calling_during_the_swap_get_eagers_numbers(tmp_path: Path) -> None:
-    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), tuner_nice=0, **fakes.options())
+    served = tt.jit(
+        fakes.model(), cache=tmp_path, limits=limits(), tuner_nice=0, **fakes.options(), **THREAD
+    )
     rows = [1, 2, 3, 4, 5, 6, 7, 8]
     expected = eager(rows)
     inputs = fakes.calls(rows)
@@ -158,7 +166,7 @@ def test_training_mode_serves_eager_with_a_reason_and_one_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     model = fakes.model().train()
-    served = tt.jit(model, cache=tmp_path, limits=limits(), **fakes.options())
+    served = tt.jit(model, cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     with caplog.at_level(logging.WARNING, logger="tunetree"):
         outs = serve(served, [1, 2, 3, 4, 5, 6])
     assert served.status == "untuned" and served.tunes == 0
@@ -177,7 +185,7 @@ def test_a_model_put_in_training_mode_after_the_swap_runs_its_own_forward(
     tmp_path: Path,
 ) -> None:
     model = fakes.model()
-    served = tt.jit(model, cache=tmp_path, limits=limits(), **fakes.options())
+    served = tt.jit(model, cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     serve(served, [1, 2, 3, 4])
     assert served.wait(timeout=120)
     model.train()  # the tuned copy is not: its runners must not serve training calls
@@ -194,7 +202,7 @@ def test_a_tuning_failure_serves_eager_with_its_reason(
         raise RuntimeError("the backend crashed")
 
     monkeypatch.setattr(tuner_module, "auto_tune", broken)
-    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     outs = serve(served, [1, 2, 3, 4])
     assert not served.wait(timeout=60)
     assert served.status == "untuned"
@@ -214,7 +222,9 @@ class Configured(nn.Module):
 
 
 def test_a_call_with_an_object_it_cannot_key_serves_eager_with_a_reason(tmp_path: Path) -> None:
-    served = tt.jit(Configured().eval(), cache=tmp_path, limits=limits(), **fakes.options())
+    served = tt.jit(
+        Configured().eval(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD
+    )
     x = torch.randn(2, 8)
     with torch.no_grad():
         out = served(x, object())
@@ -228,6 +238,7 @@ def test_calls_outside_the_tuned_range_retune_wider(tmp_path: Path) -> None:
         cache=tmp_path,
         limits=limits(retune_min_calls=3, retune_share=0.5),
         **fakes.options(),
+        **THREAD,
     )
     serve(served, [1, 2, 3, 4])
     assert served.wait(timeout=120) and served.tunes == 1
@@ -244,7 +255,7 @@ def test_calls_outside_the_tuned_range_retune_wider(tmp_path: Path) -> None:
 
 def test_undo_serves_the_plain_model_and_tune_now_starts_at_once(tmp_path: Path) -> None:
     model = fakes.model()
-    served = tt.jit(model, cache=False, **fakes.options())
+    served = tt.jit(model, cache=False, **fakes.options(), **THREAD)
     serve(served, [2])
     assert served.status == "recording"  # one call: below the default threshold
     served.tune_now()
@@ -260,7 +271,7 @@ def test_undo_serves_the_plain_model_and_tune_now_starts_at_once(tmp_path: Path)
 def test_the_jits_entries_show_in_cache_ls(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     serve(served, [1, 2, 3, 4])
     assert served.wait(timeout=120)
     capsys.readouterr()
@@ -291,7 +302,9 @@ def test_builds_run_at_lower_priority_and_the_served_plan_is_loaded_at_the_calle
 
     monkeypatch.setattr(tuner_module, "auto_tune", watched)
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), tuner_nice=5, **fakes.options())
+    served = tt.jit(
+        fakes.model(), cache=tmp_path, limits=limits(), tuner_nice=5, **fakes.options(), **THREAD
+    )
     serve(served, [1, 2, 3, 4])
     assert served.wait(timeout=120)
     assert priorities == [min(19, mine + 5), mine]  # the build, then the reload (no build)
@@ -301,7 +314,12 @@ def test_builds_run_at_lower_priority_and_the_served_plan_is_loaded_at_the_calle
 
 def test_share_calls_false_keeps_the_traffic_out_of_the_cache(tmp_path: Path) -> None:
     served = tt.jit(
-        fakes.model(), cache=tmp_path, limits=limits(), share_calls=False, **fakes.options()
+        fakes.model(),
+        cache=tmp_path,
+        limits=limits(),
+        share_calls=False,
+        **fakes.options(),
+        **THREAD,
     )
     serve(served, [1, 2, 3, 4])
     assert served.wait(timeout=120)
@@ -317,6 +335,7 @@ def test_a_failed_retune_keeps_the_plan_that_serves(
         cache=tmp_path,
         limits=limits(retune_min_calls=2, retune_share=0.5),
         **fakes.options(),
+        **THREAD,
     )
     serve(served, [1, 2, 3, 4])
     assert served.wait(timeout=120)
@@ -347,7 +366,7 @@ def test_calls_recorded_for_another_model_planted_under_this_ones_name_are_not_u
     from tunetree.cache.sealing import seal, unseal
     from tunetree.live.store import MAGIC, calls_key
 
-    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     serve(served, [1, 2, 3, 4])
     assert served.wait(timeout=120), served.reason
     _settle_background()
@@ -359,7 +378,7 @@ def test_calls_recorded_for_another_model_planted_under_this_ones_name_are_not_u
     body, _ = unseal(theirs.read_bytes(), theirs.name, None, MAGIC)
     (tmp_path / "jit" / ours).write_bytes(seal(ours, body, None, MAGIC))
     with caplog.at_level(logging.WARNING, logger="tunetree"):
-        planted = tt.jit(other, cache=tmp_path, limits=limits(), **fakes.options())
+        planted = tt.jit(other, cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
         _settle_background()
     assert planted.status == "recording" and planted.tunes == 0, planted.reason
     assert "none recorded in the cache" in planted.reason
@@ -400,7 +419,9 @@ def test_a_thread_drawing_from_the_global_rng_during_a_background_tune_keeps_its
 ) -> None:
     torch.manual_seed(0)
     model = Pausing(pause_at=2).eval()  # the first tuner call checks for draws; then auto_tune's
-    served = tt.jit(model, cache=tmp_path, limits=limits(), tuner_nice=0, **fakes.options())
+    served = tt.jit(
+        model, cache=tmp_path, limits=limits(), tuner_nice=0, **fakes.options(), **THREAD
+    )
     torch.manual_seed(1234)
     serve(served, [1, 2, 3, 4])  # draws nothing; the tune starts in the background
     assert model.meet.inside.wait(timeout=120)  # the tuner is inside auto_tune, paused
@@ -424,7 +445,7 @@ def test_a_forward_drawing_from_the_global_rng_is_left_untuned_and_tuning_draws_
     tmp_path: Path,
 ) -> None:
     torch.manual_seed(0)
-    served = tt.jit(Noisy().eval(), cache=tmp_path, limits=limits(), **fakes.options())
+    served = tt.jit(Noisy().eval(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     torch.manual_seed(7)
     serve(served, [1, 2, 3, 4])  # four eager calls here, four draws
     assert not served.wait(timeout=120)
@@ -440,7 +461,7 @@ def test_a_forward_drawing_from_the_global_rng_is_left_untuned_and_tuning_draws_
 def test_a_warm_start_imports_no_compiler_it_does_not_use(tmp_path: Path) -> None:
     """The cached plan (the fake backend) needs no Dynamo: inspection's dispatch modes and the
     random-draw check must not import it (seconds of a warm start)."""
-    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     serve(served, [1, 2, 3, 8])
     assert served.wait(timeout=120), served.reason
     _settle_background()

@@ -157,6 +157,8 @@ class Served:
             self._recording = self._busy = False
             self.status, self.reason, self._result = UNTUNED, reason, None
             self._state.notify_all()
+        if self.tuner is not None:
+            self.tuner.stop()  # a child process still building has nothing left to build for
         if warn and reason not in self._warned:
             self._warned.add(reason)
             log.warning("tt.jit: serving the model's own forward: %s", reason)
@@ -174,7 +176,7 @@ class Served:
         if error or result is None or result.depth is None:
             if result is not None:
                 log.debug("tt.jit: the tune that left the model untuned:\n%s", result)
-            why = (
+            why = job.untuned or (
                 f"tuning failed: {error}"
                 if error or result is None
                 else f"no plan was faster than the model's own forward on {len(job.samples)} "
@@ -186,10 +188,11 @@ class Served:
                 self._give_up(why)
             return
         speedup = result.speedup
+        keep = self.persist is not None and job.cold  # a warm start read them from there
         with self._state:
             self._result = result
             self._serving = (result.model, Watch(result.model))  # the swap: one assignment
-            self._recording, self._busy = False, False
+            self._recording, self._busy = False, keep  # wait() returns once the calls are kept
             self.status = TUNED
             self.reason = (
                 f"depth {result.depth}, {speedup:.2f}x the model's own forward on "
@@ -198,8 +201,13 @@ class Served:
             self.recorder.mark()
             self._state.notify_all()
         log.info("tt.jit: swapped in the tuned model: %s", self.reason)
-        if self.persist is not None and job.cold:  # a warm start read them from there
-            self.persist(job.samples)
+        if keep:
+            try:
+                self.persist(job.samples)
+            finally:
+                with self._state:
+                    self._busy = False
+                    self._state.notify_all()
 
     def _keep(self, why: str) -> None:
         """A re-tune came to nothing: the current plan serves on, no more re-tunes by traffic."""

@@ -31,6 +31,7 @@ def jit(
     limits: RecordLimits | None = None,
     share_calls: bool = True,
     tuner_nice: int = DEFAULT_NICE,
+    tuner_process: bool = True,
     **auto_tune_options: Any,
 ) -> Served:
     """Serve ``model`` from its first call and tune it in the background on the calls it gets.
@@ -38,7 +39,8 @@ def jit(
     Calls run the model's own forward while the JIT keeps a bounded copy of them
     (:class:`RecordLimits`: one call per signature, at most 32 calls and 256 MiB); once 8
     distinct signatures (or 64 calls) were seen, :func:`tunetree.auto_tune` runs on them in a
-    background thread, on a private copy of the model, and its plan (checked against eager like
+    child process at lower priority (or a background thread), on a private copy of the model,
+    and its plan (checked against eager like
     every plan) is swapped in between two calls. The calls tuned on are kept in the tuning
     cache beside the plan, so a later process with the same model and cache loads and checks
     that plan with nothing to build.
@@ -54,7 +56,12 @@ def jit(
         share_calls: keep the calls tuned on in the cache (and its remote tier) for warm
             starts. They are real traffic; False keeps them out (every process then tunes
             on its own traffic, reusing the cached graphs it can).
-        tuner_nice: how much lower the builder thread's priority is (Linux nice, 0: same).
+        tuner_nice: how much lower the tuner's priority is (Linux nice, 0: same).
+        tuner_process: run a tune that builds in a child process (its own interpreter, so
+            its Python never holds the serving threads' GIL; the plan comes back through the
+            cache and is checked here). A model, ``call`` or option a fresh interpreter cannot
+            unpickle (a class defined in ``__main__`` or in a function, a lambda), or no cache
+            directory, tunes in a thread instead (logged). False: always a thread.
         **auto_tune_options: Any other keyword of :func:`tunetree.auto_tune` (``strategy``,
             ``time_budget``, ``max_depth``, ``measure_config``, ...). A warm start needs the
             same options as the process that tuned.
@@ -86,6 +93,7 @@ def jit(
         auto_tune_options,
         tuner_nice,
         served.finish,
+        tuner_process,
     )
     if isinstance(graph_cache, TuningCache) and share_calls:
         _warm_start(served, graph_cache, auto_tune_options.get("device"))

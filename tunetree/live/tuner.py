@@ -4,15 +4,23 @@ Each tune runs :func:`tunetree.auto_tune` on a private copy of the model (every 
 buffer copied, the parameters shared, never written), so the user's model is never wrapped,
 hooked or put in eval mode by tuning, and callers keep being served by it meanwhile.
 
+Where: a cold tune (builds expected) runs in a child process (:mod:`.child`) when the model
+can be rebuilt there: a build's exports and conversions are Python, and in a thread of this
+process they would hold the GIL that serving threads need (a call beside ``torch.export`` in
+another thread waited seconds for it). The child writes its plan to the tuning cache, and the
+supervisor loads that plan from the cache, as a second process would (nothing is built), and
+checks it here. Otherwise (a model or ``call`` a fresh interpreter cannot unpickle, no cache
+directory, or ``tuner_process=False``) the cold tune runs in a builder thread.
+
 Priority: ``torch.set_num_threads`` is process-wide, so the tuner cannot take fewer threads
 than serving without slowing serving too (and a tune measured on fewer threads would pick
-for a machine the service does not run on). What Linux does allow per thread is its nice
-value, inherited by the threads it starts (its OpenMP team, runtimes' pools, Inductor's
-compile workers). A cold tune (builds expected) therefore runs in a builder thread that
-raises its own nice value (``tuner_nice``, default 10), so serving threads get the cores
-first. Runtimes' worker threads made there keep that priority, so when a tuned plan comes out
-of it and the cache is on, the supervisor (at the caller's priority) loads the plan again
-from the cache, as a second process would (nothing is built), and that copy is the one served.
+for a machine the service does not run on); the child takes this process's thread count.
+What Linux does allow is a nice value, per process and per thread, inherited by the threads
+started after it (an OpenMP team, runtimes' pools, Inductor's compile workers). The child
+process, or the builder thread, raises its own nice value (``tuner_nice``, default 10), so
+serving threads get the cores first. Runtimes' worker threads made in a builder thread keep
+that priority, so when a tuned plan comes out of it and the cache is on, the supervisor (at
+the caller's priority) loads the plan again from the cache and that copy is the one served.
 
 Randomness: torch's global generator is shared with the serving threads, so a background tune
 neither saves nor restores it (:func:`tunetree.signature.rng.rng_left_alone`: restoring would
@@ -35,13 +43,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from ..candidates.budget import BUILD
 from ..errors import TunetreeError
-from ..search.auto import auto_tune
+from ..search.auto import DEFAULT_TIME_BUDGET_S, QUICK_TIME_BUDGET_S, auto_tune
 from ..search.auto_result import AutoTuneResult
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, private_copy, run_model
 from ..signature.rng import global_draw, rng_left_alone
+from .child import ChildJob, ChildTune, remote_spec, why_not_in_child
 from .recorder import tensor_bytes
 
 log = logging.getLogger("tunetree.live")
@@ -77,6 +88,8 @@ class TuneJob:
     cold: bool = True
     """Builds are expected (traffic recorded here); False for a warm start from the cache."""
     builds: int = field(default=0, init=False)
+    untuned: str = field(default="", init=False)
+    """Why a tune that ran elsewhere (a child process) left the model untuned."""
 
 
 def builds_of(result: AutoTuneResult | None) -> int:
@@ -97,6 +110,14 @@ def lower_priority(nice: int) -> bool:
         log.debug("tt.jit: could not lower the tuner's priority: %s", exc)
         return False
     return True
+
+
+def _budget_s(options: dict[str, Any]) -> float | None:
+    """The seconds ``auto_tune`` gets with ``options`` (None: unlimited)."""
+    budget = options.get("time_budget", "default")
+    if budget == "default":
+        return QUICK_TIME_BUDGET_S if options.get("quick") else DEFAULT_TIME_BUDGET_S
+    return None if budget is None else float(budget)
 
 
 class GlobalRandomDraws(TunetreeError):
@@ -138,9 +159,13 @@ class Tuner:
         options: dict[str, Any],
         nice: int,
         finish: Finish,
+        process: bool = True,
     ) -> None:
         self.model, self.call, self.cache = model, call, cache
         self.options, self.nice, self.finish = options, nice, finish
+        self.process = process
+        self._child: ChildTune | None = None
+        self._stopped = False
         self._jobs: queue.SimpleQueue[TuneJob | Callable[[], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running = False
@@ -197,16 +222,32 @@ class Tuner:
                 **self.options,
             )
 
-    def _run(self, job: TuneJob) -> AutoTuneResult:
+    def stop(self) -> None:
+        """Kill a child process still tuning (the served model no longer wants its plan)."""
+        self._stopped = True
+        child = self._child
+        if child is not None:
+            child.kill()
+
+    def _run(self, job: TuneJob) -> AutoTuneResult | None:
         if not self._draws_checked:
             check_no_global_draws(self.model, job.samples, self.call)
             self._draws_checked = True
+        self._stopped = False
+        if job.cold and self.process:
+            why_not = why_not_in_child(self.model, self.call, self.options, self.cache)
+            if why_not is None:
+                done, result = self._in_child(job)
+                if done:
+                    return result
+            else:
+                log.info("tt.jit: tuning in a thread of this process: %s", why_not)
         if not job.cold or self.nice <= 0:
             result = self._tune(job.samples)
-            job.builds = builds_of(result)
+            job.builds += builds_of(result)
             return result
         result = self._niced(job.samples)
-        job.builds = builds_of(result)
+        job.builds += builds_of(result)
         if result.depth is None or self.cache in (None, False):
             return result
         try:  # load the plan again here, at the caller's priority (nothing to build)
@@ -219,6 +260,43 @@ class Tuner:
             return result
         result.undo()
         return again
+
+    def _in_child(self, job: TuneJob) -> tuple[bool, AutoTuneResult | None]:
+        """The cold tune in a child process (:mod:`.child`), then its plan loaded here.
+
+        Returns (done, result): not done when the child could not tune (the caller tunes in a
+        thread); done with None when the child left the model untuned (``job.untuned`` says
+        why).
+        """
+        spec = ChildJob(
+            private_copy(self.model),
+            job.samples,
+            self.call,
+            self.options,
+            str(self.cache.directory),
+            remote_spec(self.cache),
+            torch.get_num_threads(),
+            max(0, self.nice),
+        )
+        self._child = ChildTune(spec, _budget_s(self.options))
+        try:
+            outcome = self._child.run()
+        finally:
+            self._child = None
+        job.builds += outcome.builds
+        if self._stopped:
+            return True, None
+        if outcome.failed:
+            log.info(
+                "tt.jit: the child process did not tune (%s); tuning in a thread", outcome.reason
+            )
+            return False, None
+        if outcome.depth is None:
+            job.untuned = f"{outcome.reason} (tuned in a child process)"
+            return True, None
+        result = self._tune(job.samples)  # the child's plan, from the cache, checked here
+        job.builds += builds_of(result)
+        return True, result
 
     def _niced(self, samples: list[Sample]) -> AutoTuneResult:
         """A tune in a builder thread of lower priority; re-raises its exception."""
