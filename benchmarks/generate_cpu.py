@@ -14,7 +14,9 @@ cache, tuned on other prompts: 1x20 and 2x29); ``--static``: tunetree on a stati
 ``AccuracyBudget(max_error=--max-error)`` (0.05 by default; changes results). In
 optimum-intel's own environment (it pins an older transformers), in a process kept alive
 beside this one (``benchmarks/optimum_intel_worker.py``): that environment's eager,
-``OVModelForCausalLM.from_pretrained(dir, export=True)`` with the f32 hint, with OpenVINO's
+``OVModelForCausalLM.from_pretrained(dir, export=True)`` with the f32 hint, with the f32 hint
+and an f32 KV cache (OpenVINO's CPU plugin holds the cache in 8 bits unless told otherwise,
+whatever the hint: the script prints what each compiled model reports), with OpenVINO's
 default precision (bf16 on a CPU with bf16 units) and with 8-bit and 4-bit weight-only
 compression (NNCF's defaults). Every approach of both processes is called from one cycled
 order (:mod:`benchmarks.common.cycled`), so all are timed under the same machine state; the
@@ -139,6 +141,8 @@ class OptimumWorker:
         self.approaches: list[str] = ready["loaded"]
         self.load_s: dict[str, float] = ready["load_s"]
         self.failed: dict[str, str] = ready["failed"]
+        self.kv_cache: dict[str, str] = ready.get("kv_cache", {})
+        """The KV cache precision each of its compiled models reports."""
 
     def _answer(self) -> dict:
         """The worker's next JSON line (anything else it prints is skipped)."""
@@ -325,6 +329,8 @@ def main() -> None:
     print(table(rows, list(prompts), setup_s, n, args.model))
     for a, reason in (worker.failed if worker else {}).items():
         print(f"{a}: failed to load ({reason})")
+    for a, precision in (worker.kv_cache if worker else {}).items():
+        print(f"{a}: KV cache held as {precision}")
     forward = getattr(tuned.model, "forward", None)
     counts = getattr(forward, "counts", None)
     if counts is not None:

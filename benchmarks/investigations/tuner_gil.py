@@ -60,12 +60,21 @@ def _child_rows(served: torch.nn.Module, x: torch.Tensor, args: argparse.Namespa
     import subprocess
 
     for nice in [int(v) for v in args.nice.split(",")]:
-        for label, background in (("alone", False), (f"beside a child ({args.work}, nice {nice})", True)):
+        beside = f"beside a child ({args.work}, nice {nice})"
+        for label, background in (("alone", False), (beside, True)):
             child = None
             if background:
                 child = subprocess.Popen(
-                    [sys.executable, "-m", "benchmarks.investigations.tuner_gil", "--child",
-                     "--work", args.work, "--nice", str(nice)]
+                    [
+                        sys.executable,
+                        "-m",
+                        "benchmarks.investigations.tuner_gil",
+                        "--child",
+                        "--work",
+                        args.work,
+                        "--nice",
+                        str(nice),
+                    ]
                 )
                 time.sleep(8.0)  # its imports and model build
             stop, times = threading.Event(), []
