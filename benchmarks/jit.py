@@ -102,6 +102,34 @@ def counting_builds() -> list[str]:
     return builds
 
 
+class Stamps:
+    """The time and text of every ``tunetree`` log record (to tell what a slow call overlapped)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[float, str]] = []
+
+    def last_before(self, when: float, origin: float) -> str:
+        """The last record logged before ``when``, with its time since ``origin``."""
+        before = [(t, m) for t, m in self.records if t <= when]
+        return f"[+{before[-1][0] - origin:.1f} s] {before[-1][1]}" if before else "-"
+
+
+def log_stamps() -> Stamps:
+    """Record every ``tunetree`` log record (DEBUG and up) with its ``perf_counter`` time."""
+    import logging
+
+    stamps = Stamps()
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            stamps.records.append((time.perf_counter(), record.getMessage()[:120]))
+
+    logger = logging.getLogger("tunetree")
+    logger.addHandler(Handler(logging.DEBUG))
+    logger.setLevel(logging.DEBUG)
+    return stamps
+
+
 def timed(fn: Any, calls: list[dict[str, Any]]) -> list[float]:
     import torch
 
@@ -188,8 +216,10 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     eager = timed(model, calls)
     own = [min(a, b) for a, b in zip(eager, timed(model, calls), strict=True)]
     """Each call's own eager time (the faster of two passes): what a call while tuning adds."""
+    stamps = log_stamps()
     served = tt.jit(model, cache=cache, tuner_nice=args.nice, **options(args))
     while_tuning: list[float] = []
+    started: list[float] = []  # when each call while tuning began
     threads_seen: set[int] = set()  # torch's intra-op threads as serving sees them
     start = time.perf_counter()
     added: list[float] = []  # each call's latency beyond its own eager time
@@ -197,6 +227,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         if served.status in ("tuned", "untuned"):
             break
         threads_seen.add(torch.get_num_threads())
+        started.append(time.perf_counter())
         took = timed(served, [call])[0]
         while_tuning.append(took)
         added.append(took - own[index])
@@ -237,6 +268,14 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "tuning_added_worst_ms": 1e3 * max(added) if added else None,
         "tuning_added_p99_ms": 1e3 * sorted(added)[int(0.99 * len(added))] if added else None,
         "duty": args.duty,
+        "worst_calls": [
+            {
+                "at_s": started[i] - start,
+                "added_ms": 1e3 * added[i],
+                "last_log": stamps.last_before(started[i] + while_tuning[i], start),
+            }
+            for i in sorted(range(len(added)), key=lambda i: -added[i])[:5]
+        ],
         "swap_after_s": tuned_after_s,
         "threads": torch.get_num_threads(),
         "threads_while_tuning": sorted(threads_seen),
@@ -280,6 +319,11 @@ def print_report(r: dict[str, Any]) -> None:
             f"                       beyond each call's own eager time: worst "
             f"{r['tuning_added_worst_ms']:.1f} ms, p99 {r['tuning_added_p99_ms']:.1f} ms"
         )
+        for w in r["worst_calls"]:
+            print(
+                f"                       +{w['added_ms']:.0f} ms at +{w['at_s']:.1f} s, "
+                f"after: {w['last_log']}"
+            )
     print(f"after one more pass    {r['jit_tunes']} tunes: {r['jit_final_reason']}")
     print(
         f"side by side (mean per call over the trace): eager {mean['eager']:.1f} ms, "

@@ -37,8 +37,15 @@ def _fresh_fakes():
 
 
 def test_a_cold_tune_builds_in_a_child_process_and_its_plan_serves_here(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    real, asked = tuner_module.auto_tune, []
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner_module, "auto_tune", watched)
     caplog.set_level(logging.INFO, logger="tunetree.live")
     served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options())
     assert same(serve(served, [1, 2, 3, 4]), eager([1, 2, 3, 4]))
@@ -46,6 +53,8 @@ def test_a_cold_tune_builds_in_a_child_process_and_its_plan_serves_here(
     assert fakes.BUILDS == []  # nothing was built in this process...
     assert served.builds >= 1  # ...the child built it
     assert any("child process (pid" in r.getMessage() for r in caplog.records)
+    # Here only the child's depth is loaded: no search that could build what the child skipped.
+    assert [(k["min_depth"], k["max_depth"]) for k in asked] == [(0, 0)]
     fakes.RUNS.clear()
     assert same(serve(served, [2]), eager([2]))
     assert fakes.runs_here() == 1  # served by the runner loaded from the child's cache entry
@@ -134,6 +143,7 @@ class SlowToBuild(fakes.Fast):
         b"[1]",
         b'{"depth": "2"}',
         b'{"depth": true}',
+        b'{"depth": -1}',
         b'{"depth": 1, "builds": "3"}',
         b'{"depth": 1, "reason": 5}',
         b"{",

@@ -253,6 +253,25 @@ def test_calls_outside_the_tuned_range_retune_wider(tmp_path: Path) -> None:
     assert fakes.runs_here() == 1
 
 
+def test_wait_covers_a_retune_started_while_the_calls_were_being_kept(tmp_path: Path) -> None:
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
+    keep, entered, release = served.persist, threading.Event(), threading.Event()
+
+    def slow_keep(samples: Any) -> None:
+        entered.set()
+        release.wait(30)
+        keep(samples)
+
+    served.persist = slow_keep
+    serve(served, [1, 2, 3, 4])
+    assert entered.wait(60)  # swapped in; the calls are being kept
+    assert served.status == "tuned" and served.tunes == 1
+    served.tune_now()  # a re-tune, queued behind the keeping
+    release.set()
+    assert served.wait(timeout=120)
+    assert served.tunes == 2  # wait() returned after the re-tune, not when the keeping ended
+
+
 def test_undo_serves_the_plain_model_and_tune_now_starts_at_once(tmp_path: Path) -> None:
     model = fakes.model()
     served = tt.jit(model, cache=False, **fakes.options(), **THREAD)

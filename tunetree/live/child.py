@@ -189,8 +189,8 @@ def _outcome(raw: bytes) -> ChildOutcome:
         raise ValueError("the outcome is not an object")
     depth, builds = data.get("depth"), data.get("builds", 0)
     reason, failed = data.get("reason", ""), data.get("failed", False)
-    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool)):
-        raise ValueError("depth is not an int")
+    if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 0):
+        raise ValueError("depth is not a depth")
     if not isinstance(builds, int) or not isinstance(reason, str) or not isinstance(failed, bool):
         raise ValueError("a field has the wrong type")
     return ChildOutcome(depth, builds, reason[:2000], failed)

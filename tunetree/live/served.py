@@ -65,6 +65,7 @@ class Served:
         self._serving: tuple[Any, Watch | None] = (model, None)
         self._recording = True
         self._busy = False
+        self._persisting = False
         self._want = False
         self._retune = True
         self._generation = 0
@@ -192,7 +193,8 @@ class Served:
         with self._state:
             self._result = result
             self._serving = (result.model, Watch(result.model))  # the swap: one assignment
-            self._recording, self._busy = False, keep  # wait() returns once the calls are kept
+            self._recording, self._busy = False, False
+            self._persisting = keep  # wait() returns once the calls are kept
             self.status = TUNED
             self.reason = (
                 f"depth {result.depth}, {speedup:.2f}x the model's own forward on "
@@ -206,7 +208,7 @@ class Served:
                 self.persist(job.samples)
             finally:
                 with self._state:
-                    self._busy = False
+                    self._persisting = False
                     self._state.notify_all()
 
     def _keep(self, why: str) -> None:
@@ -264,7 +266,7 @@ class Served:
             return self.status == TUNED
 
     def _settled(self) -> bool:
-        return self.status in (TUNED, UNTUNED) and not self._busy
+        return self.status in (TUNED, UNTUNED) and not self._busy and not self._persisting
 
     def tune_now(self) -> None:
         """Tune on the calls recorded so far now (or at the next call when none are)."""

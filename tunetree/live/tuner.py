@@ -211,7 +211,11 @@ class Tuner:
         except Exception as exc:  # the supervisor must outlive any one tune
             log.warning("tt.jit: handling a finished tune failed: %s", exc)
 
-    def _tune(self, samples: list[Sample]) -> AutoTuneResult:
+    def _tune(self, samples: list[Sample], depth: int | None = None) -> AutoTuneResult:
+        """auto_tune on a private copy; ``depth``: only that depth (a plan the cache holds)."""
+        options = dict(self.options)
+        if depth is not None:
+            options.update(min_depth=depth, max_depth=depth)
         with rng_left_alone():  # serving threads own the global generator's progress
             return auto_tune(
                 private_copy(self.model),
@@ -219,7 +223,7 @@ class Tuner:
                 call=self.call,
                 cache=self.cache,
                 verbose=False,
-                **self.options,
+                **options,
             )
 
     def stop(self) -> None:
@@ -294,7 +298,10 @@ class Tuner:
         if outcome.depth is None:
             job.untuned = f"{outcome.reason} (tuned in a child process)"
             return True, None
-        result = self._tune(job.samples)  # the child's plan, from the cache, checked here
+        # The child's plan, from the cache, checked and measured here. Only its depth: the
+        # child's search may have ended without recording its decision (its budget ran out),
+        # and searching again here would build, in this process, what the child skipped.
+        result = self._tune(job.samples, outcome.depth)
         job.builds += builds_of(result)
         return True, result
 
