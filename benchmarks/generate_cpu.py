@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,14 @@ class OptimumWorker:
     ``generate`` there and returns the seconds measured there and the tokens.
     """
 
-    def __init__(self, python: Path, directory: str, prompts: dict, gen: dict) -> None:
+    def __init__(
+        self, python: Path, directory: str, prompts: dict, gen: dict, only: Sequence[str] = ()
+    ) -> None:
         request = {
             "model_dir": directory,
             "prompts": {n: {k: v.tolist() for k, v in p.items()} for n, p in prompts.items()},
             "gen": gen,
+            "approaches": list(only),
         }
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(request, f)
@@ -267,6 +271,12 @@ def main() -> None:
     parser.add_argument("--max-error", type=float, default=0.05, help="the budget's max_error")
     parser.add_argument("--no-optimum", action="store_true")
     parser.add_argument("--optimum-venv", type=Path, default=OPTIMUM_VENV)
+    parser.add_argument(
+        "--optimum-approaches",
+        default="",
+        help="optimum-intel rows to load, separated by ';' (default: all), e.g. "
+        "'eager (optimum env);optimum-intel f32;optimum-intel f32, f32 KV cache'",
+    )
     parser.add_argument("--time-budget", type=float, default=None, help="auto_tune's budget")
     args = parser.parse_args()
     print("load average before:", os.getloadavg(), flush=True)
@@ -319,7 +329,8 @@ def main() -> None:
 
     worker = None
     if not args.no_optimum:
-        worker = OptimumWorker(ensure_venv(args.optimum_venv), directory, prompts, gen)
+        only = [a.strip() for a in args.optimum_approaches.split(";") if a.strip()]
+        worker = OptimumWorker(ensure_venv(args.optimum_venv), directory, prompts, gen, only)
         setup_s.update(worker.load_s)
     try:
         rows = timed_rows(model, approaches, prompts, gen, worker, args.rounds)

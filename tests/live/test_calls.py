@@ -10,7 +10,13 @@ import torch
 
 from tunetree.cache.sealing import KEY_ENV
 from tunetree.live import RecordLimits
-from tunetree.live.calls import MalformedCallsError, Unstorable, decode_calls, encode_calls
+from tunetree.live.calls import (
+    MalformedCallsError,
+    Unstorable,
+    decode_calls,
+    decode_record,
+    encode_calls,
+)
 from tunetree.live.recorder import Recorder
 from tunetree.live.store import CallsStore
 from tunetree.signature.graph import GraphKey, Sample
@@ -87,6 +93,21 @@ def test_hostile_call_bytes_are_refused_with_a_typed_error(mangle) -> None:
     good = encode_calls([Sample((torch.zeros(2, 2),), {"scale": 0.5})], KEY)
     with pytest.raises(MalformedCallsError):
         decode_calls(mangle(good), KEY)
+
+
+def test_the_depth_kept_on_the_calls_comes_back_and_a_record_without_one_says_none() -> None:
+    samples = [Sample((torch.zeros(2, 2),), {})]
+    assert decode_record(encode_calls(samples, KEY, depth=2), KEY)[1] == 2
+    assert decode_record(encode_calls(samples, KEY), KEY)[1] is None
+
+
+@pytest.mark.parametrize("depth", [b"-1", b"true", b'"1"', b"1.5", b"65"])
+def test_a_record_naming_no_real_depth_is_refused(depth: bytes) -> None:
+    good = encode_calls([Sample((torch.zeros(2, 2),), {})], KEY, depth=1)
+    bad = good.replace(b'"depth":1', b'"depth":' + depth)
+    bad = struct.pack("<Q", struct.unpack("<Q", bad[:8])[0] + len(depth) - 1) + bad[8:]
+    with pytest.raises(MalformedCallsError, match="depth"):
+        decode_record(bad, KEY)
 
 
 def test_stored_calls_are_checked_and_signed_when_a_key_is_set(

@@ -257,10 +257,10 @@ def test_wait_covers_a_retune_started_while_the_calls_were_being_kept(tmp_path: 
     served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     keep, entered, release = served.persist, threading.Event(), threading.Event()
 
-    def slow_keep(samples: Any) -> None:
+    def slow_keep(samples: Any, depth: Any) -> None:
         entered.set()
         release.wait(30)
-        keep(samples)
+        keep(samples, depth)
 
     served.persist = slow_keep
     serve(served, [1, 2, 3, 4])

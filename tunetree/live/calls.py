@@ -28,6 +28,9 @@ from .._util.json_io import loads_bounded
 from ..errors import CacheError, TunetreeError
 from ..signature.graph import Sample
 
+MAX_DEPTH = 64
+"""The deepest depth a calls record may name."""
+
 SCHEMA = 2
 MAX_DESCRIPTION_BYTES = 4 << 20
 """Largest JSON description read (a few hundred bytes per call)."""
@@ -44,8 +47,11 @@ class MalformedCallsError(CacheError):
     """A calls record is truncated, forged or not shaped as this release writes it."""
 
 
-def encode_calls(samples: list[Sample], key: str) -> bytes:
+def encode_calls(samples: list[Sample], key: str, depth: int | None = None) -> bytes:
     """The bytes of ``samples`` recorded under ``key`` (see the module docstring).
+
+    ``depth``: the depth the plan tuned on them kept, so that a later process loads that
+    depth's graphs from the cache without searching the others again.
 
     Raises:
         Unstorable: a call holds an argument a record cannot hold.
@@ -70,7 +76,9 @@ def encode_calls(samples: list[Sample], key: str) -> bytes:
         raise Unstorable(f"an argument of type {type(value).__qualname__}")
 
     calls = [{"args": encode(tuple(s.args)), "kwargs": encode(dict(s.kwargs))} for s in samples]
-    record = {"schema": SCHEMA, "key": key, "calls": calls}
+    record: dict[str, Any] = {"schema": SCHEMA, "key": key, "calls": calls}
+    if depth is not None:
+        record["depth"] = depth
     description = json.dumps(record, separators=(",", ":")).encode()
     blob = save_tensors(tensors) if tensors else b""
     return struct.pack("<Q", len(description)) + description + blob
@@ -78,6 +86,16 @@ def encode_calls(samples: list[Sample], key: str) -> bytes:
 
 def decode_calls(data: bytes, key: str, device: torch.device | str = "cpu") -> list[Sample]:
     """The calls in ``data``, recorded under ``key``, their tensors on ``device``.
+
+    See :func:`decode_record` (which also returns the depth recorded with them).
+    """
+    return decode_record(data, key, device)[0]
+
+
+def decode_record(
+    data: bytes, key: str, device: torch.device | str = "cpu"
+) -> tuple[list[Sample], int | None]:
+    """The calls in ``data``, recorded under ``key``, their tensors on ``device``; the depth.
 
     Bounded: the description's size, nesting, call and argument counts; every tensor named
     must exist in the blob; only the listed leaf kinds are accepted.
@@ -112,7 +130,12 @@ def decode_calls(data: bytes, key: str, device: torch.device | str = "cpu") -> l
         if not isinstance(args, tuple) or not isinstance(kwargs, dict):
             raise MalformedCallsError("a call's arguments are not a tuple and a dict")
         samples.append(Sample(args, kwargs))
-    return samples
+    depth = parsed.get("depth")
+    if depth is not None and (
+        not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth <= MAX_DEPTH
+    ):
+        raise MalformedCallsError(f"the calls record's depth is not a depth: {depth!r}")
+    return samples, depth
 
 
 class _Reader:

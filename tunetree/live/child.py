@@ -10,10 +10,11 @@ checks it against eager before it serves.
 
 The parent writes the job (a private copy of the model, the recorded calls, the ``call``
 function, the ``auto_tune`` options, the cache's directory and remote) with ``torch.save``
-into a directory only this user can read, made for this job, and starts ``python -m
-tunetree.live.child DIR``. The child unpickles that file: it is the parent's own, never a
-file from a cache or a remote. What the child tells back (:class:`ChildOutcome`) is small
-JSON, read bounded. The child exits when its parent does (it polls its parent's pid).
+into a directory only this user can read, made for this job, and starts a child interpreter
+that lowers its own priority first (:data:`BOOT`), then runs :func:`main` on that directory.
+The child unpickles that file: it is the parent's own, never a file from a cache or a remote.
+What the child tells back (:class:`ChildOutcome`) is small JSON, read bounded. The child exits
+when its parent does (it polls its parent's pid).
 
 A model, ``call`` or option that cannot be pickled and imported by a fresh interpreter (a
 class defined in ``__main__`` or inside a function, a lambda) is tuned in a thread instead:
@@ -47,6 +48,16 @@ OUTCOME_FILE = "outcome.json"
 LOG_FILE = "child.log"
 MAX_OUTCOME_BYTES = 64 << 10
 PARENT_POLL_S = 0.5
+BOOT = (
+    "import os, sys\n"
+    "nice = int(sys.argv[3])\n"
+    "if nice > 0 and hasattr(os, 'nice'):\n"
+    "    os.nice(nice)\n"
+    "from tunetree.live.child import main\n"
+    "sys.exit(main(sys.argv[1:3]))\n"
+)
+"""The child's first lines: its priority is lowered before it imports anything (importing
+torch and unpickling the model are seconds of CPU that would otherwise compete with serving)."""
 START_MARGIN_S = 300.0
 """Beyond twice the tune's time budget, how long the child may take before it is killed."""
 
@@ -144,7 +155,7 @@ class ChildTune:
     def _wait(self, workdir: Path) -> ChildOutcome:
         with open(workdir / LOG_FILE, "wb") as out:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tunetree.live.child", str(workdir), str(os.getpid())],
+                [sys.executable, "-c", BOOT, str(workdir), str(os.getpid()), str(self.job.nice)],
                 env=_child_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -235,7 +246,7 @@ def _tune(job: ChildJob) -> ChildOutcome:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tunetree.live.child DIR PARENT_PID``: run the job in DIR, write its outcome."""
+    """Run the job in ``argv[0]`` (a directory) for parent ``argv[1]``, write its outcome."""
     workdir, parent = Path(argv[0]), int(argv[1])
     _exit_with_parent(parent)
     try:
@@ -243,8 +254,6 @@ def main(argv: list[str]) -> int:
     except Exception as exc:
         outcome = ChildOutcome(None, reason=f"could not load the job: {exc}", failed=True)
     else:
-        if job.nice > 0 and hasattr(os, "nice"):
-            os.nice(job.nice)
         torch.set_num_threads(job.threads)
         try:
             outcome = _tune(job)

@@ -205,7 +205,7 @@ class Served:
         log.info("tt.jit: swapped in the tuned model: %s", self.reason)
         if keep:
             try:
-                self.persist(job.samples)
+                self.persist(job.samples, result.depth)
             finally:
                 with self._state:
                     self._persisting = False
@@ -235,8 +235,12 @@ class Served:
         if self.recorder.ready():
             self._start("traffic")
 
-    def warm(self, samples: list[Sample], where: str) -> TuneJob | None:
-        """A warm start's job: calls read from the cache (``where``); None if given up."""
+    def warm(self, samples: list[Sample], where: str, depth: int | None = None) -> TuneJob | None:
+        """A warm start's job: calls read from the cache (``where``); None if given up.
+
+        ``depth``: the depth kept on those calls (only it is loaded); None: every depth is
+        searched, from the cache.
+        """
         with self._state:
             if self.status != RECORDING:  # given up or undone meanwhile
                 return None
@@ -246,7 +250,9 @@ class Served:
                 f"loading the plan tuned on {len(samples)} calls recorded in the {where} cache"
             )
             log.info("tt.jit: %s", self.reason)
-            return TuneJob(samples, self._generation, f"warm start, {where} cache", cold=False)
+            job = TuneJob(samples, self._generation, f"warm start, {where} cache", cold=False)
+            job.depth = depth
+            return job
 
     # ------------------------------------------------------------------ public
 

@@ -135,9 +135,9 @@ def _warm_start(served: Served, cache: TuningCache, device: Any) -> None:
             if job is not None and served.tuner is not None:
                 served.tuner.submit(job)
 
-    def persist(samples: list[Sample]) -> None:
+    def persist(samples: list[Sample], depth: int | None = None) -> None:
         try:
-            store.put(the_key(), encode_calls(samples, the_key()))
+            store.put(the_key(), encode_calls(samples, the_key(), depth))
         except Unstorable as exc:
             log.info("tt.jit: the calls are not kept for warm starts: they hold %s", exc)
         except Exception as exc:

@@ -10,7 +10,7 @@ key; a plan is checked against eager on this process's model before it serves an
 sha256 line over the body: signed with ``$TUNETREE_CACHE_KEY`` when it is set (then an unsigned
 or wrongly signed record is refused). Locally ``jit/<key>``; remotely ``v1/jit/<key>``. Every
 byte read is hostile until checked (size bound, regular file, checksum, signature, the key in
-the envelope, then :func:`~.calls.decode_calls`, which also refuses a record whose body names
+the envelope, then :func:`~.calls.decode_record`, which also refuses a record whose body names
 another key). Neither read nor write ever raises: a refused or missing record means the JIT
 records and tunes afresh.
 
@@ -34,7 +34,7 @@ from ..cache.remote import LAYOUT, RemoteTier, get_object, is_key, put_object
 from ..cache.sealing import seal, secret_from_env, unseal
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, root_modules
-from .calls import MalformedCallsError, decode_calls
+from .calls import MalformedCallsError, decode_record
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,11 @@ class CallsStore:
     def _secret(self) -> bytes | None:
         return self.remote.secret if self.remote is not None else secret_from_env()
 
-    def get(self, key: str, device: torch.device) -> tuple[list[Sample], str] | None:
-        """The checked calls of ``key`` and where they came from ("local"/"remote"); or None."""
+    def get(self, key: str, device: torch.device) -> tuple[list[Sample], str, int | None] | None:
+        """The checked calls of ``key``, where they came from, the depth kept on them; or None.
+
+        Where: ``"local"`` or ``"remote"``. The depth is None when the record holds none.
+        """
         if not is_key(key):
             return None
         data = self._read_local(key)
@@ -80,13 +83,13 @@ class CallsStore:
             return None
         try:
             body = self._open(data, key)
-            samples = decode_calls(body, key, device)
+            samples, depth = decode_record(body, key, device)
         except (EntryFault, MalformedCallsError) as exc:
             log.warning("tt.jit: %s recorded calls %s not used: %s", where, key[:12], exc)
             return None
         if where == "remote":
             self._write_local(key, data)
-        return samples, where
+        return samples, where, depth
 
     def put(self, key: str, body: bytes) -> None:
         """Record ``body`` (encoded calls) here and on the remote tier; logs instead of raising."""

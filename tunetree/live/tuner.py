@@ -88,6 +88,8 @@ class TuneJob:
     cold: bool = True
     """Builds are expected (traffic recorded here); False for a warm start from the cache."""
     builds: int = field(default=0, init=False)
+    depth: int | None = field(default=None, init=False)
+    """For a warm start: the depth recorded with the calls (only it is loaded); else None."""
     untuned: str = field(default="", init=False)
     """Why a tune that ran elsewhere (a child process) left the model untuned."""
 
@@ -247,7 +249,7 @@ class Tuner:
             else:
                 log.info("tt.jit: tuning in a thread of this process: %s", why_not)
         if not job.cold or self.nice <= 0:
-            result = self._tune(job.samples)
+            result = self._tune(job.samples, job.depth)
             job.builds += builds_of(result)
             return result
         result = self._niced(job.samples)
