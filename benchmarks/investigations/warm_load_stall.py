@@ -13,7 +13,6 @@ phase they fell in (from the ``tunetree`` log records' times).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import statistics
 import threading
@@ -21,17 +20,6 @@ import time
 from typing import Any
 
 import torch
-
-
-class Stamps(logging.Handler):
-    """Keeps (time, message) of every ``tunetree`` log record."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[tuple[float, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((time.perf_counter(), record.getMessage()[:100]))
 
 
 def _serve(model: Any, x: dict, stop: threading.Event, out: list) -> None:
@@ -48,16 +36,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="serving alone first")
     args = parser.parse_args()
     import tunetree as tt
-    from benchmarks.jit import build, trace
+    from benchmarks.jit import build, log_stamps, trace
 
     print("load average before:", os.getloadavg(), flush=True)
     model = build("base")
     samples = trace(16)[:8]
     x = {"input_ids": torch.randint(0, 30000, (4, 64))}
     x["attention_mask"] = torch.ones_like(x["input_ids"])
-    stamps = Stamps()
-    logging.getLogger("tunetree").addHandler(stamps)
-    logging.getLogger("tunetree").setLevel(logging.DEBUG)
+    stamps = log_stamps()
     for label, loading in (("alone", False), ("beside the warm auto_tune", True)):
         stop, times = threading.Event(), []
         thread = threading.Thread(target=_serve, args=(model, x, stop, times))
@@ -81,11 +67,8 @@ def main() -> None:
             print(result, flush=True)
             worst = sorted(times[2:], key=lambda st: -st[1])[:6]
             for start, t in worst:
-                before = [m for s, m in stamps.records if s <= start + t]
-                print(
-                    f"  call of {t * 1e3:.0f} ms at +{start - began:.1f} s; last log: "
-                    f"{before[-1] if before else '-'}"
-                )
+                last = stamps.last_before(start + t, began)
+                print(f"  call of {t * 1e3:.0f} ms at +{start - began:.1f} s, after: {last}")
     print("load average after:", os.getloadavg(), flush=True)
 
 
