@@ -40,6 +40,8 @@ from typing import Any
 import torch
 
 from .._util.json_io import loads_bounded
+from ..candidates.budget import BUILD
+from ..search.auto_result import AutoTuneResult
 
 log = logging.getLogger("tunetree.live")
 
@@ -98,6 +100,13 @@ def _importable(obj: Any) -> str | None:
             " inside a function" if "<" in qualname else ""
         )
     return None
+
+
+def builds_of(result: AutoTuneResult | None) -> int:
+    """Candidates built by one auto_tune (0 when every graph came from the cache)."""
+    if result is None or result.breakdown is None:
+        return 0
+    return sum(p.count for p in result.breakdown.phases if p.phase == BUILD)
 
 
 def why_not_in_child(model: Any, call: Any, options: dict[str, Any], cache: Any) -> str | None:
@@ -225,7 +234,6 @@ def _tune(job: ChildJob) -> ChildOutcome:
     from ..cache import TuningCache
     from ..cache.remote import RemoteTier
     from ..search.auto import auto_tune
-    from .tuner import builds_of
 
     remote = RemoteTier(**job.remote) if job.remote is not None else False
     cache = TuningCache(job.directory, remote=remote)

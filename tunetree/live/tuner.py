@@ -45,14 +45,13 @@ from typing import Any
 
 import torch
 
-from ..candidates.budget import BUILD
 from ..errors import TunetreeError
 from ..search.auto import DEFAULT_TIME_BUDGET_S, QUICK_TIME_BUDGET_S, auto_tune
 from ..search.auto_result import AutoTuneResult
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, private_copy, run_model
 from ..signature.rng import global_draw, rng_left_alone
-from .child import ChildJob, ChildTune, remote_spec, why_not_in_child
+from .child import ChildJob, ChildTune, builds_of, remote_spec, why_not_in_child
 from .recorder import tensor_bytes
 
 log = logging.getLogger("tunetree.live")
@@ -92,13 +91,6 @@ class TuneJob:
     """For a warm start: the depth recorded with the calls (only it is loaded); else None."""
     untuned: str = field(default="", init=False)
     """Why a tune that ran elsewhere (a child process) left the model untuned."""
-
-
-def builds_of(result: AutoTuneResult | None) -> int:
-    """Candidates built by one auto_tune (0 when every graph came from the cache)."""
-    if result is None or result.breakdown is None:
-        return 0
-    return sum(p.count for p in result.breakdown.phases if p.phase == BUILD)
 
 
 def lower_priority(nice: int) -> bool:
