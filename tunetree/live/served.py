@@ -204,12 +204,7 @@ class Served:
             self._state.notify_all()
         log.info("tt.jit: swapped in the tuned model: %s", self.reason)
         if keep:
-            try:
-                self.persist(job.samples, result.depth)
-            finally:
-                with self._state:
-                    self._persisting = False
-                    self._state.notify_all()
+            _keep_calls(self, job.samples, result.depth)
 
     def _keep(self, why: str) -> None:
         """A re-tune came to nothing: the current plan serves on, no more re-tunes by traffic."""
@@ -236,11 +231,7 @@ class Served:
             self._start("traffic")
 
     def warm(self, samples: list[Sample], where: str, depth: int | None = None) -> TuneJob | None:
-        """A warm start's job: calls read from the cache (``where``); None if given up.
-
-        ``depth``: the depth kept on those calls (only it is loaded); None: every depth is
-        searched, from the cache.
-        """
+        """A warm start's job on calls read from the cache at ``where`` (None if given up)."""
         with self._state:
             if self.status != RECORDING:  # given up or undone meanwhile
                 return None
@@ -250,9 +241,8 @@ class Served:
                 f"loading the plan tuned on {len(samples)} calls recorded in the {where} cache"
             )
             log.info("tt.jit: %s", self.reason)
-            job = TuneJob(samples, self._generation, f"warm start, {where} cache", cold=False)
-            job.depth = depth
-            return job
+            why = f"warm start, {where} cache"
+            return TuneJob(samples, self._generation, why, cold=False, depth=depth)
 
     # ------------------------------------------------------------------ public
 
@@ -297,3 +287,13 @@ class Served:
         return (
             f"Served({type(self.model).__name__}, status={self.status!r}, reason={self.reason!r})"
         )
+
+
+def _keep_calls(served: Served, samples: list[Sample], depth: int | None) -> None:
+    """Keep the calls a plan was tuned on (and its depth) in the cache; then wait() may end."""
+    try:
+        served.persist(samples, depth)
+    finally:
+        with served._state:
+            served._persisting = False
+            served._state.notify_all()

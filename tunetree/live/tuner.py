@@ -87,7 +87,7 @@ class TuneJob:
     cold: bool = True
     """Builds are expected (traffic recorded here); False for a warm start from the cache."""
     builds: int = field(default=0, init=False)
-    depth: int | None = field(default=None, init=False)
+    depth: int | None = None
     """For a warm start: the depth recorded with the calls (only it is loaded); else None."""
     untuned: str = field(default="", init=False)
     """Why a tune that ran elsewhere (a child process) left the model untuned."""
