@@ -17,7 +17,9 @@ import torch
 import tunetree as tt
 from tunetree.live.child import (
     MAX_OUTCOME_BYTES,
+    ChildJob,
     ChildOutcome,
+    ChildTune,
     _outcome,
     why_not_in_child,
 )
@@ -127,6 +129,16 @@ def test_undo_stops_a_child_still_tuning(tmp_path: Path) -> None:
     served.undo()
     assert proc.wait(timeout=10) != 0  # killed, long before its 60 s build ends
     assert served.status == "untuned"
+
+
+def test_a_child_stopped_before_it_started_is_killed_not_waited_for(tmp_path: Path) -> None:
+    options = {**fakes.options(), "strategy": tt.MinLatencyStrategy([SlowToBuild()])}
+    job = ChildJob(fakes.model(), fakes.calls([1, 2]), None, options, str(tmp_path), None, 1, 0)
+    tune = ChildTune(job, None)
+    tune.kill()  # e.g. undo() while the job was being written
+    outcome = tune.run()
+    assert outcome.failed and outcome.reason == "stopped"
+    assert tune._proc is not None and tune._proc.returncode != 0  # killed, not run to its end
 
 
 class SlowToBuild(fakes.Fast):

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from .._util.fs import read_regular
 from .._util.json_io import loads_bounded
 from ..candidates.budget import BUILD
 from ..search.auto_result import AutoTuneResult
@@ -170,6 +171,8 @@ class ChildTune:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+            if self._killed:  # stopped while the job was being written
+                self._proc.kill()
             log.info("tt.jit: tuning in a child process (pid %d)", self._proc.pid)
             try:
                 code = self._proc.wait(self.limit_s)
@@ -180,10 +183,9 @@ class ChildTune:
         if self._killed:
             return ChildOutcome(None, reason="stopped", failed=True)
         try:
-            raw = (workdir / OUTCOME_FILE).read_bytes()[: MAX_OUTCOME_BYTES + 1]
-            return _outcome(raw)
+            return _outcome(read_regular(workdir / OUTCOME_FILE, MAX_OUTCOME_BYTES))
         except (OSError, ValueError) as exc:
-            tail = (workdir / LOG_FILE).read_bytes()[-2000:].decode(errors="replace")
+            tail = _tail(workdir / LOG_FILE, 2000)
             log.debug("tt.jit: the child's output:\n%s", tail)
             last = tail.strip().splitlines()[-1:] or [f"exit status {code}"]
             return ChildOutcome(None, reason=f"the child ended ({exc}): {last[0]}", failed=True)
@@ -193,6 +195,13 @@ class ChildTune:
         self._killed = True
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
+
+
+def _tail(path: Path, size: int) -> str:
+    """The last ``size`` bytes of ``path`` as text (the child's output; it may be long)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+        return f.read().decode(errors="replace")
 
 
 def _child_env() -> dict[str, str]:

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from ..errors import TunetreeError
-from ..search.auto import DEFAULT_TIME_BUDGET_S, QUICK_TIME_BUDGET_S, auto_tune
+from ..search.auto import auto_tune, budget_seconds
 from ..search.auto_result import AutoTuneResult
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, private_copy, run_model
@@ -104,14 +104,6 @@ def lower_priority(nice: int) -> bool:
         log.debug("tt.jit: could not lower the tuner's priority: %s", exc)
         return False
     return True
-
-
-def _budget_s(options: dict[str, Any]) -> float | None:
-    """The seconds ``auto_tune`` gets with ``options`` (None: unlimited)."""
-    budget = options.get("time_budget", "default")
-    if budget == "default":
-        return QUICK_TIME_BUDGET_S if options.get("quick") else DEFAULT_TIME_BUDGET_S
-    return None if budget is None else float(budget)
 
 
 class GlobalRandomDraws(TunetreeError):
@@ -276,7 +268,10 @@ class Tuner:
             torch.get_num_threads(),
             max(0, self.nice),
         )
-        self._child = ChildTune(spec, _budget_s(self.options))
+        budget = budget_seconds(
+            self.options.get("time_budget", "default"), bool(self.options.get("quick"))
+        )
+        self._child = ChildTune(spec, budget)
         try:
             outcome = self._child.run()
         finally:

@@ -225,7 +225,7 @@ def auto_tune(
         min_depth,
         max_depth,
         tie_tolerance,
-        _budget_s(time_budget, quick),
+        budget_seconds(time_budget, quick),
         quick,
         accuracy,
         reuse_decision,
@@ -503,7 +503,7 @@ def _end_to_end_reserve(
     return max(least, min(2 * measured_s, END_TO_END_RESERVE * budget))
 
 
-def _budget_s(time_budget: float | Literal["default"] | None, quick: bool) -> float | None:
+def budget_seconds(time_budget: float | Literal["default"] | None, quick: bool) -> float | None:
     """The budget in seconds (None: unlimited); refuses a negative one."""
     if time_budget == "default":
         return QUICK_TIME_BUDGET_S if quick else DEFAULT_TIME_BUDGET_S
