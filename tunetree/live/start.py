@@ -40,10 +40,9 @@ def jit(
     (:class:`RecordLimits`: one call per signature, at most 32 calls and 256 MiB); once 8
     distinct signatures (or 64 calls) were seen, :func:`tunetree.auto_tune` runs on them in a
     child process at lower priority (or a background thread), on a private copy of the model,
-    and its plan (checked against eager like
-    every plan) is swapped in between two calls. The calls tuned on are kept in the tuning
-    cache beside the plan, so a later process with the same model and cache loads and checks
-    that plan with nothing to build.
+    and its plan (checked against eager like every plan) is swapped in between two calls. The
+    calls tuned on are kept in the tuning cache beside the plan, so a later process with the
+    same model and cache loads and checks that plan with nothing to build.
 
     Args:
         model: an ``nn.Module`` in eval mode (or a pipeline served through ``call``).
