@@ -52,6 +52,8 @@ def _feed(ids: np.ndarray, total: int, beam: bool) -> dict[str, np.ndarray]:
     }
     if beam:
         feed["beam_idx"] = np.arange(batch, dtype=np.int32)
+    else:  # tunetree's graph: the positions whose logits are kept (generate keeps the last)
+        feed["logit_positions"] = np.array([length - 1], dtype=np.int64)
     return feed
 
 

@@ -63,6 +63,31 @@ def test_unseen_prompts_and_batches_generate_eagers_tokens_without_the_original_
     assert "forward" not in model.__dict__
 
 
+def test_a_prefill_projects_only_the_positions_whose_logits_are_kept(
+    served: tuple[torch.nn.Module, torch.nn.Module],
+) -> None:
+    """generate asks for the last position's logits (logits_to_keep=1): the runtime itself
+    returns that row only, with eager's values, and all rows when every logit is asked for."""
+    model, tuned = served
+    prompt = _prompt(3, 23, seed=5)
+    runner = tuned.forward.runner
+    for keep in (1, 4, 0, 40):
+        with torch.no_grad():
+            expected = model(**prompt, logits_to_keep=keep).logits
+            got = tuned(**prompt, logits_to_keep=keep).logits
+            runner.reset()
+            raw = runner.run(
+                prompt["input_ids"],
+                prompt["attention_mask"],
+                (prompt["attention_mask"].cumsum(-1) - 1).clamp(min=0),
+                keep,
+            )
+        rows = 23 if keep in (0, 40) else keep
+        assert got.shape == expected.shape == raw.shape == (3, rows, 500)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    runner.reset()
+
+
 def test_returned_cache_holds_eagers_state_and_generation_continues_from_it(
     served: tuple[torch.nn.Module, torch.nn.Module],
 ) -> None:

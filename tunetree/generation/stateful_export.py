@@ -1,13 +1,16 @@
 """A Hugging Face causal LM's whole forward as one stateful OpenVINO model.
 
-The exported forward takes ``input_ids``, ``attention_mask`` and ``position_ids`` and returns
-the logits; its KV cache is not an input or output but OpenVINO *state*: each past key/value
-input is paired with the present key/value output it becomes (OpenVINO's make-stateful
-transformation), so the cache stays inside the infer request between steps. The state's
-initial value is an empty ``[batch, kv_heads, 0, head_dim]`` tensor of the call's batch (read
-from ``input_ids``), so a reset request starts a prefill of any batch. The graph is then put in
-the forms OpenVINO's CPU plugin fuses (:mod:`tunetree.generation.stateful_fusion`): attention
-with the cache update in one kernel, and the rotary embedding.
+The exported forward takes ``input_ids``, ``attention_mask``, ``position_ids`` and
+``logit_positions`` (the positions whose logits are wanted: ``generate`` asks for the last one
+only, so a prefill projects one row per sequence onto the vocabulary, not every prompt
+position) and returns those logits; its KV cache is not an input or output but OpenVINO
+*state*: each past key/value input is paired with the present key/value output it becomes
+(OpenVINO's make-stateful transformation), so the cache stays inside the infer request
+between steps. The state's initial value is an empty ``[batch, kv_heads, 0, head_dim]`` tensor
+of the call's batch (read from ``input_ids``), so a reset request starts a prefill of any
+batch. The graph is then put in the forms OpenVINO's CPU plugin fuses
+(:mod:`tunetree.generation.stateful_fusion`): attention with the cache update in one kernel,
+and the rotary embedding.
 
 Grouped-query attention is written as attention over repeated key/value heads, and a query
 row that its mask hides entirely (a left-padded prompt's padding) gives eager's zeros
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import re
 from collections.abc import Iterator
@@ -34,7 +38,7 @@ from .stateful_fusion import fold_scalar_converts, gather_state_rows
 
 log = logging.getLogger(__name__)
 
-INPUTS = ("input_ids", "attention_mask", "position_ids")
+INPUTS = ("input_ids", "attention_mask", "position_ids", "logit_positions")
 """The stateful model's inputs, in port order; ``logits`` is its one output."""
 LOGITS = "logits"
 
@@ -66,12 +70,16 @@ class _WholeForward(nn.Module):
         super().__init__()
         self.model = model
         self.layers = layers
+        # Where the model slices its hidden states before the LM head (transformers'
+        # ``logits_to_keep``, here a tensor of positions), only the kept rows are projected.
+        self.slices = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
+        logit_positions: torch.Tensor,
         past: tuple[torch.Tensor, ...],
     ) -> tuple[torch.Tensor, ...]:
         from transformers.cache_utils import DynamicCache, DynamicLayer
@@ -86,16 +94,19 @@ class _WholeForward(nn.Module):
             layer.is_initialized, layer.device = True, past[0].device
             layer.dtype = past[0].dtype  # type: ignore[attr-defined]
             cache.layers.append(layer)
+        keep = {"logits_to_keep": logit_positions} if self.slices else {}
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
             cache=cache,
             use_cache=True,
+            **keep,
         )
+        logits = out.logits if self.slices else out.logits.index_select(1, logit_positions)
         present = output_cache(out)
         flat = [t for layer in present.layers for t in (layer.keys, layer.values)]
-        return (out.logits, *flat)
+        return (logits, *flat)
 
 
 def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
@@ -111,6 +122,8 @@ def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
     ids = torch.zeros(batch, length, dtype=torch.long, device=device)
     mask = torch.ones(batch, past + length, dtype=torch.long, device=device)
     positions = torch.arange(past, past + length, device=device).expand(batch, length)
+    # Fewer kept positions than ids in the example, so export does not tie the two sizes.
+    kept = torch.arange(1, length, device=device)
     flat = tuple(
         torch.zeros(batch, heads, past, size, dtype=shape.dtype, device=device)
         for heads, size in zip(shape.kv_heads, shape.head_dims, strict=True)
@@ -121,13 +134,14 @@ def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
         {0: dynamic, 1: dynamic},
         {0: dynamic, 1: dynamic},
         {0: dynamic, 1: dynamic},
+        {0: dynamic},
         tuple({0: dynamic, 2: dynamic} for _ in flat),
     )
     wrapper = _WholeForward(model, shape.layers)
     try:
         with exporting(model), attention_for_runtime(), quiet():
             exported = torch.export.export(
-                wrapper, (ids, mask, positions, flat), dynamic_shapes=dims, strict=False
+                wrapper, (ids, mask, positions, kept, flat), dynamic_shapes=dims, strict=False
             )
             converted = openvino.convert_model(exported)
     except Exception as exc:

@@ -125,9 +125,7 @@ class StatefulForward:
             return inputs
         mask, positions = inputs
         self._prepare(cache, past)
-        logits = self.runner.run(ids, mask, positions)
-        if keep:
-            logits = logits[:, -keep:]
+        logits = self.runner.run(ids, mask, positions, keep)
         if cache is None and use_cache:
             cache = DynamicCache(config=self.config)
         if cache is not None:

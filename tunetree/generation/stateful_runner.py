@@ -59,12 +59,21 @@ class StatefulRunner:
             state.state = openvino.Tensor(array)
         self.length, self.batch = int(tensors[0].shape[-2]), int(tensors[0].shape[0])
 
-    def run(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One forward on the state: appends ``ids``' positions; returns the logits."""
+    def run(
+        self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, keep: int = 0
+    ) -> torch.Tensor:
+        """One forward on the state: appends ``ids``' positions; returns the logits.
+
+        ``keep`` is transformers' ``logits_to_keep``: the logits of the last ``keep``
+        positions only (0: all of them).
+        """
+        length = int(ids.shape[1])
+        kept = np.arange(max(length - keep, 0) if keep else 0, length, dtype=np.int64)
         arrays = [
             np.ascontiguousarray(t.detach().to("cpu", torch.int64).numpy())
             for t in (ids, mask, positions)
         ]
+        arrays.append(kept)
         try:
             result = self.request.infer(
                 dict(zip(INPUTS, arrays, strict=True)), share_inputs=True, share_outputs=False
