@@ -164,6 +164,19 @@ class OptimumWorker:
         answer = self._answer()
         return float(answer["s"]), answer["tokens"]
 
+    def teacher_forced(self, approach: str, prompt: str, tokens: torch.Tensor) -> torch.Tensor:
+        """``approach``'s teacher-forced logits there (see the worker's docstring)."""
+        import numpy as np
+
+        assert self._process.stdin is not None
+        with tempfile.TemporaryDirectory(prefix="tunetree-tf-") as work:
+            out = os.path.join(work, "logits.npy")
+            asked = {"approach": approach, "prompt": prompt, "tokens": tokens.tolist(), "out": out}
+            self._process.stdin.write(json.dumps(asked) + "\n")
+            self._process.stdin.flush()
+            self._answer()
+            return torch.from_numpy(np.load(out))
+
     def close(self) -> None:
         """End the worker and remove its request file."""
         if self._process.stdin is not None:
@@ -225,6 +238,41 @@ def table(
     return format_table(headers, lines, title=f"{model}, {n} new tokens, greedy, unseen prompts")
 
 
+def forced_errors(
+    model: Any,
+    approaches: dict[str, Any],
+    prompts: dict[str, dict[str, torch.Tensor]],
+    gen: dict,
+    worker: OptimumWorker | None,
+) -> dict[str, dict[str, float]]:
+    """Per approach and prompt: the teacher-forced logits' rel_l2 against this process's eager.
+
+    Every approach is fed eager's greedy tokens (the prompt, then each new token), so all are
+    judged on the same sequences, as tunetree's accuracy budget judges its configs; the error is
+    over the prompt's unpadded positions and every new one (a padded position's logits are not
+    read by ``generate``, and runtimes differ there).
+    """
+    from tunetree.generation.stateful_check import teacher_forced
+
+    errors: dict[str, dict[str, float]] = {}
+    for name, inputs in prompts.items():
+        with torch.no_grad():
+            tokens = model.generate(**inputs, **gen)[:, inputs["input_ids"].shape[1] :]
+        reference = teacher_forced(model, inputs, tokens)
+        valid = torch.cat([inputs["attention_mask"], torch.ones_like(tokens[:, 1:])], 1).bool()
+        found = {a: teacher_forced(e[0] if isinstance(e, tuple) else e, inputs, tokens)
+                 for a, e in approaches.items() if a != "eager"}  # fmt: skip
+        for a in worker.approaches if worker is not None else ():
+            found[a] = worker.teacher_forced(a, name, tokens)
+        for a, logits in found.items():
+            if logits.shape != reference.shape:
+                errors.setdefault(a, {})[name] = float("nan")
+                continue
+            diff = (logits - reference)[valid].double().norm()
+            errors.setdefault(a, {})[name] = float(diff / reference[valid].double().norm())
+    return errors
+
+
 def timed_rows(
     model: Any,
     approaches: dict[str, Any],
@@ -278,6 +326,11 @@ def main() -> None:
         "'eager (optimum env);optimum-intel f32;optimum-intel f32, f32 KV cache'",
     )
     parser.add_argument("--time-budget", type=float, default=None, help="auto_tune's budget")
+    parser.add_argument(
+        "--errors",
+        action="store_true",
+        help="also every approach's teacher-forced logit error against eager (rel_l2)",
+    )
     args = parser.parse_args()
     print("load average before:", os.getloadavg(), flush=True)
     import transformers
@@ -332,12 +385,26 @@ def main() -> None:
         only = [a.strip() for a in args.optimum_approaches.split(";") if a.strip()]
         worker = OptimumWorker(ensure_venv(args.optimum_venv), directory, prompts, gen, only)
         setup_s.update(worker.load_s)
+    errors: dict[str, dict[str, float]] = {}
     try:
         rows = timed_rows(model, approaches, prompts, gen, worker, args.rounds)
+        if args.errors:
+            errors = forced_errors(model, approaches, prompts, gen, worker)
     finally:
         if worker is not None:
             worker.close()
     print(table(rows, list(prompts), setup_s, n, args.model))
+    if errors:
+        print(
+            format_table(
+                ["approach", *(f"rel_l2 {p}" for p in prompts)],
+                [
+                    [a, *(f"{e.get(p, float('nan')):.4f}" for p in prompts)]
+                    for a, e in errors.items()
+                ],
+                title="teacher-forced logit error against eager (eager's tokens fed to all)",
+            )
+        )
     for a, reason in (worker.failed if worker else {}).items():
         print(f"{a}: failed to load ({reason})")
     for a, precision in (worker.kv_cache if worker else {}).items():

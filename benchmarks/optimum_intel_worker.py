@@ -10,9 +10,11 @@ beside that environment's own eager model, and prints one JSON line: the approac
 their load times, the KV cache precision each compiled model reports, and why any failed.
 Then it serves: each line on stdin names an approach and a prompt, and it runs that
 ``generate`` once and answers one JSON line with the seconds it took (measured here, so the
-pipe costs nothing) and the tokens. The benchmark interleaves these
-calls with its own approaches' in one cycled order, so both processes are timed under the same
-machine state. An empty line ends it. It imports nothing of tunetree.
+pipe costs nothing) and the tokens. A line that also gives ``tokens`` and ``out`` asks for the
+approach's teacher-forced logits instead (the prompt, then those tokens one step at a time,
+positions as ``generate`` passes them), written to ``out`` as a ``.npy`` file. The benchmark
+interleaves the timed calls with its own approaches' in one cycled order, so both processes are
+timed under the same machine state. An empty line ends it. It imports nothing of tunetree.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("request", help="the JSON request file benchmarks.generate_cpu writes")
     request_path = parser.parse_args().request
+    import numpy as np
     import torch
     from optimum.intel import OVModelForCausalLM, OVWeightQuantizationConfig
     from transformers import AutoModelForCausalLM
@@ -78,11 +82,39 @@ def main() -> None:
             break
         asked = json.loads(line)
         model, inputs = models[asked["approach"]], prompts[asked["prompt"]]
+        if "tokens" in asked:
+            logits = _teacher_forced(model, inputs, torch.tensor(asked["tokens"]))
+            np.save(asked["out"], logits.float().numpy())
+            print(json.dumps({"out": asked["out"]}), flush=True)
+            continue
         start = time.perf_counter()
         with torch.no_grad():
             out = model.generate(**inputs, **gen)
         seconds = time.perf_counter() - start
         print(json.dumps({"s": seconds, "tokens": out.tolist()}), flush=True)
+
+
+def _teacher_forced(model: Any, inputs: dict, tokens: Any) -> Any:
+    """``model``'s logits over the prompt, then over ``tokens`` one step at a time."""
+    import torch
+
+    mask = inputs["attention_mask"]
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        out = model(
+            input_ids=inputs["input_ids"], attention_mask=mask, position_ids=positions,
+            use_cache=True,
+        )  # fmt: skip
+        logits = [out.logits]
+        for step in range(tokens.shape[1] - 1):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            positions = positions[:, -1:] + 1
+            out = model(
+                input_ids=tokens[:, step : step + 1], attention_mask=mask,
+                position_ids=positions, past_key_values=out.past_key_values, use_cache=True,
+            )  # fmt: skip
+            logits.append(out.logits)
+    return torch.cat(logits, dim=1)
 
 
 def _kv_cache_precision(model: object) -> str:
