@@ -29,6 +29,9 @@ compared with eager's. That environment is ``--optimum-venv`` (default
 ms per new token is one whole ``generate`` call's median time over the new tokens (prefill
 included), per prompt; ratios are against eager of the same process (optimum-intel's rows
 also against its own environment's eager). The load average is printed before and after.
+``--errors`` adds each approach's teacher-forced logit error against this process's eager
+(rel_l2, the accuracy budget's default metric): every approach is fed eager's greedy tokens, so
+optimum-intel's reduced precisions are judged as tunetree's budget judges its own.
 """
 
 from __future__ import annotations
