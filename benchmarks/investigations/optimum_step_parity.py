@@ -8,6 +8,9 @@ same OpenVINO and the same properties (f32 compute, latency hint), once with the
 and once in f16, and timed on bare infer requests with no ``generate`` around them: a prefill of
 37 tokens, then ``--steps`` single-token decode steps, median step time per approach over
 ``--rounds`` cycled rounds (:mod:`benchmarks.common.cycled` order). Prints the table and ratios.
+``--profile`` then compiles both with OpenVINO's per-node counters (``PERF_COUNT``, f32 cache)
+and prints, per executed node type, the summed time of the median decode step of each graph
+and how many nodes ran: where one graph's step spends what the other's does not.
 """
 
 from __future__ import annotations
@@ -68,11 +71,49 @@ def _decode(compiled: Any, beam: bool, steps: int, times: list[float]) -> None:
         times.append(time.perf_counter() - start)
 
 
+def _profile(compiled: Any, beam: bool, steps: int) -> dict[str, tuple[float, int]]:
+    """Per executed node type: ms and node count of the decode step of median total time."""
+    request = compiled.create_infer_request()
+    request.reset_state()
+    request.infer(_feed(np.random.default_rng(0).integers(3, 32000, (1, 37)), 37, beam))
+    found = []
+    for step in range(steps):
+        request.infer(_feed(np.array([[5]]), 38 + step, beam))
+        per_type: dict[str, tuple[float, int]] = {}
+        for info in request.profiling_info:
+            if info.status.name != "EXECUTED":
+                continue
+            ms, count = per_type.get(info.exec_type, (0.0, 0))
+            per_type[info.exec_type] = (ms + info.real_time.total_seconds() * 1e3, count + 1)
+        found.append(per_type)
+    found.sort(key=lambda p: sum(ms for ms, _ in p.values()))
+    return found[len(found) // 2]
+
+
+def _print_profiles(profiles: dict[str, dict[str, tuple[float, int]]]) -> None:
+    kinds = sorted(
+        {k for p in profiles.values() for k in p},
+        key=lambda k: -max(p.get(k, (0.0, 0))[0] for p in profiles.values()),
+    )
+    who = list(profiles)
+    print("per executed node type, the median decode step (PERF_COUNT, f32 cache): ms (nodes)")
+    print(f"{'exec type':40s}" + "".join(f"{w:>22s}" for w in who))
+    for kind in kinds:
+        cells = "".join(
+            f"{profiles[w].get(kind, (0.0, 0))[0]:14.3f} ({profiles[w].get(kind, (0.0, 0))[1]:4d})"
+            for w in who
+        )
+        print(f"{kind[:40]:40s}{cells}")
+    totals = "".join(f"{sum(ms for ms, _ in profiles[w].values()):22.3f}" for w in who)
+    print(f"{'total':40s}{totals}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--optimum-venv", type=Path, default=OPTIMUM_VENV)
+    parser.add_argument("--profile", action="store_true", help="per node type, both graphs")
     args = parser.parse_args()
     print("load average before:", os.getloadavg(), flush=True)
     import openvino
@@ -122,6 +163,14 @@ def main() -> None:
             / medians[f"optimum-intel graph, cache {cache}"]
         )
         print(f"cache {cache}: tunetree / optimum-intel = {ratio:.3f}")
+    if args.profile:
+        properties = {**base, "KV_CACHE_PRECISION": "f32", "PERF_COUNT": True}
+        graphs = {"tunetree": (ours, False), "optimum-intel": (theirs, True)}
+        profiles = {
+            who: _profile(core.compile_model(graph, "CPU", properties), beam, args.steps)
+            for who, (graph, beam) in graphs.items()
+        }
+        _print_profiles(profiles)
     print("load average after:", os.getloadavg(), flush=True)
 
 
