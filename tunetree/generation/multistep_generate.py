@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -241,11 +242,15 @@ class MultiStepGenerate:
                 compiled=self.config.compiled,
             )
             devices = [loop.token.device] if loop.token.device.type == "cuda" else []
+            started = time.perf_counter()
             with torch.random.fork_rng(devices=devices):  # building draws none of the caller's
                 self._prefill(loop, plan)
                 loop.capture()
             self.loops[key] = loop
-            log.debug("decode loop captured for batch %d, capacity %d", batch, capacity)
+            log.debug(
+                "decode loop (%s) captured for batch %d, capacity %d in %.1f s",
+                self.config.label, batch, capacity, time.perf_counter() - started,
+            )  # fmt: skip
         return loop
 
     def serve(self, plan: Plan) -> torch.Tensor:

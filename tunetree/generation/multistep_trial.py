@@ -9,23 +9,29 @@ or parting only where eager's own two best logits are within the dtype's toleran
 :mod:`.near_tie`; and every check call served by the loop; each call from the same seed, so
 a sampling call is compared draw for draw), then measured end to end beside the untuned model.
 Every config is a row of the result's table with its reason when it fails; nothing raises.
+
+Under a time budget (:mod:`.multistep_budget`) a config is started only when the time it is
+expected to take and the measurement after it fit in what is left, it stops between its
+check calls once the deadline has passed, and nothing is measured after the deadline.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .._util.table import format_table
+from ..candidates import budget
+from ..candidates.budget import TIME_BUDGET_ERROR, Deadline
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, run_model
 from .choosing import Measure, Trial, measure_and_choose
+from .multistep_budget import LoopBudget, timed_references
 from .multistep_generate import MultiStepConfig, MultiStepGenerate
 from .near_tie import TokenVerdict, judge_tokens
 from .stateful_check import probes, prompt_of
@@ -123,8 +129,12 @@ def try_multistep(
     *,
     held: Sequence[Sample] = (),
     configs: Sequence[MultiStepConfig] = CONFIGS,
+    deadline: Deadline | None = None,
 ) -> list[MultiStepTrial]:
-    """Build, check and measure every config (see the module's docstring); the best is chosen."""
+    """Build, check and measure every config (see the module's docstring); the best is chosen.
+
+    With ``deadline``, configs that do not fit in the time left are rows that say so.
+    """
     trials = [MultiStepTrial(c) for c in configs]
     device = next(model.parameters()).device
     reason = unavailable_reason(model, device)
@@ -137,11 +147,37 @@ def try_multistep(
     vocab = int(getattr(model.config, "vocab_size", 2))
     room = int(getattr(model.config, "max_position_embeddings", 64)) // 4
     checks = [*samples, *held, *(_on(p, device) for p in probes(samples, vocab, room))]
-    expected = [_seeded(model, sample, call) for sample in checks]
+    limits = LoopBudget(deadline, loops=len({_batch(s) for s in checks}))
+    expected = timed_references(checks, lambda sample: _seeded(model, sample, call), limits)
+    log.debug("multi-step trial: eager's %d check calls took %.1f s", len(checks), limits.eager_s)
+    if expected is None:
+        for trial in trials:
+            trial.status, trial.reason = "skipped", f"{TIME_BUDGET_ERROR} (eager's check calls)"
+        return trials
     for trial in trials:
-        _build_and_check(trial, model, checks, expected, call)
+        compiled = trial.config.compiled
+        skipped = limits.skip_reason(compiled)
+        if skipped:
+            trial.status, trial.reason = "skipped", skipped
+            log.debug("multi-step trial: %s not started: %s", trial.config.label, skipped)
+            continue
+        started = budget.now()
+        loops = _build_and_check(trial, model, checks, expected, call, limits.passed)
+        limits.note(compiled, budget.now() - started, loops)
+        log.debug("multi-step trial: %s %s after %.1f s (%d loops)", trial.config.label,
+                  trial.status, budget.now() - started, loops)  # fmt: skip
+    if limits.passed():
+        for trial in trials:
+            if trial.status == "passed":
+                trial.status, trial.model = "skipped", None
+                trial.reason = f"{TIME_BUDGET_ERROR} before it was measured"
     measure_and_choose(trials, model, measure)
     return trials
+
+
+def _batch(sample: Sample) -> int:
+    prompt = prompt_of(sample)
+    return 1 if prompt is None else int(prompt["input_ids"].shape[0])
 
 
 def _seeded(model: Any, sample: Sample, call: CallFn | None) -> Any:
@@ -162,18 +198,34 @@ def _build_and_check(
     checks: Sequence[Sample],
     expected: Sequence[Any],
     call: CallFn | None,
-) -> None:
-    start = time.perf_counter()
+    stop: Callable[[], bool] = lambda: False,
+) -> int:
+    """Build ``trial``'s loop through its check calls and judge them; the loops it built.
+
+    ``stop`` is asked before each check call: when it says so, the trial is skipped there.
+    """
+    start = budget.now()
+    served: MultiStepGenerate | None = None
     try:
         twin = attach(model, trial.config)  # another attention: a private copy set to it
-        served: MultiStepGenerate = twin.__dict__["generate"]
-        outputs = [_seeded(twin, sample, call) for sample in checks]
+        served = twin.__dict__["generate"]
+        outputs: list[Any] = []
+        for sample in checks:
+            if stop():
+                trial.status = "skipped"
+                trial.reason = (
+                    f"{TIME_BUDGET_ERROR}: stopped after {len(outputs)} of {len(checks)} "
+                    "check calls"
+                )
+                return len(served.loops)
+            outputs.append(_seeded(twin, sample, call))
     except (RuntimeError, TypeError, ValueError) as exc:  # a capture or compile that fails
         trial.status, trial.reason = "failed", f"{type(exc).__name__}: {str(exc)[:200]}"
-        return
+        return 0 if served is None else len(served.loops)
     finally:
-        torch.cuda.synchronize()
-    trial.build_s = time.perf_counter() - start
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    trial.build_s = budget.now() - start
     counts = served.counts
     if counts.original:
         reasons = "; ".join(f"{n}x {r}" for r, n in counts.reasons.most_common())
@@ -181,15 +233,16 @@ def _build_and_check(
         trial.reason = (
             f"{counts.original} of {len(checks)} calls ran the original generate ({reasons})"
         )
-        return
+        return len(served.loops)
     for index, (sample, got, want) in enumerate(zip(checks, outputs, expected, strict=True)):
         verdict = _judge(model, sample, _tokens(got), _tokens(want))
         if verdict.problem:
             trial.status, trial.reason = "rejected", f"check call {index}: {verdict.problem}"
-            return
+            return len(served.loops)
         trial.checked += 1
         trial.near_ties += verdict.near_ties
     trial.status, trial.model = "passed", twin
+    return len(served.loops)
 
 
 def _tokens(out: Any) -> torch.Tensor | None:

@@ -71,6 +71,7 @@ from .endtoend import (
     UNTUNED,
     side_by_side,
 )
+from .multistep_first import applies as multistep_applies
 from .multistep_first import multistep_first
 from .rival import WHOLE_MODEL, FinalCheck, FinalRun, final_check, whole_model_plan
 from .stateful_first import applies, stateful_first
@@ -94,6 +95,9 @@ END_TO_END_RESERVE = 0.25
 """The most of a budget kept for the end-to-end measurement of the depth in progress."""
 UNTUNED_SHARE = 0.1
 """The most of a budget the untuned model's first measurement may take."""
+GPU_INSPECTION_PASSES = 10.0
+"""Root passes the inspection down to the deepest depth is expected to take on a GPU: about
+9.5 for ``generate`` of a 0.6B model in bf16 (host-bound, every module's calls recorded)."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,7 @@ def _auto_tune(
         dataset, held = search.accuracy.split(list(dataset))
     with preserved_state(model), eval_mode(model):
         strategy = cfg.strategy or _strategy(dev, search.quick, search.accuracy)  # built once
-        whole, info, run, trials = _whole_model_first(
+        whole, info, run, trials, tried = _whole_model_first(
             model, dataset, held, cfg, search, strategy, dev, clock, progress, start
         )
         if whole is not None:
@@ -275,8 +279,8 @@ def _auto_tune(
                 progress("accuracy budget: eager's references for the held-out inputs")
                 run.accuracy = EndToEndCheck.prepare(search.accuracy, model, info, held, cfg.call)
         looped, multistep = (
-            (None, [])
-            if search.savable or cfg.dry_run
+            (None, tried or [])
+            if search.savable or cfg.dry_run or tried is not None
             else multistep_first(run, rows, held, dev, search.budget_s, start)
         )
         if looped is not None:
@@ -316,13 +320,21 @@ def _whole_model_first(
     clock: Stopwatch,
     progress: Progress,
     start: float,
-) -> tuple[AutoTuneResult | None, ModelInfo, DepthRun | None, list[StatefulTrial]]:
-    """The whole-model stateful trial where it comes first, and the inspection the rest needs.
+) -> tuple[
+    AutoTuneResult | None,
+    ModelInfo,
+    DepthRun | None,
+    list[StatefulTrial],
+    list[MultiStepTrial] | None,
+]:
+    """The whole-model trial where it comes first, and the inspection the rest needs.
 
-    Returns the result when the trial won (nothing deeper was inspected) or when less of the
-    budget is left than the root's inspection took (the untuned model, every depth skipped),
-    else None and the model inspected down to the deepest depth tried; then the run when the
-    trial made one, and the trial's rows.
+    The CPU's stateful runner (:mod:`.stateful_first`) or the GPU's multi-step decode loop
+    (:mod:`.multistep_first`). Returns the result when the trial won (nothing deeper was
+    inspected) or when less of the budget is left than the root's inspection took (the
+    untuned model, every depth skipped), else None and the model inspected down to the
+    deepest depth tried; then the run when the trial made one, the stateful trial's rows,
+    and the multi-step trial's (None when it was not tried here).
     """
     deepest = MAX_DEFAULT_DEPTH if search.max_depth is None else search.max_depth
     first = _whole_first(model, cfg, search, strategy, dev)
@@ -330,15 +342,23 @@ def _whole_model_first(
     # when it did not win.
     info, pass_s = _inspect(model, dataset, cfg, dev, clock, progress, 0 if first else deepest)
     if not first:
-        return None, info, None, []
+        return None, info, None, [], None
     run = _depth_run(model, info, cfg, search, strategy, progress, clock, start)
     rows = _depth_rows(info, search.min_depth, search.max_depth)
-    whole, trials = stateful_first(run, rows, held, search.accuracy, search.budget_s, start, pass_s)
+    trials: list[StatefulTrial] = []
+    looped: list[MultiStepTrial] | None = None
+    if dev.type == "cuda":
+        whole, looped = multistep_first(run, rows, held, dev, search.budget_s, start)
+    else:
+        whole, trials = stateful_first(
+            run, rows, held, search.accuracy, search.budget_s, start, pass_s
+        )
     if whole is not None:
-        return whole, info, run, trials
-    if run.deadline is not None and run.deadline.left_s() < pass_s:
-        # Less left than one pass over the calls: no depth could be inspected, let alone
-        # measured end to end beside the untuned model. The model stays untuned.
+        return whole, info, run, trials, looped
+    if run.deadline is not None and run.deadline.left_s() < _inspection_s(pass_s, dev):
+        # Less left than the depths' inspection is expected to take: no depth could be
+        # inspected, let alone measured end to end beside the untuned model. The model
+        # stays untuned.
         progress("the time budget is used up: no depth is inspected or tuned")
         for row in rows:
             row.status, row.error = DepthStatus.SKIPPED, TIME_BUDGET_ERROR
@@ -350,27 +370,40 @@ def _whole_model_first(
             info=info,
             original=model,
             stateful=trials,
+            multistep=looped or [],
             tuning_s=now() - start,
             breakdown=clock.breakdown(),
             time_budget=search.budget_s,
             accuracy=search.accuracy,
         )
-        return spent, info, run, trials
+        return spent, info, run, trials, looped
     info, _ = _inspect(model, dataset, cfg, dev, clock, progress, deepest)
     run.info, run.generation = info, is_generation(info, model)
-    return None, info, run, trials
+    return None, info, run, trials, looped
+
+
+def _inspection_s(pass_s: float, dev: torch.device) -> float:
+    """Seconds the depths' inspection is expected to take after a whole-model trial.
+
+    ``pass_s``: the root's inspection (one pass over the calls). On a GPU, where a small
+    model's ``generate`` is bound by the host, recording every module's calls costs
+    :data:`GPU_INSPECTION_PASSES` passes; on the CPU one pass is kept.
+    """
+    return pass_s * (GPU_INSPECTION_PASSES if dev.type == "cuda" else 1.0)
 
 
 def _whole_first(
     model: Any, cfg: TuneConfig, search: _DepthSearch, strategy: Strategy, dev: torch.device
 ) -> bool:
-    """Whether the whole-model stateful trial comes before the depths' inspection.
+    """Whether a whole-model trial comes before the depths' inspection.
 
-    Not for a dry run, a savable-only search, or a search that starts below the root.
+    The CPU's stateful runner or the GPU's multi-step decode loop, where it may serve the
+    model; not for a dry run, a savable-only search, or a search that starts below the root.
     """
     if cfg.dry_run or search.savable or search.min_depth != 0:
         return False
-    return applies(model, [b.kind for b in strategy.backends], dev)
+    kinds = [b.kind for b in strategy.backends]
+    return applies(model, kinds, dev) or multistep_applies(model, kinds, dev)
 
 
 def _inspect(
