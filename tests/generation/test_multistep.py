@@ -273,6 +273,48 @@ def test_a_captured_sampling_loop_draws_generates_tokens_from_the_same_seed() ->
     assert loop.counts.served == 2
 
 
+def test_the_loops_of_a_compiled_config_share_one_compiled_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A fake compile (the step itself, counted): three loops, one compiled callable; batches
+    # above 1 leave their batch dimension to Dynamo (one compile for all of them).
+    made: list[dict] = []
+
+    def fake_compile(fn, **options):
+        made.append(options)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    model = qwen3()
+    loop = MultiStepGenerate(model, model.generate, MultiStepConfig(4, True))
+    gen = dict(max_new_tokens=9, min_new_tokens=9, do_sample=False, pad_token_id=0)
+    for batch, seed in ((1, 1), (3, 2), (4, 3)):
+        inputs = prompt(batch, 11, seed)
+        plan, reason = loop.plan((), {**inputs, **gen})
+        assert plan is not None, reason
+        assert torch.equal(loop.serve(plan), eager(model, inputs, **gen))
+    assert sorted(batch for batch, _ in loop.loops) == [1, 3, 4]
+    assert len(made) == 1 and made[0].get("dynamic") is None
+    assert all(graph._compiled is loop.step for graph in loop.loops.values())
+    for (batch, _), graph in loop.loops.items():
+        marked = [0 in getattr(t, "_dynamo_weak_dynamic_indices", set())
+                  for t in graph.batch_tensors()]  # fmt: skip
+        assert len(marked) == 4 + 2 * 2  # the step's inputs, and 2 layers' keys and values
+        assert all(marked) if batch > 1 else not any(marked)
+
+
+def test_eager_kernels_compile_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: pytest.fail("compiled"))
+    model = qwen3()
+    loop = MultiStepGenerate(model, model.generate, MultiStepConfig(4))
+    inputs = prompt(2, 11, 1)
+    gen = dict(max_new_tokens=9, do_sample=False, pad_token_id=0)
+    plan, reason = loop.plan((), {**inputs, **gen})
+    assert plan is not None, reason
+    assert torch.equal(loop.serve(plan), eager(model, inputs, **gen))
+    assert loop.step is None
+
+
 def test_inductors_settings_are_patched_only_while_the_step_compiles() -> None:
     import torch._inductor.config as inductor_config
 

@@ -1,7 +1,8 @@
 """The multi-step decode trial keeps to auto_tune's time budget.
 
 Decisions only, on a fake clock: eager's check calls and each config's check calls advance it
-by set times (a compiled config's first call of a batch size by a long compile), so what is
+by set times (a compiled config's first call at batch 1, and its first above batch 1, by a
+long compile: its loops share one compiled step), so what is
 asserted is which configs are started, stopped and measured, never how fast anything is.
 """
 
@@ -16,7 +17,7 @@ from tunetree.candidates import budget
 from tunetree.candidates.budget import TIME_BUDGET_ERROR, Deadline
 from tunetree.candidates.measure import Timing
 from tunetree.generation import multistep_trial
-from tunetree.generation.multistep_budget import COMPILE_S_PER_LOOP, LoopBudget
+from tunetree.generation.multistep_budget import COMPILE_S, LoopBudget, compiles_for
 from tunetree.generation.multistep_generate import MultiStepConfig
 from tunetree.generation.multistep_trial import CONFIGS, try_multistep
 from tunetree.generation.near_tie import TokenVerdict
@@ -65,7 +66,11 @@ def _fake_calls(
         key = (int(ids.shape[0]), 256)
         if key not in served.loops:
             served.loops[key] = object()
-            clock.t += compile_s if served.config.compiled else CAPTURE_S
+            clock.t += CAPTURE_S
+            compiled = served.__dict__.setdefault("compiled_batches", set())
+            if served.config.compiled and min(key[0], 2) not in compiled:
+                compiled.add(min(key[0], 2))
+                clock.t += compile_s
         clock.t += call_s
         return ids
 
@@ -141,9 +146,9 @@ def test_a_config_longer_than_expected_stops_between_check_calls_and_none_is_mea
     # Each compile takes twice the prior: the first compiled config is started (expected to
     # fit), the deadline passes during its third loop's build, and it stops before the next
     # call; nothing after it starts, and nothing is measured past the deadline.
-    called = _fake_calls(monkeypatch, clock, compile_s=2 * COMPILE_S_PER_LOOP)
+    called = _fake_calls(monkeypatch, clock, compile_s=2 * COMPILE_S)
     measured: list[list[str]] = []
-    deadline = Deadline(clock.t + 20.0 + 3 * COMPILE_S_PER_LOOP + 60.0)
+    deadline = Deadline(clock.t + 20.0 + 3 * COMPILE_S + 60.0)
     trials = try_multistep(qwen3(), _samples(), None, _measure(measured), deadline=deadline)
     compiled, attention = (t for t in trials if t.config.compiled)
     assert compiled.status == "skipped" and "stopped after" in compiled.reason
@@ -155,18 +160,51 @@ def test_a_config_longer_than_expected_stops_between_check_calls_and_none_is_mea
         if not trial.config.compiled:
             assert trial.reason == f"{TIME_BUDGET_ERROR} before it was measured"
     # The overrun is at most the one check call in flight: one loop's compile and its call.
-    assert clock.t - deadline.at <= 2 * COMPILE_S_PER_LOOP + LOOP_CALL_S
+    assert clock.t - deadline.at <= 2 * COMPILE_S + LOOP_CALL_S
 
 
-def test_the_budget_expects_each_loop_of_a_compiled_config_to_compile() -> None:
-    limits = LoopBudget(None, loops=3, eager_s=10.0, call_s=2.0)
+def test_the_budget_expects_one_compile_per_config_not_one_per_loop() -> None:
+    # The loops of batches 1, 8 and 9 (s18's check calls) need two compiles: batch 1's own
+    # and one shared by every larger batch.
+    assert compiles_for([1, 8, 9]) == 2
+    assert compiles_for([8, 9]) == compiles_for([1]) == 1
+    limits = LoopBudget(None, loops=3, compiles=2, eager_s=10.0, call_s=2.0)
     assert limits.expected_s(False) == pytest.approx(10.0 + 3 * 3.0)
-    assert limits.expected_s(True) == pytest.approx(10.0 + 3 * 3.0 + 3 * COMPILE_S_PER_LOOP)
+    assert limits.expected_s(True) == pytest.approx(10.0 + 3 * 3.0 + 2 * COMPILE_S)
     limits.note(False, 6.0, loops=4)
-    assert limits.expected_s(True) == pytest.approx(6.0 + 4 * COMPILE_S_PER_LOOP)
+    assert limits.expected_s(True) == pytest.approx(6.0 + 2 * COMPILE_S)
     limits.note(True, 50.0, loops=4)
     assert limits.expected_s(True) == 50.0
     assert limits.skip_reason(True) == ""  # no deadline: every config may start
+
+
+def test_s18s_default_budget_starts_the_compiled_config(clock: Clock) -> None:
+    # s18 at the default budget: 233 s left after the eager-kernel configs (8.8 s each),
+    # 39 s kept to measure, loops of batches 1, 8 and 9. One compile per loop (279 s) did not
+    # fit; two shared compiles do.
+    limits = LoopBudget(Deadline(clock.t + 233.0), loops=3, compiles=compiles_for([1, 8, 9]))
+    limits.call_s = 39.0 / 8
+    limits.note(False, 8.8, loops=3)
+    assert limits.expected_s(True) == pytest.approx(8.8 + 2 * COMPILE_S)
+    assert limits.skip_reason(True) == ""
+
+
+def test_a_compiled_config_whose_shared_compiles_fit_is_started_and_measured(
+    monkeypatch: pytest.MonkeyPatch, clock: Clock
+) -> None:
+    # Check calls of batches 1, 2, 3 and 1: three loops but two compiles. 230 s are left
+    # after the eager-kernel configs: two compiles (188 s expected) and the measurement fit,
+    # one compile per loop (278 s) would not.
+    called = _fake_calls(monkeypatch, clock, compile_s=80.0)
+    measured: list[list[str]] = []
+    deadline = Deadline(clock.t + 250.0)
+    trials = try_multistep(qwen3(), _samples(), None, _measure(measured), deadline=deadline)
+    compiled, attention = (t for t in trials if t.config.compiled)
+    assert called.count(compiled.config.label) == 4
+    assert compiled.status in ("measured", "chosen"), compiled.reason
+    assert attention.status == "skipped" and "expected to take" in attention.reason
+    assert measured == [sorted(["untuned", *EAGER_LABELS, compiled.config.label])]
+    assert clock.t <= deadline.at
 
 
 def test_the_configs_compile_last() -> None:

@@ -9,7 +9,8 @@ update, all on the device; one replay advances every row by ``steps`` tokens and
 reads back one flag (all rows finished) per replay.
 
 The step is the model's own forward (eager's kernels, or Inductor's code for the same step
-when ``compiled``), called with the inputs ``generate`` gives it on a static cache; the token
+when ``compiled``, see :func:`compiled_step`), called with the inputs ``generate`` gives it
+on a static cache; the token
 selection is ``generate``'s greedy rule (argmax of the float32 logits, finished rows padded,
 the end-of-sequence logits masked while fewer than the minimum new tokens were made), or its
 multinomial sampling after Hugging Face's own temperature, top-k, top-p and min-p warpers,
@@ -81,7 +82,9 @@ class DecodeGraph:
         *,
         max_new: int,
         compiled: bool = False,
+        step: Callable[..., torch.Tensor] | None = None,
     ) -> None:
+        """Args: ``step`` is a config's shared :func:`compiled_step` (a new one when None)."""
         from transformers import StaticCache
 
         self.model, self.shape, self.rule, self.compiled = model, shape, rule, compiled
@@ -103,7 +106,7 @@ class DecodeGraph:
         self._keep = _forward_keywords(model)
         self._step: Callable[[], None] = self._eager_step
         if compiled:
-            self._compiled = torch.compile(self._core, dynamic=False, fullgraph=False)
+            self._compiled = step if step is not None else compiled_step()
             self._step = self._compiled_step
         self.graph: torch.cuda.CUDAGraph | None = None
 
@@ -156,7 +159,9 @@ class DecodeGraph:
         self._advance(self._core(self.token, self.position, self.cache_position, self.mask))
 
     def _compiled_step(self) -> None:
-        self._advance(self._compiled(self.token, self.position, self.cache_position, self.mask))
+        self._advance(
+            self._compiled(self, self.token, self.position, self.cache_position, self.mask)
+        )
 
     # capture and replay --------------------------------------------------------------------
     def capture(self, warmups: int = 2) -> None:
@@ -166,6 +171,8 @@ class DecodeGraph:
         the capture advance is restored by the next :meth:`start`. Off CUDA nothing is
         captured and :meth:`replay` runs the steps one by one (the same computation).
         """
+        if self.compiled:
+            self._mark_batch_dynamic()
         if self.token.device.type != "cuda":
             return
         snapshot = self._positions()
@@ -182,6 +189,23 @@ class DecodeGraph:
                 self._step()
         self._restore(snapshot)
         self.graph = graph
+
+    def batch_tensors(self) -> list[torch.Tensor]:
+        """The step's inputs whose first dimension is the batch (with the cache's tensors)."""
+        found = [self.token, self.position, self.mask, self.unfinished]
+        for layer in self._layers():
+            found += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                      if isinstance(t, torch.Tensor)]  # fmt: skip
+        return found
+
+    def _mark_batch_dynamic(self) -> None:
+        """Above batch 1, lets the compiled step's batch dimension be symbolic.
+
+        Batch 1 keeps its own specialised code (:func:`compiled_step`).
+        """
+        if self.shape.batch > 1:
+            for tensor in self.batch_tensors():
+                torch._dynamo.maybe_mark_dynamic(tensor, 0)
 
     def start(self, first: torch.Tensor, position: torch.Tensor, cache_position: int,
               mask: torch.Tensor) -> None:  # fmt: skip
@@ -261,6 +285,20 @@ class DecodeGraph:
             value = getattr(layer, "cumulative_length", None)
             if isinstance(value, torch.Tensor):
                 value.fill_(length)
+
+
+def compiled_step() -> Callable[..., torch.Tensor]:
+    """Inductor's code for one decode step (:meth:`DecodeGraph._core`, the loop passed first).
+
+    One callable serves every loop of a config: Dynamo keeps its compiled code with this
+    callable, so a loop of a shape compiled before only captures its graph. Batch 1 compiles
+    its own code (static sizes: each matmul becomes a tuned reduction fused with its
+    neighbours); every batch above 1 shares one compile whose batch dimension is symbolic
+    (:meth:`DecodeGraph._mark_batch_dynamic`). A dimension that differs between loops in
+    another way (the cache's capacity) is made symbolic by Dynamo's automatic dynamic shapes
+    on its second size, so a config compiles at most about twice, not once per loop.
+    """
+    return torch.compile(DecodeGraph._core, dynamic=None, fullgraph=False)
 
 
 INDUCTOR_SETTINGS = {"coordinate_descent_tuning": True}

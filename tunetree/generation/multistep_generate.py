@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..signature.modules import private_copy
-from .multistep import DecodeGraph, LoopShape, StopRule, _forward_keywords
+from .multistep import DecodeGraph, LoopShape, StopRule, _forward_keywords, compiled_step
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,8 @@ class MultiStepGenerate:
         self.step_model = model if config.attention is None else _with_attention(model, config)
         """What the decode step runs: the model, or its private copy with another attention."""
         self.loops: dict[tuple[int, int], DecodeGraph] = {}
+        self.step = compiled_step() if config.compiled else None
+        """The compiled step every loop of this config shares (None for eager's kernels)."""
         self.counts = Counts()
         self._lock = threading.Lock()
         self._cache_keyword = _cache_keyword(model)  # read once, not per call
@@ -240,6 +242,7 @@ class MultiStepGenerate:
                 plan.rule,
                 max_new=max(plan.max_new, loop.max_new if loop else 0),
                 compiled=self.config.compiled,
+                step=self.step,
             )
             devices = [loop.token.device] if loop.token.device.type == "cuda" else []
             started = time.perf_counter()

@@ -31,7 +31,7 @@ from ..candidates.budget import TIME_BUDGET_ERROR, Deadline
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, run_model
 from .choosing import Measure, Trial, measure_and_choose
-from .multistep_budget import LoopBudget, timed_references
+from .multistep_budget import LoopBudget, compiles_for, timed_references
 from .multistep_generate import MultiStepConfig, MultiStepGenerate
 from .near_tie import TokenVerdict, judge_tokens
 from .stateful_check import probes, prompt_of
@@ -147,7 +147,8 @@ def try_multistep(
     vocab = int(getattr(model.config, "vocab_size", 2))
     room = int(getattr(model.config, "max_position_embeddings", 64)) // 4
     checks = [*samples, *held, *(_on(p, device) for p in probes(samples, vocab, room))]
-    limits = LoopBudget(deadline, loops=len({_batch(s) for s in checks}))
+    batches = {_batch(s) for s in checks}
+    limits = LoopBudget(deadline, loops=len(batches), compiles=compiles_for(batches))
     expected = timed_references(checks, lambda sample: _seeded(model, sample, call), limits)
     log.debug("multi-step trial: eager's %d check calls took %.1f s", len(checks), limits.eager_s)
     if expected is None:
