@@ -127,6 +127,7 @@ def _row(name: str, build: Callable[[], Any], budget: float) -> list[str]:
         verbose=False,
     )
     seconds = time.perf_counter() - start
+    print(f"{name}:\n{result}", flush=True)
     tuned = result.model
     whole = getattr(tuned.forward, "counts", None) is not None
     served = "whole model" if whole else f"depth {result.depth}"
