@@ -18,7 +18,10 @@ Run: ``python benchmarks/jit.py`` (BERT-base from its config, 12 layers h768, on
    backend builds it made (goal: at most 5 s, 0 builds).
 
 Prints one table and the load average before and after; ``--json`` writes the numbers. Only
-ratios measured in one run mean anything; on a shared machine note the load.
+ratios measured in one run mean anything; on a shared machine note the load. To time the warm
+start alone: ``--no-compare`` skips step 3, ``--backends onnxruntime --max-depth 1`` makes the
+cold tune short, ``--warm-log FILE`` keeps the second process's DEBUG log (every cache lookup,
+miss, load and build).
 """
 
 from __future__ import annotations
@@ -143,7 +146,18 @@ def timed(fn: Any, calls: list[dict[str, Any]]) -> list[float]:
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"time_budget": args.time_budget}
+    """The auto_tune options of every tune here (the warm second process passes the same)."""
+    import tunetree as tt
+
+    chosen: dict[str, Any] = {"time_budget": args.time_budget}
+    if args.max_depth is not None:
+        chosen["max_depth"] = args.max_depth
+    if args.backends:  # fewer candidates: a shorter cold tune, e.g. to time a warm start
+        kinds = {"onnxruntime": tt.backends.OnnxRuntime, "openvino": tt.backends.OpenVINO}
+        chosen["strategy"] = tt.MinLatencyStrategy(
+            [kinds[k]() for k in args.backends.split(",")] + [tt.backends.Eager()]
+        )
+    return chosen
 
 
 def child(args: argparse.Namespace) -> None:
@@ -153,6 +167,13 @@ def child(args: argparse.Namespace) -> None:
     import tunetree as tt
 
     builds = counting_builds()
+    if args.warm_log:  # every cache lookup, miss, load and build of the warm start, at DEBUG
+        import logging
+
+        handler = logging.FileHandler(args.warm_log, mode="w")
+        handler.setFormatter(logging.Formatter("%(relativeCreated)8.0f %(name)s %(message)s"))
+        logging.getLogger("tunetree").addHandler(handler)
+        logging.getLogger("tunetree").setLevel(logging.DEBUG)
     model = build(args.model)
     calls = trace(args.calls, seed=1, model=args.model)
     start = time.perf_counter()
@@ -235,25 +256,34 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(took * (1.0 - args.duty) / args.duty)
     tuned_after_s = time.perf_counter() - start
     first_reason = served.reason
-    for _ in range(3):  # calls outside the first ranges start a re-tune once 8 of them ran
+    for _ in range(
+        0 if args.no_compare else 3
+    ):  # calls outside the first ranges start a re-tune once 8 of them ran
         timed(served, calls)
         served.wait(timeout=args.time_budget * 3)  # let it end before anything is timed
     if served.status != "tuned":
         print(f"left untuned: {served.reason}")
+    served.wait(timeout=args.time_budget * 3)  # the calls kept for the warm start
     samples = served.tuned_on or served.recorder.samples()
-    auto = tt.auto_tune(
-        build(args.model),
-        samples,
-        cache=tempfile.mkdtemp(prefix="tt-jit-auto-"),
-        verbose=False,
-        **options(args),
-    )
-    means = side_by_side(
-        {"eager": model, "jit": served, "auto_tune": auto.model}, calls, args.rounds
-    )
+    means: dict[str, float] = {}
+    auto_depth = None
+    if not args.no_compare:
+        auto = tt.auto_tune(
+            build(args.model),
+            samples,
+            cache=tempfile.mkdtemp(prefix="tt-jit-auto-"),
+            verbose=False,
+            **options(args),
+        )
+        auto_depth = auto.depth
+        means = side_by_side(
+            {"eager": model, "jit": served, "auto_tune": auto.model}, calls, args.rounds
+        )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, __file__, "--child", "--model", args.model, "--cache", cache]
     command += ["--calls", str(args.calls), "--time-budget", str(args.time_budget)]
+    command += ["--backends", args.backends, "--warm-log", args.warm_log]
+    command += [] if args.max_depth is None else ["--max-depth", str(args.max_depth)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise SystemExit(done.stderr[-3000:])
@@ -287,7 +317,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         "nice": args.nice,
         "recorded_calls": len(samples),
         "mean_ms": {k: 1e3 * v for k, v in means.items()},
-        "auto_tune_depth": auto.depth,
+        "auto_tune_depth": auto_depth,
         "warm": warm,
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
@@ -326,13 +356,16 @@ def print_report(r: dict[str, Any]) -> None:
                 f"after: {w['last_log']}"
             )
     print(f"after more passes      {r['jit_tunes']} tunes: {r['jit_final_reason']}")
-    print(
-        f"side by side (mean per call over the trace): eager {mean['eager']:.1f} ms, "
-        f"tt.jit after swap {mean['jit']:.1f} ms ({mean['eager'] / mean['jit']:.2f}x eager), "
-        f"auto_tune on the same {r['recorded_calls']} calls {mean['auto_tune']:.1f} ms "
-        f"({mean['eager'] / mean['auto_tune']:.2f}x eager, depth {r['auto_tune_depth']}); "
-        f"jit / auto_tune {mean['jit'] / mean['auto_tune']:.3f}"
-    )
+    if not mean:
+        print("side by side           not run (--no-compare)")
+    else:
+        print(
+            f"side by side (mean per call over the trace): eager {mean['eager']:.1f} ms, "
+            f"tt.jit after swap {mean['jit']:.1f} ms ({mean['eager'] / mean['jit']:.2f}x eager), "
+            f"auto_tune on the same {r['recorded_calls']} calls {mean['auto_tune']:.1f} ms "
+            f"({mean['eager'] / mean['auto_tune']:.2f}x eager, depth {r['auto_tune_depth']}); "
+            f"jit / auto_tune {mean['jit'] / mean['auto_tune']:.3f}"
+        )
     w = r["warm"]
     first = "never" if w["first_tuned_s"] is None else f"{w['first_tuned_s']:.2f} s"
     print(
@@ -349,6 +382,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--calls", type=int, default=24, help="calls in the traffic trace")
     parser.add_argument("--rounds", type=int, default=6, help="side-by-side passes")
     parser.add_argument("--time-budget", type=float, default=300.0)
+    parser.add_argument(
+        "--backends",
+        default="",
+        help="candidates besides eager, comma-separated (onnxruntime, openvino; default: "
+        "the default strategy)",
+    )
+    parser.add_argument("--max-depth", type=int, default=None, help="auto_tune's max_depth")
+    parser.add_argument(
+        "--warm-log", default="", help="the warm second process's tunetree log (DEBUG) goes here"
+    )
     parser.add_argument("--nice", type=int, default=10, help="tt.jit's tuner_nice")
     parser.add_argument(
         "--duty",
@@ -359,6 +402,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--cache", default="", help="tuning cache directory (default: fresh)")
     parser.add_argument("--json", default="", help="write the numbers here")
+    parser.add_argument(
+        "--no-compare",
+        action="store_true",
+        help="skip the passes after the swap and the side by side with auto_tune (the "
+        "warm second process follows the swap and the keeping of its calls)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-limit", type=float, default=600.0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)

@@ -76,3 +76,23 @@ def test_user_classes_key_by_their_own_module() -> None:
         pass
 
     assert keys.qualified_name(Local) == f"{__name__}.{Local.__qualname__}"
+
+
+def test_a_value_a_class_caches_on_itself_at_run_time_changes_no_key() -> None:
+    # Hugging Face's PreTrainedModel sets ``_can_set_*_implementation_cached_value`` on the
+    # class when a model is built: a process that only unpickled a model (tt.jit's child)
+    # never has it, and its keys must still be the serving process's.
+    import torch
+
+    class Cached(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + 1
+
+    before = keys.structure_digest(Cached())
+    Cached._can_set_experts_implementation_cached_value = False  # type: ignore[attr-defined]
+    keys._class_digests.clear()
+    assert keys.structure_digest(Cached()) == before
+
+    Cached.forward = lambda self, x: x + 2  # type: ignore[method-assign]
+    keys._class_digests.clear()
+    assert keys.structure_digest(Cached()) != before  # code still keys

@@ -3,7 +3,9 @@
 ``python -m tests.live.app '<json>'`` prints one JSON line: the status after waiting, builds
 made here, whether the first call after ``tt.jit`` (and the wait) ran on the tuned runner, and
 whether its outputs match eager, and which of the ``modules`` named were imported by then.
-``{"cache": DIR, "remote": URL, "modules": [NAME, ...]}``.
+``{"cache": DIR, "remote": URL, "modules": [NAME, ...], "budget_cut": true}`` (``budget_cut``:
+:func:`fakes.budget_cut_options` instead of :func:`fakes.options`); also the warm result's
+depth statuses and tuning phases.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
     with torch.no_grad():
         expected = eager(x)
     start = time.perf_counter()
-    served = tt.jit(fakes.model(), cache=cache, **fakes.options())
+    options = fakes.budget_cut_options() if config.get("budget_cut") else fakes.options()
+    served = tt.jit(fakes.model(), cache=cache, **options)
     tuned = served.wait(timeout=120)
     ready_s = time.perf_counter() - start
     fakes.RUNS.clear()
@@ -42,6 +45,10 @@ def main(config: dict[str, Any]) -> dict[str, Any]:
         "first_call_tuned": fakes.runs_here() == 1,
         "equal": torch.equal(out, expected),
         "ready_s": ready_s,
+        "depth_status": [r.status.name for r in served.result.rows] if served.result else [],
+        "phases": [p.label for p in served.result.breakdown.phases]
+        if served.result and served.result.breakdown
+        else [],
         "modules": {name: name in sys.modules for name in config.get("modules", [])},
     }
 

@@ -102,3 +102,25 @@ def options() -> dict[str, Any]:
         "measure_config": tt.MeasureConfig.quick(),
         "max_depth": 0,
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class Glacial(Fast):
+    """:class:`Fast` with a build expected to take days: a time budget never starts it."""
+
+    kind: ClassVar[str] = "test-live-glacial"
+    typical_build_s: ClassVar[float | None] = 1e6
+
+    def build(self, module: nn.Module, graph: Graph, device: torch.device) -> Runner:
+        BUILDS.append("Glacial")
+        return super().build(module, graph, device)
+
+
+def budget_cut_options() -> dict[str, Any]:
+    """:func:`options` with a candidate the time budget skips: every race is cut short."""
+    return {
+        "strategy": tt.MinLatencyStrategy([Fast(), Glacial(), tt.backends.Eager()]),
+        "measure_config": tt.MeasureConfig.quick(),
+        "max_depth": 0,
+        "time_budget": 120.0,
+    }

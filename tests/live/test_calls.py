@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tunetree.cache.decisions import PlannedGraph
 from tunetree.cache.sealing import KEY_ENV
 from tunetree.live import RecordLimits
 from tunetree.live.calls import (
@@ -19,6 +20,7 @@ from tunetree.live.calls import (
 )
 from tunetree.live.recorder import Recorder
 from tunetree.live.store import CallsStore
+from tunetree.search.recorded import RecordedPlan
 from tunetree.signature.graph import GraphKey, Sample
 
 KEY = "ab" * 20
@@ -99,6 +101,32 @@ def test_the_depth_kept_on_the_calls_comes_back_and_a_record_without_one_says_no
     samples = [Sample((torch.zeros(2, 2),), {})]
     assert decode_record(encode_calls(samples, KEY, depth=2), KEY)[1] == 2
     assert decode_record(encode_calls(samples, KEY), KEY)[1] is None
+
+
+PLAN = RecordedPlan(1, [PlannedGraph("encoder", "c" * 64, {"kind": "openvino"}, "f32[2]")], 1.5)
+
+
+def test_the_plan_kept_on_the_calls_comes_back() -> None:
+    samples = [Sample((torch.zeros(2, 2),), {})]
+    _, depth, plan = decode_record(encode_calls(samples, KEY, depth=1, plan=PLAN), KEY)
+    assert depth == 1 and plan == PLAN
+    assert decode_record(encode_calls(samples, KEY, depth=1), KEY)[2] is None
+
+
+@pytest.mark.parametrize(
+    ("good", "bad"),
+    [
+        (b'"speedup":1.5', b'"speedup":-15'),  # not a speed-up
+        (b'"graph":"' + b"c" * 64, b'"graph":"' + b"z" * 64),  # not a sha256
+        (b'"kind":"openvino"', b'"kind":70000000.0'),  # a backend without a kind
+        (b'"depth":1,"speedup"', b'"depth":2,"speedup"'),  # another depth than the record's
+    ],
+)
+def test_a_malformed_plan_is_refused_with_a_typed_error(good: bytes, bad: bytes) -> None:
+    data = encode_calls([Sample((torch.zeros(2, 2),), {})], KEY, depth=1, plan=PLAN)
+    assert good in data and len(good) == len(bad)
+    with pytest.raises(MalformedCallsError):
+        decode_record(data.replace(good, bad), KEY)
 
 
 @pytest.mark.parametrize("depth", [b"-1", b"true", b'"1"', b"1.5", b"65"])

@@ -55,11 +55,30 @@ def test_a_cold_tune_builds_in_a_child_process_and_its_plan_serves_here(
     assert fakes.BUILDS == []  # nothing was built in this process...
     assert served.builds >= 1  # ...the child built it
     assert any("child process (pid" in r.getMessage() for r in caplog.records)
-    # Here only the child's depth is loaded: no search that could build what the child skipped.
-    assert [(k["min_depth"], k["max_depth"]) for k in asked] == [(0, 0)]
+    # Here the child's plan is loaded as it is: no auto_tune (no search, no measurement).
+    assert asked == []
+    assert served.result is not None and served.result.rows[0].status.name == "RECORDED"
     fakes.RUNS.clear()
     assert same(serve(served, [2]), eager([2]))
     assert fakes.runs_here() == 1  # served by the runner loaded from the child's cache entry
+
+
+def test_the_childs_plan_loads_here_with_no_build_when_its_race_was_cut_short(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="tunetree")
+    served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.budget_cut_options())
+    serve(served, [1, 2, 3, 4])
+    assert served.wait(timeout=240), served.reason
+    assert fakes.BUILDS == []  # the child built Fast; this process loaded it from the cache
+    # At DEBUG the child's own log comes back: its builds, the skipped one, the partial store.
+    [child_log] = [r.getMessage() for r in caplog.records if "the child's log" in r.getMessage()]
+    assert "test-live-fast" in child_log and "building" in child_log
+    assert served.result is not None and served.result.depth == 0
+    assert [r.status.name for r in served.result.rows] == ["RECORDED"]
+    fakes.RUNS.clear()
+    assert same(serve(served, [2]), eager([2]))
+    assert fakes.runs_here() == 1
 
 
 class Local(fakes.Slow):
@@ -160,6 +179,12 @@ class SlowToBuild(fakes.Fast):
         b'{"depth": 1, "reason": 5}',
         b"{",
         json.dumps({"depth": 1, "reason": "x" * MAX_OUTCOME_BYTES}).encode(),
+        b'{"depth": 1, "plan": {"depth": 1, "graphs": []}}',
+        b'{"depth": 1, "plan": {"depth": 2, "graphs": [{"path": "", "graph": "'
+        + b"a" * 64
+        + b'", "backend": {"kind": "eager"}}]}}',
+        b'{"depth": 1, "plan": {"depth": 1, "graphs": [{"path": "", "graph": "../x", '
+        b'"backend": {"kind": "eager"}}]}}',
     ],
 )
 def test_a_malformed_outcome_is_refused(raw: bytes) -> None:

@@ -105,21 +105,44 @@ def test_live_calls_tune_here_and_a_second_process_starts_tuned_with_no_build(
     assert "warm start, local cache" in later["reason"]
 
 
+def test_a_plan_whose_race_the_budget_cut_short_starts_a_second_process_with_no_build(
+    tmp_path: Path,
+) -> None:
+    # Glacial is never built under a time budget: the race of the graph the plan serves is
+    # cut short, as a large model's heaviest graph is in a budgeted tune.
+    served = tt.jit(
+        fakes.model(), cache=tmp_path, limits=limits(), **fakes.budget_cut_options(), **THREAD
+    )
+    serve(served, [1, 2, 3, 8])
+    assert served.wait(timeout=120), served.reason
+    assert fakes.BUILDS == ["Slow"]  # Fast only
+    later = second_process({"cache": str(tmp_path), "budget_cut": True})
+    assert later["tuned"] and later["builds"] == [] and later["served_builds"] == 0
+    assert later["first_call_tuned"] and later["equal"]
+    # The recorded plan is loaded and checked against eager, not measured again.
+    assert later["depth_status"] == ["RECORDED"]
+    assert not [p for p in later["phases"] if "measurement" in p], later["phases"]
+
+
+@pytest.mark.parametrize("budget_cut", [False, True])
 def test_a_second_host_starts_tuned_from_the_remote_with_its_own_empty_cache(
-    tmp_path: Path, remote: str
+    tmp_path: Path, remote: str, budget_cut: bool
 ) -> None:
     served = tt.jit(
         fakes.model(),
         cache=tt.TuningCache(tmp_path / "host-a", remote=remote),
         limits=limits(),
-        **fakes.options(),
+        **(fakes.budget_cut_options() if budget_cut else fakes.options()),
         **THREAD,
     )
     serve(served, [1, 2, 3, 5, 8])
     assert served.wait(timeout=120), served.reason
     assert fakes.BUILDS == ["Slow"]
-    later = second_process({"cache": str(tmp_path / "host-b"), "remote": remote})
+    later = second_process(
+        {"cache": str(tmp_path / "host-b"), "remote": remote, "budget_cut": budget_cut}
+    )
     assert later["tuned"] and later["builds"] == [] and later["first_call_tuned"]
+    assert later["depth_status"] == ["RECORDED"]
     assert later["equal"] and "warm start, remote cache" in later["reason"]
     assert (tmp_path / "host-b" / "jit").is_dir()
 
@@ -257,10 +280,10 @@ def test_wait_covers_a_retune_started_while_the_calls_were_being_kept(tmp_path: 
     served = tt.jit(fakes.model(), cache=tmp_path, limits=limits(), **fakes.options(), **THREAD)
     keep, entered, release = served.persist, threading.Event(), threading.Event()
 
-    def slow_keep(samples: Any, depth: Any) -> None:
+    def slow_keep(samples: Any, depth: Any, plan: Any) -> None:
         entered.set()
         release.wait(30)
-        keep(samples, depth)
+        keep(samples, depth, plan)
 
     served.persist = slow_keep
     serve(served, [1, 2, 3, 4])
@@ -312,14 +335,19 @@ def test_unknown_options_are_refused() -> None:
 def test_builds_run_at_lower_priority_and_the_served_plan_is_loaded_at_the_callers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = tuner_module.auto_tune
     priorities: list[int] = []
 
-    def watched(*args: Any, **kwargs: Any) -> Any:
-        priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return real(*args, **kwargs)
+    def watch(name: str) -> None:
+        real = getattr(tuner_module, name)
 
-    monkeypatch.setattr(tuner_module, "auto_tune", watched)
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            priorities.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(tuner_module, name, watched)
+
+    watch("auto_tune")  # the build
+    watch("load_recorded")  # the reload of its plan from the cache
     mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     served = tt.jit(
         fakes.model(), cache=tmp_path, limits=limits(), tuner_nice=5, **fakes.options(), **THREAD

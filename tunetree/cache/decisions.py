@@ -128,12 +128,17 @@ class PlannedGraph:
         return cls(fields.get("path", str), graph, backend.data, text[:MAX_TEXT])
 
 
+def graph_digest(key: Any) -> str:
+    """A graph key as a plan records it (sha256 of its text)."""
+    return _digest_text(repr(key))
+
+
 def planned_graphs(plan: Plan) -> list[PlannedGraph]:
     """Every entry of ``plan`` (eager winners too) as the record keeps it."""
     return [
         PlannedGraph(
             e.path,
-            _digest_text(repr(e.key)),
+            graph_digest(e.key),
             keys.backend_record(e.backend),
             str(e.key)[:MAX_TEXT],
         )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._util.records import Fields
+from ..candidates.budget import TIME_BUDGET_ERROR
 from ..candidates.evaluate import Status
 from ..candidates.measure import Timing
 from ..errors import CacheError
@@ -160,6 +161,16 @@ class EntryManifest:
     graph_key: dict[str, Any] | None = None
     """The graph's key as :meth:`GraphKey.to_json` data (None in older entries): which sizes
     the entry serves."""
+
+    @property
+    def partial(self) -> bool:
+        """The time budget skipped some of its candidates: the race it records was cut short.
+
+        Such an entry serves only a recorded plan that chose one of its candidates
+        (:meth:`tunetree.cache.TuningCache.lookup_recorded`); a lookup that races the graph
+        takes it for a miss and replaces it with the whole race.
+        """
+        return any(c.reason == TIME_BUDGET_ERROR for c in self.candidates)
 
     def referenced(self) -> list[FileRecord]:
         """Every artifact file the entry references (its dependency edges to artifacts)."""

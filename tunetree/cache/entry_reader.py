@@ -75,6 +75,15 @@ class EntryReader:
                 log.debug("tuning cache: entry %s is marked invalid; tuning again", key[:12])
                 return None, False
             _check_manifest(manifest, ident)
+            if manifest.partial:
+                log.debug(
+                    "tuning cache: entry %s for %s %s records a race the time budget cut "
+                    "short: a miss here, tuning again",
+                    key[:12],
+                    session.path or "<model>",
+                    session.graph.key,
+                )
+                return None, True
             if manifest.soft != ident.environment.soft:
                 result = self._remeasure(session, strategy, ident, manifest)
             else:
@@ -94,6 +103,57 @@ class EntryReader:
         self.stats.hits += 1
         session.progress(session.path or "<model>", session.graph, "cache hit")
         return result, False
+
+    def read_recorded(
+        self,
+        session: GraphSession,
+        strategy: Strategy,
+        ident: keys.EntryIdentity,
+        backend: dict[str, Any],
+    ) -> GraphResult | None:
+        """The entry's candidate on ``backend`` (a recorded plan's choice), loaded and checked.
+
+        Whole or cut short by the time budget, the entry serves when it records that
+        candidate as usable, in this soft environment too (another thread count would call
+        for measuring again); the candidate is loaded from its artifacts and checked against
+        eager on the samples and probes like every hit. None (the reason logged at DEBUG)
+        when it cannot serve; a candidate that no longer matches eager marks the entry
+        invalid.
+        """
+        key, where = ident.key, session.path or "<model>"
+        manifest: EntryManifest | None = None
+        try:
+            manifest = self.disk.read_manifest(key)
+            if self.disk.markers.is_marked_invalid(key, manifest.entry_id):
+                return _not_recorded(key, where, "the entry is marked invalid")
+            _check_manifest(manifest, ident)
+            if manifest.soft != ident.environment.soft:
+                return _not_recorded(key, where, f"measured with {manifest.soft}, not here")
+            rows = recorded_rows(strategy, manifest)
+            index = next(
+                (
+                    i
+                    for i, c in enumerate(manifest.candidates)
+                    if c.backend.to_json() == backend and c.status is Status.OK
+                ),
+                None,
+            )
+            if index is None:
+                return _not_recorded(key, where, f"no usable candidate on {backend.get('kind')}")
+            runner = load_candidate(self.disk, session, rows[index], manifest.candidates[index])
+            if runner is None:
+                return _not_recorded(key, where, rows[index].reason)
+        except EntryMissing:
+            return _not_recorded(key, where, "no entry")
+        except (EntryFault, Unusable) as exc:
+            self._fault(session, key, manifest, str(exc), not isinstance(exc, Unusable) or exc.mark)
+            return None
+        rows[index].runner = runner
+        self.disk.markers.record_hit(key)
+        self.stats.hits += 1
+        session.progress(where, session.graph, "cache hit (recorded plan)")
+        text = strategy.describe() + " (cached" + (", race cut short)" if manifest.partial else ")")
+        return GraphResult(session.path, session.graph, rows, rows[index], text)
 
     def _wider(
         self, session: GraphSession, strategy: Strategy, ident: keys.EntryIdentity
@@ -210,6 +270,14 @@ class EntryReader:
         return result
 
 
+def _not_recorded(key: str, where: str, reason: str) -> GraphResult | None:
+    """Log why an entry cannot serve a recorded plan's graph; None, for the caller to return."""
+    log.debug(
+        "tuning cache: entry %s for %s cannot serve the recorded plan: %s", key[:12], where, reason
+    )
+    return None
+
+
 def _incompatibility(
     manifest: EntryManifest, ident: keys.EntryIdentity, key: str | None = None
 ) -> str | None:
@@ -229,9 +297,18 @@ def _incompatibility(
     return None
 
 
-def compatible_with(ident: keys.EntryIdentity) -> Any:
-    """The remote tier's check of an entry for ``ident`` (before anything is downloaded)."""
-    return lambda manifest: _incompatibility(manifest, ident, ident.key)
+def compatible_with(ident: keys.EntryIdentity, whole: bool = False) -> Any:
+    """The remote tier's check of an entry for ``ident`` (before anything is downloaded).
+
+    ``whole``: for pushing a whole race, which replaces a remote entry cut short.
+    """
+
+    def check(manifest: EntryManifest) -> str | None:
+        if whole and manifest.partial:
+            return "the time budget cut its race short"
+        return _incompatibility(manifest, ident, ident.key)
+
+    return check
 
 
 def _check_manifest(manifest: EntryManifest, ident: keys.EntryIdentity) -> None:
@@ -245,6 +322,7 @@ def _covers(manifest: EntryManifest, ident: keys.EntryIdentity, session: GraphSe
     """The entry is of this graph's family, environment and strategy, for a range covering it."""
     if (
         manifest.family != ident.family
+        or manifest.partial
         or manifest.graph_key is None
         or manifest.soft != ident.environment.soft
         or _incompatibility(manifest, ident) is not None

@@ -220,13 +220,24 @@ def class_code_digest(cls: type) -> str:
             continue
         members = []
         for attr, value in sorted(vars(klass).items()):
-            if attr in _SKIPPED_CLASS_ATTRS:
+            if attr in _SKIPPED_CLASS_ATTRS or _is_class_cache(attr, value):
                 continue
             members.append([attr, _member_record(value)])
         parts.append([name, members])
     result = digest(parts)
     _class_digests[cls] = result
     return result
+
+
+def _is_class_cache(attr: str, value: Any) -> bool:
+    """Whether a class attribute is a value the class caches on itself at run time.
+
+    Such a value appears once an instance or a class method computed it (Hugging Face's
+    ``PreTrainedModel`` caches ``_can_set_*_implementation_cached_value`` on the class when a
+    model is built), so the same class would digest differently in a process that only
+    unpickled a model of it. Data only: a function or descriptor is code and stays.
+    """
+    return "cache" in attr.lower() and not callable(value) and not hasattr(value, "__get__")
 
 
 def _member_record(value: Any) -> Any:

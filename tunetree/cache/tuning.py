@@ -35,6 +35,7 @@ from typing import Any
 import filelock
 import torch
 
+from ..candidates.budget import TIME_BUDGET_ERROR
 from ..candidates.evaluate import GraphSession
 from ..candidates.results import GraphCache, GraphResult
 from ..candidates.strategy import Strategy
@@ -159,13 +160,44 @@ class TuningCache:
             self._identities.pop(id(session), None)
             return result
         self.stats.misses += 1
+        log.debug(
+            "tuning cache: miss for %s %s (key %s): %s",
+            session.path or "<model>",
+            session.graph.key,
+            ident.key[:12],
+            "no entry" if missing else "its entry cannot serve it (logged above)",
+        )
         session.measure_lock = lambda: self.device_lock(session.device)
         return None
+
+    def lookup_recorded(
+        self, session: GraphSession, strategy: Strategy, backend: dict[str, Any]
+    ) -> GraphResult | None:
+        """The candidate on ``backend`` of this graph's entry, loaded and checked; or None.
+
+        For a plan recorded by an earlier tune (``backend`` as
+        :func:`tunetree.cache.keys.backend_record` gives it): the entry serves even when the
+        time budget cut its race short, nothing is raced or measured, and the candidate is
+        checked against eager like every hit. Asks the remote tier when there is no local
+        entry. Never raises for cache problems; takes no writer lock (nothing is built).
+        """
+        try:
+            ident = keys.entry_identity(session, strategy)
+        except Exception as exc:
+            log.warning("tuning cache: cannot key %s: %s", session.path or "<model>", exc)
+            return None
+        result = self._reader.read_recorded(session, strategy, ident, backend)
+        if result is None and self._pull(ident):
+            result = self._reader.read_recorded(session, strategy, ident, backend)
+            self.stats.remote_hits += result is not None
+        return result
 
     def store(self, session: GraphSession, strategy: Strategy, result: GraphResult) -> None:
         """Record a freshly tuned graph: every candidate's row and usable candidates' artifacts.
 
-        Logs instead of raising on I/O problems.
+        A race the time budget cut short is recorded too, as a partial entry: it serves only
+        :meth:`lookup_recorded` (a plan that chose one of its candidates), a lookup takes it
+        for a miss, and the whole race replaces it. Logs instead of raising on I/O problems.
         """
         ident = self._identities.pop(id(session), None)
         try:
@@ -173,8 +205,9 @@ class TuningCache:
                 ident = keys.entry_identity(session, strategy)
             write_entry(self.disk, session, ident, result, reused={})
             self.stats.stored += 1
+            whole = not any(r.reason == TIME_BUDGET_ERROR for r in result.rows)
             if self.remote is not None and self.remote.push(
-                ident.key, self.disk, compatible_with(ident)
+                ident.key, self.disk, compatible_with(ident, whole)
             ):
                 self.stats.remote_stored += 1
         except Exception as exc:  # a local cache refusing writes warns once, not per graph

@@ -72,10 +72,15 @@ def write_entry(
         if replace:
             store.retire(ident.key)
         hard = ident.environment.hard
-        published = store.publish(
+        partial = manifest.partial
+        published = store.publish(  # a whole race replaces one the time budget cut short
             staging,
             ident.key,
-            lambda other: other.schema == keys.SCHEMA and other.hard == hard,
+            lambda other: (
+                other.schema == keys.SCHEMA
+                and other.hard == hard
+                and (partial or not other.partial)
+            ),
         )
         if published:
             store.markers.touch_hits(ident.key)

@@ -1,10 +1,13 @@
 """Recorded calls as bytes and back: what a later process needs to check a cached plan.
 
-A record holds the calls the JIT tuned on, so that a second process with the same model and
-cache can run :func:`tunetree.auto_tune` on the very same calls: same signatures, same ranges,
-so the same cache entries and depth decision (nothing is built). Layout: an 8-byte
-little-endian length, a JSON description of every call's arguments (tensors named by index)
-and of the key the record was made for, then one safetensors blob of the tensors. Nothing is
+A record holds the calls the JIT tuned on and the plan it kept (depth, each graph's backend,
+the speed-up measured: :class:`~tunetree.search.recorded.RecordedPlan`), so that a second
+process with the same model and cache keys the very same graphs (same signatures, same ranges)
+and loads that plan's runners from the cache, each checked against eager, nothing built or
+measured (:func:`~tunetree.search.recorded.load_recorded`). Layout: an 8-byte
+little-endian length, a JSON description of every call's arguments (tensors named by index),
+of the key the record was made for and of the plan, then one safetensors blob of the tensors.
+A malformed plan refuses the record like any malformed field. Nothing is
 pickled: reading runs no code, and a record describing another key is refused (a record copied
 or moved under another model's name is never taken for that model's calls).
 
@@ -26,6 +29,7 @@ from safetensors.torch import save as save_tensors
 
 from .._util.json_io import loads_bounded
 from ..errors import CacheError, TunetreeError
+from ..search.recorded import RecordedPlan, RecordedPlanError
 from ..signature.graph import Sample
 
 MAX_DEPTH = 64
@@ -47,11 +51,14 @@ class MalformedCallsError(CacheError):
     """A calls record is truncated, forged or not shaped as this release writes it."""
 
 
-def encode_calls(samples: list[Sample], key: str, depth: int | None = None) -> bytes:
+def encode_calls(
+    samples: list[Sample], key: str, depth: int | None = None, plan: RecordedPlan | None = None
+) -> bytes:
     """The bytes of ``samples`` recorded under ``key`` (see the module docstring).
 
     ``depth``: the depth the plan tuned on them kept, so that a later process loads that
-    depth's graphs from the cache without searching the others again.
+    depth's graphs from the cache without searching the others again. ``plan``: that plan
+    itself (its graphs' backends), so that a later process loads exactly it, measuring nothing.
 
     Raises:
         Unstorable: a call holds an argument a record cannot hold.
@@ -79,6 +86,8 @@ def encode_calls(samples: list[Sample], key: str, depth: int | None = None) -> b
     record: dict[str, Any] = {"schema": SCHEMA, "key": key, "calls": calls}
     if depth is not None:
         record["depth"] = depth
+    if plan is not None:
+        record["plan"] = plan.to_json()
     description = json.dumps(record, separators=(",", ":")).encode()
     blob = save_tensors(tensors) if tensors else b""
     return struct.pack("<Q", len(description)) + description + blob
@@ -94,8 +103,10 @@ def decode_calls(data: bytes, key: str, device: torch.device | str = "cpu") -> l
 
 def decode_record(
     data: bytes, key: str, device: torch.device | str = "cpu"
-) -> tuple[list[Sample], int | None]:
-    """The calls in ``data``, recorded under ``key``, their tensors on ``device``; the depth.
+) -> tuple[list[Sample], int | None, RecordedPlan | None]:
+    """The calls in ``data``, recorded under ``key``, their tensors on ``device``; depth; plan.
+
+    The depth and the plan recorded with the calls are None where the record holds none.
 
     Bounded: the description's size, nesting, call and argument counts; every tensor named
     must exist in the blob; only the listed leaf kinds are accepted.
@@ -135,7 +146,20 @@ def decode_record(
         not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth <= MAX_DEPTH
     ):
         raise MalformedCallsError(f"the calls record's depth is not a depth: {depth!r}")
-    return samples, depth
+    return samples, depth, _plan(parsed.get("plan"), depth)
+
+
+def _plan(data: Any, depth: int | None) -> RecordedPlan | None:
+    """The plan a calls record holds (None: none), checked to be of the record's depth."""
+    if data is None:
+        return None
+    try:
+        plan = RecordedPlan.from_json(data, "the calls record's plan")
+    except RecordedPlanError as exc:
+        raise MalformedCallsError(str(exc)) from exc
+    if plan.depth != depth:
+        raise MalformedCallsError("the calls record's plan is not of its depth")
+    return plan
 
 
 class _Reader:

@@ -43,13 +43,17 @@ from .._util.fs import read_regular
 from .._util.json_io import loads_bounded
 from ..candidates.budget import BUILD
 from ..search.auto_result import AutoTuneResult
+from ..search.recorded import RecordedPlan, RecordedPlanError
 
 log = logging.getLogger("tunetree.live")
 
 JOB_FILE = "job.pt"
 OUTCOME_FILE = "outcome.json"
 LOG_FILE = "child.log"
-MAX_OUTCOME_BYTES = 64 << 10
+LOG_TAIL_BYTES = 64 << 10
+"""How much of the child's output the parent logs at DEBUG (its last bytes)."""
+MAX_OUTCOME_BYTES = 1 << 20
+"""Largest outcome read (a plan is about 300 bytes per graph)."""
 PARENT_POLL_S = 0.5
 BOOT = (
     "import os, sys\n"
@@ -76,6 +80,8 @@ class ChildOutcome:
     """Why it left the model untuned, or what failed."""
     failed: bool = False
     """The child did not tune (could not load the job, crashed, timed out)."""
+    plan: RecordedPlan | None = None
+    """The plan it kept (loaded here as it is, from the cache); None without one."""
 
 
 @dataclass
@@ -90,6 +96,9 @@ class ChildJob:
     remote: dict[str, Any] | None
     threads: int
     nice: int
+    log_level: int = logging.WARNING
+    """The level of the parent's ``tunetree`` logger: the child logs at it into its output,
+    which the parent logs at DEBUG when the child ends."""
 
 
 def _importable(obj: Any) -> str | None:
@@ -182,6 +191,8 @@ class ChildTune:
                 return ChildOutcome(None, reason=f"no outcome in {self.limit_s:.0f} s", failed=True)
         if self._killed:
             return ChildOutcome(None, reason="stopped", failed=True)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("tt.jit: the child's log:\n%s", _tail(workdir / LOG_FILE, LOG_TAIL_BYTES))
         try:
             return _outcome(read_regular(workdir / OUTCOME_FILE, MAX_OUTCOME_BYTES))
         except (OSError, ValueError) as exc:
@@ -222,7 +233,15 @@ def _outcome(raw: bytes) -> ChildOutcome:
         raise ValueError("depth is not a depth")
     if not isinstance(builds, int) or not isinstance(reason, str) or not isinstance(failed, bool):
         raise ValueError("a field has the wrong type")
-    return ChildOutcome(depth, builds, reason[:2000], failed)
+    plan = None
+    if data.get("plan") is not None:
+        try:
+            plan = RecordedPlan.from_json(data["plan"], "the child's plan")
+        except RecordedPlanError as exc:
+            raise ValueError(str(exc)) from exc
+        if plan.depth != depth:
+            raise ValueError("the plan is not of the depth kept")
+    return ChildOutcome(depth, builds, reason[:2000], failed, plan)
 
 
 # ---------------------------------------------------------------------- the child's side
@@ -237,6 +256,17 @@ def _exit_with_parent(parent: int) -> None:
         os._exit(3)
 
     threading.Thread(target=watch, name="tunetree-jit-parent-watch", daemon=True).start()
+
+
+def _log_to_output(level: int) -> None:
+    """Log ``tunetree`` records at ``level`` to this process's output (the job's log file)."""
+    if level >= logging.WARNING:
+        return  # warnings reach the output anyway (Python's last-resort handler)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(relativeCreated)8.0f %(name)s %(message)s"))
+    package = logging.getLogger("tunetree")
+    package.addHandler(handler)
+    package.setLevel(level)
 
 
 def _tune(job: ChildJob) -> ChildOutcome:
@@ -259,7 +289,7 @@ def _tune(job: ChildJob) -> ChildOutcome:
             "recorded calls"
         )
     log.debug("tt.jit child:\n%s", result)
-    return ChildOutcome(result.depth, builds_of(result), reason)
+    return ChildOutcome(result.depth, builds_of(result), reason, plan=RecordedPlan.of(result))
 
 
 def main(argv: list[str]) -> int:
@@ -272,12 +302,15 @@ def main(argv: list[str]) -> int:
         outcome = ChildOutcome(None, reason=f"could not load the job: {exc}", failed=True)
     else:
         torch.set_num_threads(job.threads)
+        _log_to_output(job.log_level)
         try:
             outcome = _tune(job)
         except Exception as exc:
             outcome = ChildOutcome(None, reason=f"{type(exc).__name__}: {exc}", failed=True)
     tmp = workdir / (OUTCOME_FILE + ".tmp")
-    tmp.write_text(json.dumps(asdict(outcome)))
+    record = asdict(outcome)
+    record["plan"] = outcome.plan.to_json() if outcome.plan is not None else None
+    tmp.write_text(json.dumps(record))
     os.replace(tmp, workdir / OUTCOME_FILE)
     return 0
 

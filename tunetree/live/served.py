@@ -15,6 +15,7 @@ from typing import Any
 
 from ..runtime.wrap import dispatcher_of
 from ..search.auto_result import AutoTuneResult
+from ..search.recorded import RecordedPlan
 from ..signature.graph import GraphKey, Sample
 from ..signature.modules import CallFn, module_paths
 from .recorder import Recorder
@@ -204,7 +205,7 @@ class Served:
             self._state.notify_all()
         log.info("tt.jit: swapped in the tuned model: %s", self.reason)
         if keep:
-            _keep_calls(self, job.samples, result.depth)
+            _keep_calls(self, job.samples, result)
 
     def _keep(self, why: str) -> None:
         """A re-tune came to nothing: the current plan serves on, no more re-tunes by traffic."""
@@ -230,7 +231,9 @@ class Served:
         if self.recorder.ready():
             self._start("traffic")
 
-    def warm(self, samples: list[Sample], where: str, depth: int | None = None) -> TuneJob | None:
+    def warm(
+        self, samples: list[Sample], where: str, depth: int | None, plan: RecordedPlan | None
+    ) -> TuneJob | None:
         """A warm start's job on calls read from the cache at ``where`` (None if given up)."""
         with self._state:
             if self.status != RECORDING:  # given up or undone meanwhile
@@ -242,7 +245,7 @@ class Served:
             )
             log.info("tt.jit: %s", self.reason)
             why = f"warm start, {where} cache"
-            return TuneJob(samples, self._generation, why, cold=False, depth=depth)
+            return TuneJob(samples, self._generation, why, cold=False, depth=depth, recorded=plan)
 
     # ------------------------------------------------------------------ public
 
@@ -289,10 +292,10 @@ class Served:
         )
 
 
-def _keep_calls(served: Served, samples: list[Sample], depth: int | None) -> None:
-    """Keep the calls a plan was tuned on (and its depth) in the cache; then wait() may end."""
+def _keep_calls(served: Served, samples: list[Sample], result: AutoTuneResult) -> None:
+    """Keep the calls a plan was tuned on (and the plan) in the cache; then wait() may end."""
     try:
-        served.persist(samples, depth)
+        served.persist(samples, result.depth, RecordedPlan.of(result))
     finally:
         with served._state:
             served._persisting = False

@@ -9,6 +9,7 @@ from typing import Any
 from ..cache import TuningCache, open_cache
 from ..errors import InvalidInputError
 from ..search.auto import auto_tune
+from ..search.recorded import RecordedPlan
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, resolve_device
 from .calls import Unstorable, encode_calls
@@ -128,15 +129,18 @@ def _warm_start(served: Served, cache: TuningCache, device: Any) -> None:
             log.info("tt.jit: no warm start: %s", exc)
             found = None
         if found is None:
+            log.debug("tt.jit: no usable recorded calls in the cache (key %s)", (key or ["-"])[0])
             served.not_found()
         else:
             job = served.warm(*found)
             if job is not None and served.tuner is not None:
                 served.tuner.submit(job)
 
-    def persist(samples: list[Sample], depth: int | None = None) -> None:
+    def persist(
+        samples: list[Sample], depth: int | None = None, plan: RecordedPlan | None = None
+    ) -> None:
         try:
-            store.put(the_key(), encode_calls(samples, the_key(), depth))
+            store.put(the_key(), encode_calls(samples, the_key(), depth, plan))
         except Unstorable as exc:
             log.info("tt.jit: the calls are not kept for warm starts: they hold %s", exc)
         except Exception as exc:

@@ -32,6 +32,7 @@ from ..cache import keys
 from ..cache.entry import EntryFault
 from ..cache.remote import LAYOUT, RemoteTier, get_object, is_key, put_object
 from ..cache.sealing import seal, secret_from_env, unseal
+from ..search.recorded import RecordedPlan
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, root_modules
 from .calls import MalformedCallsError, decode_record
@@ -68,10 +69,13 @@ class CallsStore:
     def _secret(self) -> bytes | None:
         return self.remote.secret if self.remote is not None else secret_from_env()
 
-    def get(self, key: str, device: torch.device) -> tuple[list[Sample], str, int | None] | None:
-        """The checked calls of ``key``, where they came from, the depth kept on them; or None.
+    def get(
+        self, key: str, device: torch.device
+    ) -> tuple[list[Sample], str, int | None, RecordedPlan | None] | None:
+        """The checked calls of ``key``, where they came from, the depth and plan kept on them.
 
-        Where: ``"local"`` or ``"remote"``. The depth is None when the record holds none.
+        None when there is no usable record. Where: ``"local"`` or ``"remote"``. The depth
+        and the plan are None when the record holds none.
         """
         if not is_key(key):
             return None
@@ -83,13 +87,21 @@ class CallsStore:
             return None
         try:
             body = self._open(data, key)
-            samples, depth = decode_record(body, key, device)
+            samples, depth, plan = decode_record(body, key, device)
         except (EntryFault, MalformedCallsError) as exc:
             log.warning("tt.jit: %s recorded calls %s not used: %s", where, key[:12], exc)
             return None
         if where == "remote":
             self._write_local(key, data)
-        return samples, where, depth
+        log.debug(
+            "tt.jit: %s recorded calls %s: %d calls, depth %s, %s",
+            where,
+            key[:12],
+            len(samples),
+            depth,
+            f"a plan of {len(plan.graphs)} graphs" if plan is not None else "no plan",
+        )
+        return samples, where, depth, plan
 
     def put(self, key: str, body: bytes) -> None:
         """Record ``body`` (encoded calls) here and on the remote tier; logs instead of raising."""

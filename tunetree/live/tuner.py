@@ -48,6 +48,7 @@ import torch
 from ..errors import TunetreeError
 from ..search.auto import auto_tune, budget_seconds
 from ..search.auto_result import AutoTuneResult
+from ..search.recorded import RecordedPlan, load_recorded
 from ..signature.graph import Sample
 from ..signature.modules import CallFn, private_copy, run_model
 from ..signature.rng import global_draw, rng_left_alone
@@ -89,6 +90,8 @@ class TuneJob:
     builds: int = field(default=0, init=False)
     depth: int | None = None
     """For a warm start: the depth recorded with the calls (only it is loaded); else None."""
+    recorded: RecordedPlan | None = None
+    """For a warm start: the plan recorded with the calls (loaded as it is); else None."""
     untuned: str = field(default="", init=False)
     """Why a tune that ran elsewhere (a child process) left the model untuned."""
 
@@ -212,6 +215,23 @@ class Tuner:
                 **options,
             )
 
+    def _load(self, samples: list[Sample], plan: RecordedPlan) -> AutoTuneResult | None:
+        """``plan`` from the cache on a private copy, checked against eager; None if it fails."""
+        try:
+            with rng_left_alone():
+                return load_recorded(
+                    private_copy(self.model),
+                    samples,
+                    plan,
+                    cache=self.cache,
+                    call=self.call,
+                    options=self.options,
+                )
+        except Exception as exc:  # the plan is given up; the depth is tuned as before
+            log.info("tt.jit: loading the recorded plan failed: %s: %s", type(exc).__name__, exc)
+            log.debug("tt.jit: the recorded plan's load\n%s", traceback.format_exc())
+            return None
+
     def stop(self) -> None:
         """Kill a child process still tuning (the served model no longer wants its plan)."""
         self._stopped = True
@@ -232,21 +252,23 @@ class Tuner:
                     return result
             else:
                 log.info("tt.jit: tuning in a thread of this process: %s", why_not)
+        if not job.cold and job.recorded is not None:
+            loaded = self._load(job.samples, job.recorded)
+            if loaded is not None:
+                return loaded
         if not job.cold or self.nice <= 0:
             result = self._tune(job.samples, job.depth)
             job.builds += builds_of(result)
             return result
         result = self._niced(job.samples)
         job.builds += builds_of(result)
-        if result.depth is None or self.cache in (None, False):
+        plan = RecordedPlan.of(result)
+        if plan is None or self.cache in (None, False):
             return result
-        try:  # load the plan again here, at the caller's priority (nothing to build)
-            again = self._tune(job.samples)
-        except Exception as exc:
-            log.info("tt.jit: reloading the tuned plan failed (%s); serving the tuned one", exc)
-            return result
-        job.builds += builds_of(again)
-        if again.depth is None:
+        # Load the plan again here, at the caller's priority: nothing to build or measure.
+        again = self._load(job.samples, plan)
+        if again is None:
+            log.info("tt.jit: the tuned plan could not be loaded again; serving the tuned one")
             return result
         result.undo()
         return again
@@ -267,6 +289,7 @@ class Tuner:
             remote_spec(self.cache),
             torch.get_num_threads(),
             max(0, self.nice),
+            logging.getLogger("tunetree").getEffectiveLevel(),
         )
         budget = budget_seconds(
             self.options.get("time_budget", "default"), bool(self.options.get("quick"))
@@ -287,9 +310,11 @@ class Tuner:
         if outcome.depth is None:
             job.untuned = f"{outcome.reason} (tuned in a child process)"
             return True, None
-        # The child's plan, from the cache, checked and measured here. Only its depth: the
-        # child's search may have ended without recording its decision (its budget ran out),
-        # and searching again here would build, in this process, what the child skipped.
+        # The child's plan, from the cache, checked here (measured there). Failing that, only
+        # its depth: searching again here would build, in this process, what the child skipped.
+        loaded = self._load(job.samples, outcome.plan) if outcome.plan is not None else None
+        if loaded is not None:
+            return True, loaded
         result = self._tune(job.samples, outcome.depth)
         job.builds += builds_of(result)
         return True, result

@@ -48,6 +48,8 @@ class DepthStatus(str, enum.Enum):
     REUSED = "depth chosen on a host of the same kind, re-checked here"
     """Measured here beside the untuned model, the other depths not (a recorded decision)."""
     NOT_MEASURED = "not measured"
+    RECORDED = "recorded plan, loaded and checked here (not measured)"
+    """A plan an earlier tune recorded, served from the cache (:mod:`.recorded`)."""
 
     def __str__(self) -> str:
         return self.value

@@ -18,7 +18,7 @@ from .._util.table import format_seconds, format_table
 from ..accuracy import AccuracyBudget
 from ..backends.base import Backend
 from ..backends.compile_pool import compile_pool_closed
-from ..cache import open_cache
+from ..cache import TuningCache, open_cache
 from ..cache.keys import structure_digest
 from ..candidates.budget import (
     CACHE,
@@ -397,7 +397,9 @@ def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) 
     result = GraphResult(session.path, session.graph, outcome.rows, outcome.winner, own.describe())
     _measure_shapes(session, result)
     session.graph.checks = None  # probe outputs can be large; the graph is tuned once
-    if cache is not None and not _budget_cut(result):
+    if cache is not None and (not _budget_cut(result) or isinstance(cache, TuningCache)):
+        # A race the budget cut short is kept only where the cache marks it partial: a later
+        # process loading the plan that chose it needs it, and no lookup takes it for whole.
         with session.clock.phase(CACHE):
             cache.store(session, own, result)
     result.release_runners()  # losers: no session, thread pool or weights left alive
