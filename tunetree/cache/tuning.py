@@ -35,7 +35,6 @@ from typing import Any
 import filelock
 import torch
 
-from ..candidates.budget import TIME_BUDGET_ERROR
 from ..candidates.evaluate import GraphSession
 from ..candidates.results import GraphCache, GraphResult
 from ..candidates.strategy import Strategy
@@ -205,9 +204,8 @@ class TuningCache:
                 ident = keys.entry_identity(session, strategy)
             write_entry(self.disk, session, ident, result, reused={})
             self.stats.stored += 1
-            whole = not any(r.reason == TIME_BUDGET_ERROR for r in result.rows)
             if self.remote is not None and self.remote.push(
-                ident.key, self.disk, compatible_with(ident, whole)
+                ident.key, self.disk, compatible_with(ident, not result.cut_short)
             ):
                 self.stats.remote_stored += 1
         except Exception as exc:  # a local cache refusing writes warns once, not per graph

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .._util.table import format_table
 from ..signature.graph import Graph
+from .budget import TIME_BUDGET_ERROR
 from .evaluate import CandidateRow, GraphSession
 
 if TYPE_CHECKING:
@@ -37,6 +38,11 @@ class GraphResult:
     def cached(self) -> bool:
         """Whether this result was served from a tuning cache (its strategy text says so)."""
         return "(cached" in self.strategy
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether the time budget skipped any of the graph's candidates (a partial race)."""
+        return any(r.reason == TIME_BUDGET_ERROR for r in self.rows)
 
     @property
     def has_runner(self) -> bool:

@@ -153,13 +153,12 @@ def _plan(data: Any, depth: int | None) -> RecordedPlan | None:
     """The plan a calls record holds (None: none), checked to be of the record's depth."""
     if data is None:
         return None
+    if depth is None:
+        raise MalformedCallsError("the calls record holds a plan but no depth")
     try:
-        plan = RecordedPlan.from_json(data, "the calls record's plan")
+        return RecordedPlan.from_json(data, "the calls record's plan", depth)
     except RecordedPlanError as exc:
         raise MalformedCallsError(str(exc)) from exc
-    if plan.depth != depth:
-        raise MalformedCallsError("the calls record's plan is not of its depth")
-    return plan
 
 
 class _Reader:

@@ -235,12 +235,12 @@ def _outcome(raw: bytes) -> ChildOutcome:
         raise ValueError("a field has the wrong type")
     plan = None
     if data.get("plan") is not None:
+        if depth is None:
+            raise ValueError("a plan but no depth kept")
         try:
-            plan = RecordedPlan.from_json(data["plan"], "the child's plan")
+            plan = RecordedPlan.from_json(data["plan"], "the child's plan", depth)
         except RecordedPlanError as exc:
             raise ValueError(str(exc)) from exc
-        if plan.depth != depth:
-            raise ValueError("the plan is not of the depth kept")
     return ChildOutcome(depth, builds, reason[:2000], failed, plan)
 
 

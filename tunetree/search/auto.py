@@ -340,7 +340,7 @@ def _whole_model_first(
     first = _whole_first(model, cfg, search, strategy, dev)
     # The trial needs the root's calls only: deeper depths are inspected after it, and only
     # when it did not win.
-    info, pass_s = _inspect(model, dataset, cfg, dev, clock, progress, 0 if first else deepest)
+    info, pass_s = inspect_timed(model, dataset, cfg, dev, clock, progress, 0 if first else deepest)
     if not first:
         return None, info, None, [], None
     run = _depth_run(model, info, cfg, search, strategy, progress, clock, start)
@@ -377,7 +377,7 @@ def _whole_model_first(
             accuracy=search.accuracy,
         )
         return spent, info, run, trials, looped
-    info, _ = _inspect(model, dataset, cfg, dev, clock, progress, deepest)
+    info, _ = inspect_timed(model, dataset, cfg, dev, clock, progress, deepest)
     run.info, run.generation = info, is_generation(info, model)
     return None, info, run, trials, looped
 
@@ -404,30 +404,6 @@ def _whole_first(
         return False
     kinds = [b.kind for b in strategy.backends]
     return applies(model, kinds, dev) or multistep_applies(model, kinds, dev)
-
-
-def _inspect(
-    model: Any,
-    dataset: Any,
-    cfg: TuneConfig,
-    dev: torch.device,
-    clock: Stopwatch,
-    progress: Progress,
-    depth: int,
-) -> tuple[ModelInfo, float]:
-    """The model inspected down to ``depth``, and how long that took (one pass of its calls)."""
-    progress("inspecting the model" if depth else "inspecting the model's root")
-    started = now()
-    with clock.phase(INSPECTION):
-        info = inspect(
-            model,
-            dataset,
-            call=cfg.call,
-            device=dev,
-            dynamic_shapes=cfg.dynamic_shapes,
-            max_depth=depth,
-        )
-    return info, now() - started
 
 
 def _depth_run(
@@ -662,3 +638,27 @@ def _depth_rows(info: ModelInfo, min_depth: int, max_depth: int | None) -> list[
         for d in range(min_depth, last + 1)
         for s in [info.summary(d)]
     ]
+
+
+def inspect_timed(
+    model: Any,
+    dataset: Any,
+    cfg: TuneConfig,
+    dev: torch.device,
+    clock: Stopwatch,
+    progress: Progress,
+    depth: int,
+) -> tuple[ModelInfo, float]:
+    """The model inspected down to ``depth``, and how long that took (one pass of its calls)."""
+    progress("inspecting the model" if depth else "inspecting the model's root")
+    started = now()
+    with clock.phase(INSPECTION):
+        info = inspect(
+            model,
+            dataset,
+            call=cfg.call,
+            device=dev,
+            dynamic_shapes=cfg.dynamic_shapes,
+            max_depth=depth,
+        )
+    return info, now() - started

@@ -25,7 +25,7 @@ from .._util.progress import Progress
 from .._util.records import Fields
 from ..cache import TuningCache, open_cache
 from ..cache.decisions import MAX_PLAN_GRAPHS, PlannedGraph, graph_digest, planned_graphs, same_plan
-from ..candidates.budget import END_TO_END_CHECK, INSPECTION, Stopwatch, now
+from ..candidates.budget import END_TO_END_CHECK, Stopwatch, now
 from ..candidates.evaluate import CandidateRow, GraphSession, Status
 from ..candidates.measure import MeasureConfig
 from ..candidates.results import GraphResult
@@ -33,9 +33,9 @@ from ..candidates.strategy import Strategy, default_strategy, quick_strategy
 from ..errors import TunetreeError
 from ..generation import is_generation
 from ..runtime.wrap import wrap
-from ..signature.inspection import inspect
 from ..signature.modules import CallFn
 from ..signature.state import check_eval_mode, eval_mode, preserved_state, tensor_placement
+from .auto import inspect_timed
 from .auto_result import AutoTuneResult, DepthRow, DepthStatus, serve_plan
 from .config import UNSET, settings
 from .depths import DepthRun
@@ -81,16 +81,22 @@ class RecordedPlan:
         }
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "recorded plan") -> RecordedPlan:
-        """Read a plan from parsed JSON.
+    def from_json(
+        cls, data: Any, where: str = "recorded plan", depth: int | None = None
+    ) -> RecordedPlan:
+        """Read a plan from parsed JSON; ``depth``: the depth it must be of, where one was kept.
 
         Raises:
-            RecordedPlanError: a field is missing, mistyped or out of range (named).
+            RecordedPlanError: a field is missing, mistyped or out of range (named), or the
+                plan is not of ``depth``.
         """
         fields = Fields(data, where, RecordedPlanError)
+        kept = depth
         depth = fields.get("depth", int)
         if not 0 <= depth < 1000:
             raise fields.fail("depth", f"is {depth}, not a depth")
+        if kept is not None and depth != kept:
+            raise fields.fail("depth", f"is {depth}, not the depth kept ({kept})")
         speedup = fields.optional("speedup", float)
         if speedup is not None and not (math.isfinite(speedup) and speedup > 0):
             raise fields.fail("speedup", f"is {speedup}, not a positive number")
@@ -171,16 +177,9 @@ def load_recorded(
         check_eval_mode(model)
     dev = check_device(model, cfg.device)
     quick = bool(opts.get("quick"))
+    progress = Progress(cfg.verbose)
     with preserved_state(model), eval_mode(model):
-        with clock.phase(INSPECTION):
-            info = inspect(
-                model,
-                dataset,
-                call=cfg.call,
-                device=dev,
-                dynamic_shapes=cfg.dynamic_shapes,
-                max_depth=plan.depth,
-            )
+        info, _ = inspect_timed(model, dataset, cfg, dev, clock, progress, plan.depth)
         if info.max_depth < plan.depth:
             return _given_up(plan, f"the model's deepest executed depth is {info.max_depth}")
         strategy = cfg.strategy or (quick_strategy(dev) if quick else default_strategy(dev))
@@ -191,7 +190,7 @@ def load_recorded(
             config=cfg.measure_config or (MeasureConfig.first_look() if quick else MeasureConfig()),
             strategy=strategy,
             tolerances=cfg.tolerances,
-            progress=Progress(cfg.verbose),
+            progress=progress,
             cache=graph_cache,
             devices=tensor_placement(model),
             deadline=None,

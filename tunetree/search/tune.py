@@ -236,7 +236,7 @@ def tune_cut(
             result = _tune_graph(session, base, cache, twins, digests[path])
         if deadline is not None:
             _record_race(deadline, result)
-        if memo is not None and not _budget_cut(result):
+        if memo is not None and not result.cut_short:
             memo[(path, key)] = result
         found[index] = result
         winner = result.winner.backend.name if result.winner else "none (keeps its forward)"
@@ -365,7 +365,7 @@ def _tune_graph(
         result.strategy = f"{base.describe()} (twin of {twin.path or '<model>'}){cached}"
         return result
     result = _tune_with(session, base, cache)
-    if result.winner is not None and not _budget_cut(result):
+    if result.winner is not None and not result.cut_short:
         twins.setdefault(twin_key, result)
     return result
 
@@ -397,7 +397,7 @@ def _tune_with(session: GraphSession, base: Strategy, cache: GraphCache | None) 
     result = GraphResult(session.path, session.graph, outcome.rows, outcome.winner, own.describe())
     _measure_shapes(session, result)
     session.graph.checks = None  # probe outputs can be large; the graph is tuned once
-    if cache is not None and (not _budget_cut(result) or isinstance(cache, TuningCache)):
+    if cache is not None and (not result.cut_short or isinstance(cache, TuningCache)):
         # A race the budget cut short is kept only where the cache marks it partial: a later
         # process loading the plan that chose it needs it, and no lookup takes it for whole.
         with session.clock.phase(CACHE):
@@ -416,11 +416,6 @@ def _measure_shapes(session: GraphSession, result: GraphResult) -> None:
     eager = next((r for r in result.rows if r.backend.kind == "eager" and r.usable), None)
     rows = [result.winner] + ([eager] if eager is not None and eager is not result.winner else [])
     session.measure_shapes(rows)
-
-
-def _budget_cut(result: GraphResult) -> bool:
-    """Whether the time budget skipped any of the graph's candidates."""
-    return any(r.reason == TIME_BUDGET_ERROR for r in result.rows)
 
 
 def _eta(started: float, done: int, todo: list[Any]) -> str:
