@@ -11,6 +11,12 @@ and once in f16, and timed on bare infer requests with no ``generate`` around th
 ``--profile`` then compiles both with OpenVINO's per-node counters (``PERF_COUNT``, f32 cache)
 and prints, per executed node type, the summed time of the median decode step of each graph
 and how many nodes ran: where one graph's step spends what the other's does not.
+
+``--variants`` adds tunetree graphs exported another way, timed in the same cycle (f32 cache):
+``reshapes-kept`` (the reshapes to a tensor's own shape left in, as before
+:func:`tunetree.generation.stateful_export.drop_identity_reshapes`) and ``no-zeroing`` (the
+attention's zeroing of rows a mask hides entirely left out: not eager's results on padded
+prompts, timed only to price that guarantee). ``--model qwen2-0.5b`` times the larger model.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ if not __package__:  # run by path: import as the benchmarks package
     __package__ = "benchmarks.investigations"
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -71,6 +78,34 @@ def _decode(compiled: Any, beam: bool, steps: int, times: list[float]) -> None:
         times.append(time.perf_counter() - start)
 
 
+@contextlib.contextmanager
+def _variant(name: str) -> Any:
+    """Export tunetree's graph as ``name`` says (see the module's docstring)."""
+    from unittest import mock
+
+    import torch
+
+    from tunetree.generation import stateful_export
+
+    if name == "reshapes-kept":
+        with mock.patch.object(stateful_export, "drop_identity_reshapes", lambda exported: 0):
+            yield
+    elif name == "no-zeroing":  # the export module's torch, with a where that keeps ``out``
+
+        class _Torch:
+            def __getattr__(self, attr: str) -> Any:
+                return getattr(torch, attr)
+
+            @staticmethod
+            def where(condition: Any, out: Any, other: Any) -> Any:
+                return out
+
+        with mock.patch.object(stateful_export, "torch", _Torch()):
+            yield
+    else:
+        raise SystemExit(f"unknown variant {name!r}")
+
+
 def _profile(compiled: Any, beam: bool, steps: int) -> dict[str, tuple[float, int]]:
     """Per executed node type: ms and node count of the decode step of median total time."""
     request = compiled.create_infer_request()
@@ -114,6 +149,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--optimum-venv", type=Path, default=OPTIMUM_VENV)
     parser.add_argument("--profile", action="store_true", help="per node type, both graphs")
+    parser.add_argument("--model", default="llama-134m", help="llama-134m or qwen2-0.5b")
+    parser.add_argument("--caches", default="f32,f16", help="KV-cache precisions to time")
+    parser.add_argument("--variants", default="", help="reshapes-kept,no-zeroing (f32 cache)")
     args = parser.parse_args()
     print("load average before:", os.getloadavg(), flush=True)
     import openvino
@@ -123,7 +161,7 @@ def main() -> None:
     from tunetree.generation.stateful import export_whole
 
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config("llama-134m")).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config(args.model)).eval()
     work = Path(tempfile.mkdtemp(prefix="tunetree-step-parity-"))
     model.save_pretrained(work / "model")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -136,7 +174,15 @@ def main() -> None:
     theirs = core.read_model(work / "optimum" / "openvino_model.xml")
     base = {"INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
     approaches: dict[str, tuple[Any, bool]] = {}
-    for cache in ("f32", "f16"):
+    caches = [c for c in args.caches.split(",") if c]
+    for variant in [v for v in args.variants.split(",") if v]:
+        with _variant(variant):
+            graph = export_whole(model).model
+        approaches[f"tunetree graph, {variant}"] = (
+            core.compile_model(graph, "CPU", {**base, "KV_CACHE_PRECISION": "f32"}),
+            False,
+        )
+    for cache in caches:
         properties = {**base, "KV_CACHE_PRECISION": cache}
         approaches[f"tunetree graph, cache {cache}"] = (
             core.compile_model(ours, "CPU", properties),
@@ -157,7 +203,11 @@ def main() -> None:
     print(f"ms per decode step (median of {args.rounds} rounds x {args.steps} steps, warm-up out)")
     for name, ms in medians.items():
         print(f"{name:34s} {ms:7.2f}")
-    for cache in ("f32", "f16"):
+    for name, ms in medians.items():
+        if name.startswith("tunetree graph, ") and "cache" not in name:
+            theirs = medians["optimum-intel graph, cache f32"]
+            print(f"{name}: {ms / theirs:.3f} of optimum-intel's (f32 cache)")
+    for cache in caches:
         ratio = (
             medians[f"tunetree graph, cache {cache}"]
             / medians[f"optimum-intel graph, cache {cache}"]

@@ -103,3 +103,47 @@ def test_only_exact_one_element_conversions_are_folded() -> None:
     assert folded.get_type_name() == "Constant"
     assert folded.get_output_element_type(0) == ov.Type.f32
     assert folded.get_data().tolist() == -1.0
+
+
+def test_attention_takes_its_query_straight_from_the_rotary_kernel(
+    served: tuple[torch.nn.Module, torch.nn.Module],
+) -> None:
+    """No reshape of the query to the shape it has sits between RoPE and attention: OpenVINO
+    recomputes each such node's target shape on every step (two per layer were left)."""
+    _, tuned = served
+    layers = _runtime_layers(tuned)
+    attentions = [n for n in layers if _layer_type(n) == "ScaledDotProductAttention"]
+    for node in attentions:
+        query = node.input(0).get_source_output().get_node()
+        assert _layer_type(query) == "RoPE", _layer_type(query)
+        users = {_layer_type(i.get_node()) for i in node.output(0).get_target_inputs()}
+        assert "Reshape" not in users, users
+
+
+def test_only_reshapes_to_the_shape_they_have_are_dropped() -> None:
+    from tunetree.generation.stateful_export import drop_identity_reshapes
+
+    class Shapes(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            same = x.reshape(x.shape[0], 4, x.shape[2]) * 2  # the shape x has: dropped
+            flat = same.view(x.shape[0], -1)  # another shape: kept
+            return flat + 1, x.view(x.shape)  # an output's own node: kept (the signature)
+
+    dim = torch.export.Dim.DYNAMIC
+    x = torch.randn(3, 4, 5)
+    exported = torch.export.export(Shapes(), (x,), dynamic_shapes=({0: dim, 2: dim},))
+    expected = exported.module()(x)
+    assert drop_identity_reshapes(exported) == 1
+    targets = [n.target for n in exported.graph_module.graph.nodes if n.op == "call_function"]
+    assert (
+        targets.count(torch.ops.aten.view.default) + targets.count(torch.ops.aten.reshape.default)
+        == 2
+    ), targets
+    other = torch.randn(2, 4, 7)
+    for value in (x, other):
+        got = exported.module()(value)
+        want = Shapes()(value)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+    for a, b in zip(exported.module()(x), expected, strict=True):
+        assert torch.equal(a, b)

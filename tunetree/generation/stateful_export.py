@@ -143,11 +143,48 @@ def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
             exported = torch.export.export(
                 wrapper, (ids, mask, positions, kept, flat), dynamic_shapes=dims, strict=False
             )
+            drop_identity_reshapes(exported)
             converted = openvino.convert_model(exported)
     except Exception as exc:
         raise BackendError(f"the whole forward did not export: {describe_error(exc)}") from exc
     _make_stateful(converted, shape)
     return converted
+
+
+def drop_identity_reshapes(exported: Any) -> int:
+    """Remove each ``reshape``/``view`` whose output has its input's shape; how many went.
+
+    Such a reshape computes nothing (transformers reshapes attention's output to the shape it
+    has, :func:`attention_for_runtime` the query to name its head count), but OpenVINO keeps
+    each as a node whose target shape it recomputes on every call of dynamic shape: two per
+    layer on each decode step. Shapes are compared as exported (sizes, or the same symbolic
+    expression), so a reshape stays wherever the two could differ on some input.
+    """
+    reshapes = (torch.ops.aten.reshape.default, torch.ops.aten.view.default)
+    graph = exported.graph_module.graph
+    dropped = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in reshapes:
+            continue
+        if any(user.op == "output" for user in node.users):
+            continue  # the exported program's signature names its outputs
+        source = node.args[0]
+        before, after = _shape_of(source), _shape_of(node)
+        if before is not None and before == after:
+            node.replace_all_uses_with(source)
+            graph.erase_node(node)
+            dropped += 1
+    if dropped:
+        exported.graph_module.recompile()
+    return dropped
+
+
+def _shape_of(node: Any) -> tuple[Any, ...] | None:
+    """A node's exported shape as sizes and symbolic expressions, or None if unknown."""
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor):
+        return None
+    return tuple(d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in value.shape)
 
 
 @contextlib.contextmanager
