@@ -74,3 +74,39 @@ def test_openvino_attention_keeps_eager_results_at_head_size_128() -> None:
     result = quick_tune(model, data, [tt.backends.OpenVINO()], cache=False)
     (graph,) = result.graphs
     assert graph.winner is not None, result.table()
+
+
+class NormalHead(nn.Module):
+    """A forecaster's head: a normal from the features, the log-likelihood of the targets.
+
+    Built with its default ``validate_args``, the distribution checks its parameters and the
+    targets against their constraints, a branch on values (TimeSeriesTransformer's head)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loc, scale = self.proj(x).unbind(-1)
+        dist = torch.distributions.Normal(loc, F.softplus(scale) + 1e-3)
+        return dist.log_prob(target), dist.mean
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "openvino"])
+def test_a_distribution_built_with_its_default_checks_exports(backend: str) -> None:
+    """Before, the build failed: "the graph depends on input values" at the constraint check."""
+    pytest.importorskip(backend)
+    torch.manual_seed(0)
+    model = NormalHead().eval()
+    data = [(torch.randn(2, 5, 8), torch.randn(2, 5)), (torch.randn(3, 7, 8), torch.randn(3, 7))]
+    chosen = tt.backends.OnnxRuntime() if backend == "onnxruntime" else tt.backends.OpenVINO()
+    result = quick_tune(model, data, [chosen], cache=False)
+    (graph,) = result.graphs
+    assert graph.winner is not None, result.table()
+    unseen = (torch.randn(3, 6, 8), torch.randn(3, 6))
+    with torch.no_grad():
+        for got, want in zip(result.model(*unseen), model(*unseen), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert torch.distributions.Distribution._validate_args is True  # the default put back
+    with pytest.raises(ValueError, match="scale"):
+        torch.distributions.Normal(0.0, torch.tensor(-1.0))  # eager still checks

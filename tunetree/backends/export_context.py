@@ -33,20 +33,47 @@ def exporting(module: nn.Module) -> Iterator[None]:
 
     The fused multi-head-attention fast path is off because ``nn.TransformerEncoder`` would
     otherwise trace to ``aten::_transformer_encoder_layer_fwd``, which exporters cannot
-    translate. Experts run as :func:`experts_as_data` says. Restores the fast-path switch,
-    the experts' implementation, the exporter paths and every submodule's training flag
-    afterwards.
+    translate. Experts run as :func:`experts_as_data` says, distributions as
+    :func:`distributions_unvalidated` says. Restores the fast-path switch, the experts'
+    implementation, the exporter paths, the distributions' default and every submodule's
+    training flag afterwards.
     """
     fastpath = torch.backends.mha.get_fastpath_enabled()
     modes = [(m, m.training) for m in module.modules()]
     torch.backends.mha.set_fastpath_enabled(False)
     try:
-        with torch.no_grad(), experts_as_data(module), exporter_paths(module):
+        with (
+            torch.no_grad(),
+            experts_as_data(module),
+            exporter_paths(module),
+            distributions_unvalidated(),
+        ):
             yield
     finally:
         torch.backends.mha.set_fastpath_enabled(fastpath)
         for m, training in modes:
             m.training = training
+
+
+@contextlib.contextmanager
+def distributions_unvalidated() -> Iterator[None]:
+    """``torch.distributions`` built without checking their arguments while one traces.
+
+    A distribution built with its default ``validate_args`` checks its parameters (and
+    ``log_prob`` its value) against their constraints, ``constraint.check(x).all()``: a branch
+    on tensor values, so the export of any model whose head builds one fails with "the graph
+    depends on input values" (TimeSeriesTransformer's Student-t head, every probabilistic
+    forecaster of its kind). The checks only raise on invalid parameters; they change no value.
+    A distribution given ``validate_args`` explicitly keeps it. The process-wide default is
+    put back afterwards.
+    """
+    distribution = torch.distributions.Distribution
+    saved = distribution._validate_args
+    distribution.set_default_validate_args(False)
+    try:
+        yield
+    finally:
+        distribution.set_default_validate_args(saved)
 
 
 EXPORTED_EXPERTS = "batched_mm"
