@@ -77,3 +77,38 @@ def test_funnel_says_why_no_backend_serves_it() -> None:
     assert "openvino: 1 of 1 graphs failed: build: ValueDependentError" in text
     assert "pooling_flag" in text  # the line of modeling_funnel.py that branches on a value
     assert "onnxruntime: 1 of 1 graphs failed: build: BackendError: the ONNX export fixed" in text
+
+
+@pytest.mark.slow
+def test_canine_says_why_no_backend_serves_it() -> None:
+    """CANINE (character downsampling, chunked local attention) left untuned says why per
+    backend in its depth row: each exporter meets the Python loop over the sequence's chunks."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.CanineConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        num_hash_functions=4, num_hash_buckets=64, local_transformer_stride=4,
+        downsampling_rate=4,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.CanineModel(config).eval()
+    data = [
+        {"input_ids": torch.randint(0, 1000, (b, n)), "attention_mask": torch.ones(b, n).long()}
+        for b, n in ((2, 32), (3, 48), (2, 40))
+    ]
+    backends = [tt.backends.OpenVINO(), tt.backends.OnnxRuntime(), tt.backends.Eager()]
+    result = tt.auto_tune(
+        model,
+        data,
+        max_depth=0,
+        strategy=tt.HighestThroughputStrategy(backends),
+        measure_config=tt.MeasureConfig.quick(),
+        time_budget=None,
+        verbose=False,
+        cache=False,
+    )
+    text = result.rows[0].status_text
+    assert text.startswith("no change: every graph kept eager: "), text
+    # its local attention loops over chunks of the sequence in Python
+    assert "openvino: 1 of 1 graphs failed: build: ValueDependentError" in text
+    assert "chunk_end = min(from_seq_length" in text
+    assert "onnxruntime: 1 of 1 graphs failed: build: BackendError: the ONNX export fixed" in text
