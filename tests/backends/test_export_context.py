@@ -3,6 +3,8 @@ entirely are zeros (left-padded batches), and grouped-query attention converts f
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -110,3 +112,36 @@ def test_a_distribution_built_with_its_default_checks_exports(backend: str) -> N
     assert torch.distributions.Distribution._validate_args is True  # the default put back
     with pytest.raises(ValueError, match="scale"):
         torch.distributions.Normal(0.0, torch.tensor(-1.0))  # eager still checks
+
+
+class FirstStep(nn.Module):
+    """A decoder's first step: appends its keys to an empty Hugging Face dynamic cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, past_key_values: Any) -> torch.Tensor:
+        k = self.lin(x)[:, None]
+        keys, _ = past_key_values.update(k, k, 0)
+        return keys.sum(-2)
+
+
+def test_openvino_converts_the_first_update_of_an_empty_dynamic_cache() -> None:
+    """The layer starts from ``torch.tensor([])`` and concatenates the step's keys to it, which
+    OpenVINO could not convert ("cannot convert: SequenceMark, aten.cat", the reason the probe
+    saw on Jamba's prefill and SpeechT5's first decoder step)."""
+    pytest.importorskip("openvino")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = FirstStep().eval()
+    data = [(torch.randn(b, n, 4), transformers.DynamicCache()) for b, n in ((2, 3), (3, 5))]
+    result = quick_tune(model, data, [tt.backends.OpenVINO()], cache=False)
+    (graph,) = result.graphs
+    assert graph.winner is not None, result.table()
+    x = torch.randn(3, 4, 4)
+    with torch.no_grad():
+        got = graph.winner.runner(x, transformers.DynamicCache())
+        torch.testing.assert_close(got, model(x, transformers.DynamicCache()))
+    assert torch.cat is torch._C._VariableFunctions.cat  # put back
+    assert torch.cat([torch.tensor([]), torch.ones(2, 2)]).shape == (2, 2)

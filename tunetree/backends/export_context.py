@@ -213,6 +213,44 @@ def attention_as_eager(expand_gqa: bool = False, null_key: bool = False) -> Iter
         functional.scaled_dot_product_attention = original
 
 
+def _is_legacy_empty(tensor: Any) -> bool:
+    return isinstance(tensor, torch.Tensor) and tensor.dim() == 1 and tensor.shape[0] == 0
+
+
+def _cat_without_legacy_empties(cat: Any) -> Any:
+    """``cat`` given its operands less the 1-D empty ones, which ``torch.cat`` skips anyway."""
+
+    @functools.wraps(cat)
+    def concatenate(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(tensors, list | tuple) and any(map(_is_legacy_empty, tensors)):
+            kept = [t for t in tensors if not _is_legacy_empty(t)]
+            if kept and all(isinstance(t, torch.Tensor) and t.dim() > 1 for t in kept):
+                tensors = kept
+        return cat(tensors, *args, **kwargs)
+
+    return concatenate
+
+
+@contextlib.contextmanager
+def empty_operands_dropped() -> Iterator[None]:
+    """``torch.cat`` exported without the 1-D empty operands it skips at run time.
+
+    ``torch.cat([torch.tensor([]), x], dim=-2)`` is ``x``: a 1-D empty operand is skipped
+    whatever the others' rank (a legacy rule). Hugging Face's dynamic cache layers start
+    from exactly such a tensor, so the first decoder step of an empty cache concatenates one;
+    OpenVINO's converter cannot convert a concatenation of operands of different ranks
+    ("cannot convert: SequenceMark, aten.cat"). Operands are dropped only where every other
+    one has more than one dimension, the case the rule covers. The function is put back
+    afterwards.
+    """
+    original = torch.cat
+    torch.cat = _cat_without_legacy_empties(original)
+    try:
+        yield
+    finally:
+        torch.cat = original
+
+
 @contextlib.contextmanager
 def parameters_on_cpu(module: nn.Module) -> Iterator[None]:
     """Temporarily give every parameter and buffer of ``module`` CPU data.

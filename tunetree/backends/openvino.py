@@ -34,6 +34,7 @@ from .dtypes import as_numpy, as_torch, carries, check_numpy_dtypes
 from .export_context import (
     attention_as_eager,
     describe_error,
+    empty_operands_dropped,
     exporting,
     parameters_on_cpu,
     quiet,
@@ -537,6 +538,7 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
         exporting(module),
         parameters_on_cpu(module),
         attention_as_eager(expand_gqa=True, null_key=True),
+        empty_operands_dropped(),
         quiet(),
     ):
         try:
