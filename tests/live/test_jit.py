@@ -515,3 +515,39 @@ def test_a_warm_start_imports_no_compiler_it_does_not_use(tmp_path: Path) -> Non
     later = second_process({"cache": str(tmp_path), "modules": ["torch._dynamo"]})
     assert later["tuned"] and later["builds"] == [], later
     assert later["modules"] == {"torch._dynamo": False}
+
+
+_IMPORTS_AT_JIT = """
+import json, sys
+import tunetree as tt
+from tests.live import fakes
+strategy = {strategy}
+tt.jit(fakes.model(), cache=False, strategy=strategy, **{{"tuner_process": False}})
+print(json.dumps({{name: name in sys.modules for name in ("onnx", "ml_dtypes")}}))
+"""
+
+
+@pytest.mark.parametrize("backend", ["OnnxRuntime", "fake"])
+def test_jit_imports_what_loading_its_backends_runners_needs_before_serving(
+    backend: str,
+) -> None:
+    """``onnx`` imports ``ml_dtypes``, whose extension holds the GIL about 1 s as it loads:
+    imported first by a plan's load beside serving threads (a warm start, a child's plan), it
+    stalled every call. ``tt.jit`` imports it before it returns, for a strategy that needs it."""
+    strategy = (
+        "tt.MinLatencyStrategy([tt.backends.OnnxRuntime(), tt.backends.Eager()])"
+        if backend == "OnnxRuntime"
+        else "fakes.options()['strategy']"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_AT_JIT.format(strategy=strategy)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    imported = json.loads(done.stdout.strip().splitlines()[-1])
+    wanted = backend == "OnnxRuntime"
+    assert imported == {"onnx": wanted, "ml_dtypes": wanted}

@@ -335,3 +335,36 @@ def test_an_axis_that_only_shares_sizes_with_the_root_keeps_its_own_range() -> N
     info = tt.inspect(Reversed().eval(), data)
     masked = next(k for k in info.modules["layer"].graphs if k.is_dynamic)
     assert masked.dims() == {"batch": tt.Dim("batch", 1, 3), "seq": tt.Dim("seq", 8, 20)}
+
+
+class _Counted(nn.Module):
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.inner(x)
+
+
+def test_inspection_without_warm_up_runs_each_call_once_unless_a_fast_path_may_run() -> None:
+    """A recorded plan's load measures nothing: the untimed first call (a warm-up, and the
+    search for fused fast paths) is skipped where no module could take a fast path, and kept
+    where one could (it alone finds them)."""
+    calls = [torch.randn(2, 8, 32) for _ in range(3)]
+    plain = _Counted(encoder())  # its attention modules may take their fused op: kept
+    torch.manual_seed(0)
+    mlp = _Counted(nn.Sequential(nn.Linear(32, 32), nn.ReLU()).eval())
+    warmed = tt.inspect(mlp, calls)
+    assert mlp.calls == 4
+    mlp.calls = 0
+    cold = tt.inspect(mlp, calls, warm_up=False)
+    assert mlp.calls == 3
+    assert sorted(cold.modules) == sorted(warmed.modules) and cold.fused == {}
+    assert all(torch.equal(a, b) for a, b in zip(cold.outputs, warmed.outputs, strict=True))
+    info = tt.inspect(plain.eval(), calls, warm_up=False)
+    assert plain.calls == 4
+    assert info.fused == {
+        f"inner.layers.{i}.self_attn": "_native_multi_head_attention" for i in range(4)
+    }

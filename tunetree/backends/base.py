@@ -131,6 +131,10 @@ class Backend(ABC):
     libraries: ClassVar[tuple[str, ...]] = ()
     """Pip distributions whose versions decide what this backend builds (recorded in the
     environment of checkpoints and cache entries)."""
+    load_imports: ClassVar[tuple[str, ...]] = ()
+    """Modules that loading a saved runner imports and whose first import holds the GIL for
+    long (a C extension's initialisation): ``tt.jit`` imports them before it serves, so that
+    loading a plan beside serving threads never stalls them."""
     quick_build: ClassVar[bool] = True
     """False for backends whose builds take seconds per graph (compilers): left out of
     :func:`tunetree.quick_strategy` (``auto_tune(quick=True)``)."""

@@ -246,6 +246,8 @@ class OnnxRuntime(Backend):
     typical_build_s: ClassVar[float | None] = 1.5  # docs/measurements.md
     extra: ClassVar[str | None] = "onnx"
     libraries: ClassVar[tuple[str, ...]] = ("onnxruntime", "onnx", "onnxscript")
+    load_imports: ClassVar[tuple[str, ...]] = ("onnx", "onnxruntime")
+    """``onnx`` imports ``ml_dtypes``, whose extension holds the GIL about 1 s as it loads."""
     graph_optimization_level: str = "all"
     intra_op_num_threads: int | None = None
     inter_op_num_threads: int | None = None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 from typing import Any
 
+from ..backends import default_backends
 from ..cache import TuningCache, open_cache
 from ..errors import InvalidInputError
 from ..search.auto import auto_tune
@@ -83,6 +85,7 @@ def jit(
         True
     """
     _check_options(auto_tune_options)
+    _import_for_loads(model, auto_tune_options)
     recorder = Recorder(limits or RecordLimits())
     served = Served(model, call, recorder)
     graph_cache = open_cache(cache)
@@ -108,6 +111,31 @@ def _check_options(options: dict[str, Any]) -> None:
             f"tt.jit: {', '.join(wrong)} is not an auto_tune option it passes on "
             f"(known: {', '.join(sorted(known))})"
         )
+
+
+def _import_for_loads(model: Any, options: dict[str, Any]) -> None:
+    """Import what loading a runner of the tune's backends imports, before serving starts.
+
+    A plan is loaded beside serving threads (a warm start, a child's plan); a C extension
+    that holds the GIL as it initialises (``onnx``'s ``ml_dtypes``, about 1 s) would stall
+    every call meanwhile. Here, before the first call, it stalls none.
+    """
+    strategy = options.get("strategy")
+    try:
+        backends = (
+            strategy.backends
+            if strategy is not None
+            else default_backends(resolve_device(model, options.get("device")))
+        )
+        names = dict.fromkeys(name for b in backends for name in type(b).load_imports)
+    except Exception as exc:  # the tune will name what is wrong with the strategy or model
+        log.debug("tt.jit: no imports ahead of loads: %s", exc)
+        return
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:  # the backend is left out of the tune with its reason
+            log.debug("tt.jit: %s not imported ahead of loads: %s", name, exc)
 
 
 def _warm_start(served: Served, cache: TuningCache, device: Any) -> None:

@@ -648,8 +648,13 @@ def inspect_timed(
     clock: Stopwatch,
     progress: Progress,
     depth: int,
+    warm_up: bool = True,
 ) -> tuple[ModelInfo, float]:
-    """The model inspected down to ``depth``, and how long that took (one pass of its calls)."""
+    """The model inspected down to ``depth``, and how long that took (one pass of its calls).
+
+    ``warm_up``: as :func:`tunetree.inspect`'s (False: no untimed first call where nothing
+    needs it, for a caller that measures nothing).
+    """
     progress("inspecting the model" if depth else "inspecting the model's root")
     started = now()
     with clock.phase(INSPECTION):
@@ -660,5 +665,6 @@ def inspect_timed(
             device=dev,
             dynamic_shapes=cfg.dynamic_shapes,
             max_depth=depth,
+            warm_up=warm_up,
         )
     return info, now() - started

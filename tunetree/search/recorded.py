@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+
 from .._util.progress import Progress
 from .._util.records import Fields
 from ..cache import TuningCache, open_cache
@@ -33,6 +35,7 @@ from ..candidates.strategy import Strategy, default_strategy, quick_strategy
 from ..errors import TunetreeError
 from ..generation import is_generation
 from ..runtime.wrap import wrap
+from ..signature.inspection import ModelInfo
 from ..signature.modules import CallFn
 from ..signature.state import check_eval_mode, eval_mode, preserved_state, tensor_placement
 from .auto import inspect_timed
@@ -179,7 +182,7 @@ def load_recorded(
     quick = bool(opts.get("quick"))
     progress = Progress(cfg.verbose)
     with preserved_state(model), eval_mode(model):
-        info, _ = inspect_timed(model, dataset, cfg, dev, clock, progress, plan.depth)
+        info, _ = inspect_timed(model, dataset, cfg, dev, clock, progress, plan.depth, False)
         if info.max_depth < plan.depth:
             return _given_up(plan, f"the model's deepest executed depth is {info.max_depth}")
         strategy = cfg.strategy or (quick_strategy(dev) if quick else default_strategy(dev))
@@ -203,10 +206,15 @@ def load_recorded(
             served = plan_from(results, plan.depth)
             problem = "the cache's runners do not make the recorded plan"
             if served.runners() and same_plan(plan.graphs, served):
-                tuned = wrap(model, served.runners(), in_place=False)
-                with clock.phase(END_TO_END_CHECK):
-                    problem = output_problem(info, cfg.call, tuned, served, cfg.tolerances)
-                problem = problem and f"end-to-end output: {problem}"
+                repeats = checked_whole(model, info, cfg.call, results)
+                if repeats:
+                    problem = ""
+                    log.debug("recorded plan: no end-to-end check: %s", repeats)
+                else:
+                    tuned = wrap(model, served.runners(), in_place=False)
+                    with clock.phase(END_TO_END_CHECK):
+                        problem = output_problem(info, cfg.call, tuned, served, cfg.tolerances)
+                    problem = problem and f"end-to-end output: {problem}"
         except _NotRecorded as exc:
             problem = str(exc)
         finally:
@@ -236,6 +244,47 @@ def load_recorded(
                 + ": loaded from the tuning cache and checked against eager here, not measured"
             ),
         )
+
+
+def checked_whole(
+    model: Any, info: ModelInfo, call: CallFn | None, results: list[GraphResult]
+) -> str:
+    """Why the graph check already was the end-to-end check ("" when it was not).
+
+    It was when the plan is one runner for the whole model, called as the model (no ``call``,
+    no hook of the root's or global forward hook between the runner and the caller), whose
+    check ran on every inspected call (its samples are all of them, none holding state) and
+    whose outputs were compared with eager's of those calls at the end-to-end check's
+    tolerances (the caller's, else the defaults): a backend with tolerances of its own (bf16)
+    is checked again.
+    """
+    if call is not None or not info.root_called or not isinstance(model, nn.Module):
+        return ""
+    if len(results) != 1 or results[0].path != "" or results[0].winner is None:
+        return ""
+    graph = results[0].graph
+    if results[0].winner.backend.tolerances() is not None:
+        return ""  # checked with its own tolerances, end to end with the caller's
+    if len(graph.samples) != len(info.samples) or any(s.stateful for s in info.samples):
+        return ""
+    if _forward_hooks(model):
+        return ""
+    return (
+        "the plan is one runner for the whole model, already checked against eager on every "
+        f"one of the {len(info.samples)} calls"
+    )
+
+
+def _forward_hooks(module: nn.Module) -> bool:
+    """Whether a forward hook (the module's or a global one) sees the root's output."""
+    from torch.nn.modules import module as torch_module
+
+    return bool(
+        module._forward_hooks
+        or module._forward_pre_hooks
+        or torch_module._global_forward_hooks
+        or torch_module._global_forward_pre_hooks
+    )
 
 
 def _given_up(plan: RecordedPlan, reason: str) -> AutoTuneResult | None:

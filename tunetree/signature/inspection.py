@@ -449,6 +449,7 @@ def inspect(
     dynamic_shapes: DynamicShapes = None,
     max_record_bytes: int | None = None,
     max_depth: int | None = None,
+    warm_up: bool = True,
 ) -> ModelInfo:
     """Run ``model`` once per dataset item with forward hooks and record every executed module.
 
@@ -476,6 +477,9 @@ def inspect(
             device's free memory).
         max_depth: Record modules down to this depth only (a tune of shallower cuts needs no
             deeper one).
+        warm_up: Run the first item once, untimed, before recording (one-time costs stay out
+            of the modules' times). False skips that call where it has nothing else to find
+            (no module of a fused fast path's type): a caller that uses no time share.
 
     Returns:
         A :class:`ModelInfo`: every executed module with its depth, calls and time share.
@@ -500,7 +504,9 @@ def inspect(
     )
     recorder = _Recorder(dev, max_samples_per_graph, budget, max_depth)
     with torch.no_grad(), preserved_state(model):
-        fused = _first_call(model, samples[0].own(), call)  # untimed; a cache it grows is a copy
+        fused: dict[str, str] = {}
+        if warm_up or _may_run_fast_path(model):  # untimed; a cache it grows is a copy
+            fused = _first_call(model, samples[0].own(), call)
         outputs = []
         with recorder.hooks(model, inside=set(fused)):
             start = time.perf_counter()
@@ -597,6 +603,12 @@ def _first_few(paths: list[str], limit: int = 4) -> str:
 def _inside(path: str, outer: str) -> bool:
     """Whether module ``path`` is a strict descendant of module ``outer``."""
     return path != outer and (outer == "" or path.startswith(outer + "."))
+
+
+def _may_run_fast_path(model: Any) -> bool:
+    """Whether ``model`` holds a module of a fused fast path's type (:data:`FAST_PATH_OPS`)."""
+    kinds = tuple(FAST_PATH_OPS.values())
+    return any(isinstance(m, kinds) for _, m in module_paths(model))
 
 
 def _first_call(model: Any, sample: Sample, call: CallFn | None) -> dict[str, str]:
