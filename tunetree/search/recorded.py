@@ -182,7 +182,9 @@ def load_recorded(
     quick = bool(opts.get("quick"))
     progress = Progress(cfg.verbose)
     with preserved_state(model), eval_mode(model):
-        info, _ = inspect_timed(model, dataset, cfg, dev, clock, progress, plan.depth, False)
+        info, _ = inspect_timed(
+            model, dataset, cfg, dev, clock, progress, plan.depth, warm_up=False
+        )
         if info.max_depth < plan.depth:
             return _given_up(plan, f"the model's deepest executed depth is {info.max_depth}")
         strategy = cfg.strategy or (quick_strategy(dev) if quick else default_strategy(dev))
