@@ -47,6 +47,22 @@ def test_a_depth_where_every_module_failed_names_every_backend() -> None:
     assert "fake-wrong(offset=0.5): 1 of 1 graphs rejected: output 0 differs" in text
 
 
+def depth_zero_status(model: torch.nn.Module, data: list) -> str:
+    """The depth-0 row's status after auto_tune with OpenVINO, ONNX Runtime and eager."""
+    backends = [tt.backends.OpenVINO(), tt.backends.OnnxRuntime(), tt.backends.Eager()]
+    result = tt.auto_tune(
+        model,
+        data,
+        max_depth=0,
+        strategy=tt.HighestThroughputStrategy(backends),
+        measure_config=tt.MeasureConfig.quick(),
+        time_budget=None,
+        verbose=False,
+        cache=False,
+    )
+    return result.rows[0].status_text
+
+
 @pytest.mark.slow
 def test_funnel_says_why_no_backend_serves_it() -> None:
     """A family left untuned (Funnel: pooling between blocks) says why in its depth row."""
@@ -61,18 +77,7 @@ def test_funnel_says_why_no_backend_serves_it() -> None:
         {"input_ids": torch.randint(0, 100, (1, n)), "attention_mask": torch.ones(1, n).long()}
         for n in (8, 12, 16)
     ]
-    backends = [tt.backends.OpenVINO(), tt.backends.OnnxRuntime(), tt.backends.Eager()]
-    result = tt.auto_tune(
-        model,
-        data,
-        max_depth=0,
-        strategy=tt.HighestThroughputStrategy(backends),
-        measure_config=tt.MeasureConfig.quick(),
-        time_budget=None,
-        verbose=False,
-        cache=False,
-    )
-    text = result.rows[0].status_text
+    text = depth_zero_status(model, data)
     assert text.startswith("no change: every graph kept eager: ")
     assert "openvino: 1 of 1 graphs failed: build: ValueDependentError" in text
     assert "pooling_flag" in text  # the line of modeling_funnel.py that branches on a value
@@ -95,18 +100,7 @@ def test_canine_says_why_no_backend_serves_it() -> None:
         {"input_ids": torch.randint(0, 1000, (b, n)), "attention_mask": torch.ones(b, n).long()}
         for b, n in ((2, 32), (3, 48), (2, 40))
     ]
-    backends = [tt.backends.OpenVINO(), tt.backends.OnnxRuntime(), tt.backends.Eager()]
-    result = tt.auto_tune(
-        model,
-        data,
-        max_depth=0,
-        strategy=tt.HighestThroughputStrategy(backends),
-        measure_config=tt.MeasureConfig.quick(),
-        time_budget=None,
-        verbose=False,
-        cache=False,
-    )
-    text = result.rows[0].status_text
+    text = depth_zero_status(model, data)
     assert text.startswith("no change: every graph kept eager: "), text
     # its local attention loops over chunks of the sequence in Python
     assert "openvino: 1 of 1 graphs failed: build: ValueDependentError" in text
