@@ -185,6 +185,22 @@ def call_from_key(
     return Sample(args, kwargs)
 
 
+class Fields(dict):  # type: ignore[type-arg]
+    """A mapping rebuilt from a key, also read by position as a ``ModelOutput`` is.
+
+    A key records a Hugging Face ``ModelOutput`` (an encoder's output, passed to every
+    decoder step of ``generate``) as a mapping of its set fields, and T5, BART, Marian and
+    Whisper read an encoder output that is not of that class by position
+    (``encoder_outputs[0]``). An int or slice that is not a key of its own reads the values
+    in order, as ``ModelOutput.to_tuple()`` does; every other read is a dict's.
+    """
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, int | slice) and not (isinstance(key, int) and key in self.keys()):
+            return tuple(self.values())[key]
+        return super().__getitem__(key)
+
+
 class _Maker:
     def __init__(self, device: torch.device, fill: Fill, limit: int) -> None:
         self.device = device
@@ -206,7 +222,8 @@ class _Maker:
             items = [self.value(s, in_cache) for s in sig[1]]
             return tuple(items) if kind == "tuple" else items
         if kind == "dict" and len(sig) == 2 and isinstance(sig[1], tuple):
-            return {self.dict_key(k): self.value(v, in_cache) for k, v in _pairs(sig[1])}
+            fields = {self.dict_key(k): self.value(v, in_cache) for k, v in _pairs(sig[1])}
+            return fields if in_cache else Fields(fields)
         if kind == "data" and len(sig) == 3:
             return self.cache_object(sig[1], sig[2])
         raise BackendError(

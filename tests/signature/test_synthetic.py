@@ -1,0 +1,77 @@
+"""Calls made from a graph key alone (``tunetree.signature.synthetic``) are made as the
+module's callers make them.
+
+An encoder-decoder's ``generate`` passes the encoder's output to every decoder step as a
+``BaseModelOutput``; its graph key records it as a mapping of its fields, and T5, BART, Marian
+and Whisper read it by position (``encoder_outputs[0]``) when it is not that class. Rebuilt as
+a plain dict, loading a saved runner of such a step (which learns its output structure by
+running the module on a call made from the key) raised ``KeyError: 0``: every saved
+encoder-decoder ``generate`` was refused by ``tt.load``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tunetree as tt
+from tunetree.runtime.wrap import dispatcher_of
+from tunetree.signature.graph import GraphKey
+from tunetree.signature.synthetic import call_from_key
+
+transformers = pytest.importorskip("transformers")
+from transformers.modeling_outputs import BaseModelOutput  # noqa: E402
+
+
+class Decoder(nn.Module):
+    """Reads its encoder's output as T5's and BART's forwards do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, encoder_outputs: object) -> torch.Tensor:
+        if not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])  # type: ignore[index]
+        return self.proj(x) + encoder_outputs.last_hidden_state.mean(1, keepdim=True)
+
+
+def encoded(batch: int, length: int) -> BaseModelOutput:
+    return BaseModelOutput(last_hidden_state=torch.randn(batch, length, 8))
+
+
+def test_a_model_output_in_a_key_is_rebuilt_readable_by_name_and_position() -> None:
+    key = GraphKey.of((), {"encoder_outputs": encoded(2, 5)})
+    rebuilt = call_from_key(key, torch.device("cpu")).kwargs["encoder_outputs"]
+    assert list(rebuilt) == ["last_hidden_state"]
+    assert rebuilt["last_hidden_state"].shape == (2, 5, 8)
+    assert rebuilt[0] is rebuilt["last_hidden_state"]
+    assert rebuilt[:1] == (rebuilt[0],)
+    assert len(rebuilt) == 1
+
+
+def test_a_runner_taking_a_model_output_saves_and_loads(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    calls = [{"x": torch.randn(2, 3, 8), "encoder_outputs": encoded(2, 5)} for _ in range(2)]
+    result = tt.tune(
+        Decoder().eval(),
+        calls,
+        strategy=tt.OneBackendStrategy(tt.backends.OnnxRuntime()),
+        measure_config=tt.MeasureConfig.quick(),
+        cache=False,
+        verbose=False,
+    )
+    assert all(g.winner is not None for g in result.graphs), result.table()
+    torch.manual_seed(1)
+    fresh = Decoder().eval()
+    fresh.load_state_dict(result.model.state_dict())
+    loaded = tt.load(fresh, tt.save(result, tmp_path / "decoder.tt"))
+    unseen = {"x": torch.randn(2, 3, 8), "encoder_outputs": encoded(2, 5)}
+    with torch.no_grad():
+        want = result.model(**unseen)
+        assert torch.allclose(loaded(**unseen), want, atol=1e-5)
+    assert dispatcher_of(loaded).fallback_calls == 0
