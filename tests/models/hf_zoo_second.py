@@ -117,6 +117,7 @@ STATE_SPACE = [
         MAMBA,
         _text(0, left=True),
         generate=_greedy(pad_token_id=0),
+        batches=MASKED_BATCHES,
     ),
 ]
 
