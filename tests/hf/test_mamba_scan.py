@@ -60,27 +60,67 @@ def test_the_chunked_scan_equals_the_loop(length: int) -> None:
     torch.testing.assert_close(last, want_last, rtol=1e-5, atol=1e-6)
 
 
-def test_a_mamba_layer_scans_the_same_while_exporting_and_the_scan_is_put_back() -> None:
+class Prefill(nn.Module):
+    """Mamba's forward as an exporter sees it: logits and every layer's cache states."""
+
+    def __init__(self, model: nn.Module, use_cache: bool) -> None:
+        super().__init__()
+        self.model, self.use_cache = model, use_cache
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model(input_ids=ids, use_cache=self.use_cache)
+        if not self.use_cache:
+            return (out.logits,)
+        layers = out.past_key_values.layers
+        return (
+            out.logits,
+            *(layer.recurrent_states[0] for layer in layers),
+            *(layer.conv_states[0] for layer in layers),
+        )
+
+
+def export(module: nn.Module, shortest: int, length: int = 20) -> Any:
+    ids = torch.randint(3, VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+    seq = torch.export.Dim("seq", min=shortest, max=96)
+    with torch.no_grad():
+        return torch.export.export(module, (ids,), dynamic_shapes=({1: seq},)).module()
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_an_export_with_a_length_range_keeps_eagers_logits_and_cache_states(
+    use_cache: bool,
+) -> None:
+    """Exported once with a symbolic length, run at unseen lengths (1 included, and past one
+    chunk): logits, SSM states and conv states are eager's; the scan is put back after.
+    With a cache, transformers' conv state update needs 4 steps (the kernel) or more."""
+    shortest = 4 if use_cache else 1
     model = mamba()
     original = getattr(modeling_mamba, SCAN_NAME)
-    g = torch.Generator().manual_seed(0)
-    for length in (1, 7, 40):
-        ids = torch.randint(3, VOCAB, (2, length), generator=g)
-        with torch.no_grad():
-            want = model(input_ids=ids, use_cache=True)
-            with exporting(model):
-                assert getattr(modeling_mamba, SCAN_NAME) is not original
-                got = model(input_ids=ids, use_cache=True)
-                plain = model(input_ids=ids, use_cache=False)
-        torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(plain.logits, want.logits, rtol=1e-4, atol=1e-5)
-        for ours, eager in zip(
-            got.past_key_values.layers, want.past_key_values.layers, strict=True
-        ):
-            torch.testing.assert_close(ours.recurrent_states[0], eager.recurrent_states[0])
-            torch.testing.assert_close(ours.conv_states[0], eager.conv_states[0])
+    with exporting(model):
+        assert getattr(modeling_mamba, SCAN_NAME) is not original
+        exported = export(Prefill(model, use_cache), shortest)
     assert getattr(modeling_mamba, SCAN_NAME) is original
     assert not selective_scan._installed
+    g = torch.Generator().manual_seed(0)
+    for length in (shortest, 7, 40, 90):
+        ids = torch.randint(3, VOCAB, (2, length), generator=g)
+        with torch.no_grad():
+            got = exported(ids)
+            want = Prefill(model, use_cache)(ids)
+        assert len(got) == len(want) == (5 if use_cache else 1)
+        for ours, eager in zip(got, want, strict=True):
+            torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-5)
+
+
+def test_an_export_of_one_length_keeps_eagers_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fixed length exports eager's loop as before (unrolled, the faster graph)."""
+    calls: list[int] = []
+    monkeypatch.setattr(selective_scan, "_loop_free", lambda *a, **k: calls.append(1))
+    model = mamba()
+    ids = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    with exporting(model), torch.no_grad():
+        torch.export.export(Prefill(model, True), (ids,))
+    assert calls == []
 
 
 def test_only_the_exporting_thread_scans_without_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,6 +133,7 @@ def test_only_the_exporting_thread_scans_without_the_loop(monkeypatch: pytest.Mo
         return loop_free(*args, **kwargs)
 
     monkeypatch.setattr(selective_scan, "_loop_free", spy)
+    monkeypatch.setattr(selective_scan, "_symbolic_length", lambda *a, **k: True)
     model = mamba()
     ids = torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
