@@ -67,10 +67,11 @@ def chunked_scan(
     loop runs ``chunk`` times whatever the length.
     """
     batch, channels, length, state = inputs.shape
-    # Chunks are gathered by index, never reshaped from a padded length: an exporter cannot
-    # prove a symbolic length's padding divisible or distinct from it, and would fix the
-    # length. At least two chunks (one more than needed), since a count that may be 1 is
-    # specialized; steps past the length decay by 1 and add 0, which changes no state.
+    # Chunks are gathered by index, never split from a padded length by a reshape or a slice:
+    # an exporter cannot prove a symbolic length's padding divisible by the chunk count or
+    # distinct from the length, and would fix the length. At least two chunks (one more than
+    # needed), since a count that may be 1 is specialized; steps past the length decay by 1
+    # and add 0, which changes no state.
     chunks = (length + chunk - 1) // chunk + 1
     steps = torch.arange(chunks, device=inputs.device)[:, None] * chunk
     steps = steps + torch.arange(chunk, device=inputs.device)
