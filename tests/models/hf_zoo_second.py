@@ -49,11 +49,6 @@ MAMBA = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
-MAMBA_LENGTH = 16
-"""Mamba's calls without a cache take one length: without the ``mamba_ssm`` kernels
-transformers scans the sequence in a Python loop, so an exported graph holds the length it was
-traced at (ONNX Runtime's build says so; OpenVINO refuses other lengths when run). Its batch
-still varies."""
 MIXTRAL = {**LLAMA_LIKE, "num_local_experts": 4, "num_experts_per_tok": 2}
 QWEN2_MOE = {
     **LLAMA_LIKE,
@@ -108,7 +103,6 @@ STATE_SPACE = [
         "MambaModel",
         MAMBA,
         _text(0, mask=False, use_cache=False),
-        lengths=(MAMBA_LENGTH, MAMBA_LENGTH),
     ),
     _family(
         "mamba-generate",
@@ -117,6 +111,7 @@ STATE_SPACE = [
         MAMBA,
         _text(0, left=True),
         generate=_greedy(pad_token_id=0),
+        batches=MASKED_BATCHES,
     ),
 ]
 

@@ -29,10 +29,6 @@ KNOWN_FALLBACKS = {
     "them at the window's, with the position carried apart; only a tuning call that crosses "
     "the window records it, so an unseen prompt that crosses it runs that one step in the "
     "original forward (correctly). Every step past the window is one ranged graph.",
-    "mamba-generate": "without the mamba_ssm kernels transformers scans the prompt in a Python "
-    "loop, so an exported prefill holds the lengths it was traced at: a prefill at another "
-    "length inside the range is refused by its runner and runs the original forward "
-    "(correctly)",
 }
 """Families whose unseen calls inside the root's ranges may fall back, and why."""
 

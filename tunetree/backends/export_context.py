@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .selective_scan import selective_scan_unrolled
+
 log = logging.getLogger(__name__)
 
 
@@ -34,9 +36,10 @@ def exporting(module: nn.Module) -> Iterator[None]:
     The fused multi-head-attention fast path is off because ``nn.TransformerEncoder`` would
     otherwise trace to ``aten::_transformer_encoder_layer_fwd``, which exporters cannot
     translate. Experts run as :func:`experts_as_data` says, distributions as
-    :func:`distributions_unvalidated` says. Restores the fast-path switch, the experts'
-    implementation, the exporter paths, the distributions' default and every submodule's
-    training flag afterwards.
+    :func:`distributions_unvalidated` says, Mamba-style selective scans as
+    :func:`.selective_scan.selective_scan_unrolled` says. Restores the fast-path switch, the
+    experts' implementation, the exporter paths, the distributions' default, the scans and
+    every submodule's training flag afterwards.
     """
     fastpath = torch.backends.mha.get_fastpath_enabled()
     modes = [(m, m.training) for m in module.modules()]
@@ -47,6 +50,7 @@ def exporting(module: nn.Module) -> Iterator[None]:
             experts_as_data(module),
             exporter_paths(module),
             distributions_unvalidated(),
+            selective_scan_unrolled(module),
         ):
             yield
     finally:
