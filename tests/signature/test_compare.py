@@ -117,3 +117,18 @@ def test_a_cache_layers_differing_constant_is_named_with_both_values() -> None:
     assert "DynamicSlidingWindowLayer" in reason and "sliding_window" in reason, reason
     assert "32 vs eager 16" in reason, reason
     assert len(reason) < 300 and "\n" not in reason
+
+
+def test_a_long_differing_value_is_shown_around_where_it_differs() -> None:
+    """Both sides' values are cut to a bound, around their first differing character."""
+    cache_utils = pytest.importorskip("transformers.cache_utils")
+
+    def layer(tag: str) -> object:
+        one = cache_utils.DynamicSlidingWindowLayer(sliding_window=16)
+        one.update(torch.ones(1, 2, 8, 4), torch.ones(1, 2, 8, 4))
+        one.tag = "x" * 200 + tag + "y" * 200  # type: ignore[attr-defined]
+        return one
+
+    reason = compare([layer("EAGER")], [layer("OTHER")]).reason
+    assert "constant tag:" in reason and "xOTHERy" in reason and "xEAGERy" in reason, reason
+    assert len(reason) < 300, reason

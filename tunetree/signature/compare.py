@@ -166,7 +166,7 @@ def _first_difference(mine: Any, theirs: Any, label: str) -> str:
         for k in [*mine, *(k for k in theirs if k not in mine)]:
             if k not in theirs or k not in mine or not _same(mine[k], theirs[k]):
                 return _first_difference(
-                    mine.get(k, _ABSENT), theirs.get(k, _ABSENT), f"{label} {k}"
+                    mine.get(k, _ABSENT), theirs.get(k, _ABSENT), f"{label} {str(k)[:60]}"
                 )
     if isinstance(mine, list | tuple) and isinstance(theirs, list | tuple):
         for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
@@ -208,8 +208,9 @@ def _differing_texts(a: str, b: str) -> tuple[str, str]:
     """Both texts cut to :data:`MAX_VALUE_TEXT` around where they first differ."""
     if len(a) <= MAX_VALUE_TEXT and len(b) <= MAX_VALUE_TEXT:
         return a, b
-    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), 0)
-    start = max(0, min(common, min(len(a), len(b))) - MAX_VALUE_TEXT // 3)
+    shorter = min(len(a), len(b))
+    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), shorter)
+    start = max(0, common - MAX_VALUE_TEXT // 3)
 
     def cut(text: str) -> str:
         part = text[start : start + MAX_VALUE_TEXT]
