@@ -156,13 +156,6 @@ CASES = [
 
 
 def case(family: str) -> Case:
-    if family == "gemma2":
-        # Every prompt past the sliding window (16): a prefill range that spans it has no
-        # exported runner (the layer keeps min(length, window - 1) positions, and the
-        # runner's carried cumulative_length came back 0 where eager's was 8), so ONNX
-        # Runtime alone leaves it to the original forward. That is a tuning matter, not a
-        # round trip one.
-        return zoo("gemma2-generate", lengths=(20, 26, 32))
     return FAMILIES[family] if family in FAMILIES else zoo(f"{family}-generate")
 
 

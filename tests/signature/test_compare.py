@@ -84,3 +84,51 @@ def test_large_outputs_are_compared_chunk_by_chunk_with_the_same_verdict(
     moved_nan = ref.clone()
     moved_nan[5], moved_nan[6] = 0.0, math.nan
     assert not compare(ref, moved_nan).ok
+
+
+def test_a_structure_difference_past_a_long_context_shows_both_differing_parts() -> None:
+    """The node's context was cut at 117 characters, before the part that differs, so both
+    sides printed identically; the reason names the first differing item and both values."""
+    names = [f"hidden_state_of_layer_{i:02d}" for i in range(30)]
+    reference = {"out": {name: torch.ones(1) for name in names}}
+    candidate = {"out": {name: torch.ones(1) for name in [*names[:-1], "hidden_state_extra"]}}
+    reason = compare(reference, candidate).reason
+    assert reason.startswith("output structure differs at output.out"), reason
+    assert "'hidden_state_extra'" in reason and "'hidden_state_of_layer_29'" in reason, reason
+    assert len(reason) < 300 and "\n" not in reason
+
+
+def test_a_cache_layers_differing_constant_is_named_with_both_values() -> None:
+    """Gemma2's prefill: the runner's sliding-window layer differed from eager's in one constant,
+    and the reason printed the layer's class and data names twice, cut off before the
+    constants, so both sides read the same."""
+    cache_utils = pytest.importorskip("transformers.cache_utils")
+
+    def layer(window: int) -> object:
+        one = cache_utils.DynamicSlidingWindowLayer(sliding_window=window)
+        one.update(torch.ones(1, 2, 8, 4), torch.ones(1, 2, 8, 4))
+        one._sliding_window_tensor = torch.tensor(16)
+        return one
+
+    reference = {"logits": torch.ones(2), "cache": [layer(16), layer(16)]}
+    candidate = {"logits": torch.ones(2), "cache": [layer(16), layer(32)]}
+    reason = compare(reference, candidate).reason
+    assert reason.startswith("output structure differs at output.cache[1]"), reason
+    assert "DynamicSlidingWindowLayer" in reason and "sliding_window" in reason, reason
+    assert "32 vs eager 16" in reason, reason
+    assert len(reason) < 300 and "\n" not in reason
+
+
+def test_a_long_differing_value_is_shown_around_where_it_differs() -> None:
+    """Both sides' values are cut to a bound, around their first differing character."""
+    cache_utils = pytest.importorskip("transformers.cache_utils")
+
+    def layer(tag: str) -> object:
+        one = cache_utils.DynamicSlidingWindowLayer(sliding_window=16)
+        one.update(torch.ones(1, 2, 8, 4), torch.ones(1, 2, 8, 4))
+        one.tag = "x" * 200 + tag + "y" * 200  # type: ignore[attr-defined]
+        return one
+
+    reason = compare([layer("EAGER")], [layer("OTHER")]).reason
+    assert "constant tag:" in reason and "xOTHERy" in reason and "xEAGERy" in reason, reason
+    assert len(reason) < 300, reason

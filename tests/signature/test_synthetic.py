@@ -75,3 +75,21 @@ def test_a_runner_taking_a_model_output_saves_and_loads(tmp_path: Path) -> None:
         want = result.model(**unseen)
         assert torch.allclose(loaded(**unseen), want, atol=1e-5)
     assert dispatcher_of(loaded).fallback_calls == 0
+
+
+def test_a_sliding_window_layer_below_its_window_is_rebuilt_with_its_position() -> None:
+    """Below the window the layer's ``cumulative_length`` repeats the keys' length and is keyed
+    as ``axis: keys[-2]``; rebuilding such a key (to learn a saved decode step's output
+    structure) raised "cannot rebuild a saved constant of kind 'derived'"."""
+    from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
+
+    layer = DynamicSlidingWindowLayer(sliding_window=16)
+    layer.update(torch.randn(2, 2, 9, 8), torch.randn(2, 2, 9, 8))
+    cache = DynamicCache()
+    cache.layers = [layer]
+    key = GraphKey.of((), {"past_key_values": cache})
+    assert "derived" in repr(key.kwargs)
+    call = call_from_key(key, torch.device("cpu"), limit=64)  # the config accounts for 16
+    rebuilt = call.kwargs["past_key_values"].layers[0]
+    assert rebuilt.keys.shape == (2, 2, 9, 8)
+    assert rebuilt.cumulative_length == 9 and rebuilt.sliding_window == 16

@@ -26,7 +26,13 @@ from ..errors import BackendError
 from ..signature.binding import original_forward
 from ..signature.fake_run import run_fake
 from ..signature.graph import MAX_DIM_SIZE, Graph, GraphKey, Sample, TensorSpec, flatten, unflatten
-from ..signature.stateful import carried_carrier, spec_holds_state, to_data, updated_in_place
+from ..signature.stateful import (
+    carried_carrier,
+    carrying_positions,
+    spec_holds_state,
+    to_data,
+    updated_in_place,
+)
 from ..signature.synthetic import call_from_key, check_key_names, size_limit, zeros
 from . import structure
 from .dtypes import check_numpy_dtypes, dtype_from_name, dtype_from_short_name, dtype_to_name
@@ -178,8 +184,14 @@ class FlatOutputs:
 
     @classmethod
     def of(cls, output: Any) -> FlatOutputs:
-        """The record of eager's output ``output``."""
-        leaves, spec = flatten(output)
+        """The record of eager's output ``output``.
+
+        A cache layer's position is a carrier tensor here whether or not the keys' length
+        repeats it (:func:`.stateful.carrying_positions`): one record serves a range on both
+        sides of a sliding window.
+        """
+        with carrying_positions():
+            leaves, spec = flatten(output)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         tensors = [leaves[i] for i in positions]
         template = tuple(None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
@@ -406,7 +418,8 @@ def learn_output_spec(module: nn.Module, key: GraphKey, device: torch.device) ->
             "could not learn the saved runner's output structure by running the module on "
             f"fake tensors shaped like its graph: {type(exc).__name__}: {str(exc)[:300]}"
         ) from exc
-    return flatten(run.output)[1]
+    with carrying_positions():  # as FlatOutputs.of records it
+        return flatten(run.output)[1]
 
 
 class FlatModule(nn.Module):
@@ -438,7 +451,8 @@ class FlatModule(nn.Module):
             leaves[position] = tensor
         args, kwargs = unflatten(leaves, self.in_spec)
         output = original_forward(self.module)(*args, **kwargs)
-        out_leaves, _ = flatten(output)
+        with carrying_positions():  # as FlatOutputs.of records it
+            out_leaves, _ = flatten(output)
         return tuple(out_leaves[i] for i in self.output_positions)
 
 
@@ -492,10 +506,9 @@ class FlatGraph:
 
 
 def _varying_axes(graph: Graph, outputs: FlatOutputs) -> tuple[tuple[int, ...], ...]:
-    shapes = [
-        [tuple(leaves[i].shape) for i in outputs.positions]
-        for leaves, _ in (flatten(out) for out in graph.outputs)
-    ]
+    with carrying_positions():  # as FlatOutputs.of records them
+        flat = [flatten(out)[0] for out in graph.outputs]
+    shapes = [[tuple(leaves[i].shape) for i in outputs.positions] for leaves in flat]
     return tuple(
         tuple(
             axis

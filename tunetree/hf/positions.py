@@ -30,7 +30,9 @@ Nothing here imports ``transformers``; attributes are found by name on cache obj
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,7 +116,32 @@ def carried_position(attributes: dict[str, Any], name: str) -> bool:
     value, keys = attributes.get(name), attributes.get("keys")
     if not _is_size(value) or not isinstance(keys, torch.Tensor) or keys.dim() < 2:
         return False
+    if _CARRY_ALL.get():  # no comparison: while an exporter traces, it would guard the size
+        return True
     return mirrored_axis(attributes, name) is None
+
+
+_CARRY_ALL: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "tunetree_carry_all_positions", default=False
+)
+
+
+@contextmanager
+def carrying_positions() -> Iterator[None]:
+    """In the block, every position of a dynamic layer travels as a carrier, mirrored or not.
+
+    For the outputs of one exported graph: a prefill whose range spans a sliding window
+    leaves a layer whose position is the keys' length below the window (a mirrored size, no
+    tensor) and a carried one past it (an extra tensor), so an output structure taken from
+    one side misplaces every tensor after that layer on the other. Carried on both sides,
+    the structure is one, and the rebuilt layer takes its position from the carrier (right
+    on both sides) instead of from the keys' length (right only below the window).
+    """
+    token = _CARRY_ALL.set(True)
+    try:
+        yield
+    finally:
+        _CARRY_ALL.reset(token)
 
 
 def position_carrier(attributes: dict[str, Any], name: str) -> torch.Tensor | None:
@@ -171,10 +198,13 @@ def key_value(attributes: dict[str, Any], name: str) -> Any:
 
 def mirrored_names(attributes: dict[str, Any]) -> tuple[str, ...]:
     """The attributes of a cache object that repeat one of its tensors' sizes."""
+    carry_all = _CARRY_ALL.get()
     return tuple(
         name
         for name in sorted(attributes)
-        if not is_below_capacity(attributes, name) and mirrored_axis(attributes, name)
+        if not is_below_capacity(attributes, name)
+        and not (carry_all and carried_position(attributes, name))
+        and mirrored_axis(attributes, name)
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from ..hf import to_data
+from ..hf import ObjectState, to_data
 from .graph import dtype_name, flatten
 
 
@@ -100,28 +100,125 @@ class Comparison:
 
 
 def structure_difference(candidate: Any, reference: Any, where: str = "output") -> str:
-    """Where two pytree specs first differ, and how, in a line (not both whole specs).
+    """Where two pytree specs first differ, and how, in a bounded line (not both whole specs).
 
-    A whole spec of a model output holding a cache runs to a screen of text per row.
+    A whole spec of a model output holding a cache runs to a screen of text per row, and a
+    node's context cut to a prefix may end before the part that differs; so the reason names
+    the first differing node, the first differing part of its context (a dict key, a cache
+    layer's constant) and both sides' values there.
     """
-    if (
-        candidate.type is not reference.type
-        or candidate.context != reference.context
-        or candidate.num_children != reference.num_children
-    ):
+    if candidate.type is not reference.type:
         return f"at {where}: {_spec_node(candidate)} vs eager {_spec_node(reference)}"
+    if candidate.context != reference.context:
+        return f"at {where}: {_context_difference(candidate, reference)}"
+    if candidate.num_children != reference.num_children:
+        name = getattr(candidate.type, "__name__", str(candidate.type))
+        return (
+            f"at {where}: {name} ({candidate.num_children} children) "
+            f"vs eager {name} ({reference.num_children} children)"
+        )
     context = candidate.context
     named = (
         isinstance(context, list | tuple)
         and len(context) == candidate.num_children
         and all(isinstance(c, str) for c in context)
     )
+    if candidate.type is ObjectState:
+        named, context = True, context[1]  # the layer's data attribute names
     for i in range(candidate.num_children):
         mine, theirs = candidate.child(i), reference.child(i)
         if mine != theirs:
             label = f".{context[i]}" if named else f"[{i}]"
             return structure_difference(mine, theirs, f"{where}{label}")
     return f"at {where}"
+
+
+_STATE_PARTS = ("class", "data attributes", "constant", "sizes taken from tensors", "carried")
+"""What each part of an :class:`ObjectState` node's context holds (see ``hf.caches``)."""
+
+MAX_VALUE_TEXT = 60
+"""Most characters of each side's value a structure difference shows."""
+
+
+def _context_difference(candidate: Any, reference: Any) -> str:
+    """The first part of two nodes' contexts that differs, with both sides' values there."""
+    mine, theirs = candidate.context, reference.context
+    name = getattr(candidate.type, "__name__", str(candidate.type))
+    if candidate.type is ObjectState and len(mine) == len(theirs) == len(_STATE_PARTS):
+        name = getattr(mine[0], "__name__", str(mine[0]))
+        for part, a, b in zip(_STATE_PARTS, mine, theirs, strict=True):
+            if a == b:
+                continue
+            if part == "constant":
+                return f"{name} {_first_difference(dict(a), dict(b), part)}"
+            return f"{name} {_first_difference(a, b, part)}"
+    label = (
+        "keys"
+        if isinstance(candidate.type, type) and issubclass(candidate.type, dict)
+        else "context"
+    )
+    return f"{name} {_first_difference(mine, theirs, label)}"
+
+
+def _first_difference(mine: Any, theirs: Any, label: str) -> str:
+    """``label``, narrowed to the first item where ``mine`` and ``theirs`` differ, and both."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        for k in [*mine, *(k for k in theirs if k not in mine)]:
+            if k not in theirs or k not in mine or not _same(mine[k], theirs[k]):
+                return _first_difference(
+                    mine.get(k, _ABSENT), theirs.get(k, _ABSENT), f"{label} {str(k)[:60]}"
+                )
+    if isinstance(mine, list | tuple) and isinstance(theirs, list | tuple):
+        for i, (a, b) in enumerate(zip(mine, theirs, strict=False)):
+            if not _same(a, b):
+                return _first_difference(a, b, f"{label}[{i}]")
+        if len(mine) != len(theirs):
+            i = min(len(mine), len(theirs))
+            a = mine[i] if i < len(mine) else _ABSENT
+            b = theirs[i] if i < len(theirs) else _ABSENT
+            return _first_difference(a, b, f"{label}[{i}] (of {len(mine)} vs eager {len(theirs)})")
+    text_a, text_b = _differing_texts(_value_text(mine), _value_text(theirs))
+    return f"{label}: {text_a} vs eager {text_b}"
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+_ABSENT = _Absent()
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a is b or a == b)
+    except Exception:  # a value whose == is not a bool (a tensor): unequal
+        return False
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, type):
+        return value.__name__
+    if isinstance(value, torch.Tensor):
+        return f"tensor {dtype_name(value.dtype)}{list(value.shape)}"
+    return repr(value)
+
+
+def _differing_texts(a: str, b: str) -> tuple[str, str]:
+    """Both texts cut to :data:`MAX_VALUE_TEXT` around where they first differ."""
+    if len(a) <= MAX_VALUE_TEXT and len(b) <= MAX_VALUE_TEXT:
+        return a, b
+    shorter = min(len(a), len(b))
+    common = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), shorter)
+    start = max(0, common - MAX_VALUE_TEXT // 3)
+
+    def cut(text: str) -> str:
+        part = text[start : start + MAX_VALUE_TEXT]
+        return (
+            ("..." if start else "") + part + ("..." if start + MAX_VALUE_TEXT < len(text) else "")
+        )
+
+    return cut(a), cut(b)
 
 
 def _spec_node(spec: Any) -> str:

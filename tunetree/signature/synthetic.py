@@ -12,6 +12,7 @@ method of such an object runs here (it is made with ``object.__new__``).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 
 from ..errors import BackendError
 from ..hf import (
+    BELOW_CAPACITY,
     CACHE_CLASSES_MODULE,
     INERT_CACHE_CLASSES,
     MAX_CACHE_ATTRIBUTES,
@@ -278,16 +280,43 @@ class _Maker:
         if not isinstance(attributes, tuple) or len(attributes) > MAX_CACHE_ATTRIBUTES:
             raise BackendError(f"a saved {name} holds too many attributes")
         obj: Any = object.__new__(cls)
+        derived: list[tuple[str, str]] = []
         for attribute, sig in _pairs(attributes):
             try:
                 check_attribute_name(attribute)
             except ValueError as exc:
                 raise BackendError(f"a saved {name}: {exc}") from None
+            if isinstance(sig, tuple) and sig[:2] == ("const", "derived") and len(sig) == 3:
+                derived.append((attribute, sig[2]))  # once the tensors it names are built
+                continue
             value = self.value(sig, in_cache=True)
             if attribute in POSITIONS and is_position_carrier(value):
                 value = self.constant("int", int(carried_value(value)), in_cache=True)
             obj.__dict__[attribute] = value
+        for attribute, text in derived:
+            obj.__dict__[attribute] = _derived_value(obj.__dict__, attribute, text)
         return obj
+
+
+_DERIVED_AXIS = re.compile(r"axis: ([A-Za-z_][A-Za-z0-9_]{0,63})\[(-?[0-9])\]")
+
+
+def _derived_value(attributes: dict[str, Any], name: str, text: Any) -> int:
+    """The int a saved cache object's keyed-by-what-it-is attribute stands for.
+
+    ``axis: keys[-2]`` (a size the layer's tensor repeats, :class:`.hf.positions.Derived`) is
+    that tensor's size; ``position: below capacity`` is a position inside it (0 does).
+    """
+    if text == str(BELOW_CAPACITY) and name in POSITIONS:
+        return 0
+    match = _DERIVED_AXIS.fullmatch(text) if isinstance(text, str) else None
+    tensor = attributes.get(match.group(1)) if match else None
+    if match is None or not isinstance(tensor, torch.Tensor):
+        raise BackendError(f"cannot rebuild a saved cache attribute {name!r} from {text!r:.60}")
+    axis = int(match.group(2))
+    if not -tensor.dim() <= axis < tensor.dim():
+        raise BackendError(f"a saved cache attribute {name!r} names an axis its tensor lacks")
+    return int(tensor.shape[axis])
 
 
 def _pairs(items: tuple[Any, ...]) -> list[tuple[Any, Any]]:
