@@ -7,8 +7,8 @@ keywords), loads the model with ``OVModelForCausalLM.from_pretrained(dir, export
 ways asked, among five (f32 hint; f32 hint with an f32 KV cache, since OpenVINO's CPU plugin
 otherwise keeps the cache in 8 bits whatever the hint; OpenVINO's default precision; 8-bit and
 4-bit weight-only) and that environment's own eager model, and prints one JSON line: the
-approaches loaded, their load times, the KV cache precision each compiled model reports, and why any failed.
-Then it serves: each line on stdin names an approach and a prompt, and it runs that
+approaches loaded, their load times, the KV cache precision each compiled model reports, and
+why any failed. Then it serves: each line on stdin names an approach and a prompt, and it runs that
 ``generate`` once and answers one JSON line with the seconds it took (measured here, so the
 pipe costs nothing) and the tokens. A line that also gives ``tokens`` and ``out`` asks for the
 approach's teacher-forced logits instead (the prompt, then those tokens one step at a time,

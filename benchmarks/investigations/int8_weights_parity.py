@@ -6,7 +6,7 @@ exports the saved model with ``OVWeightQuantizationConfig(bits=8)`` in its own e
 (saved as IR, not compiled); tunetree's stateful export of the same weights is made here and
 compressed by :func:`tunetree.generation.weights.compress_int8`, in groups of
 :data:`~tunetree.generation.weights.INT8_GROUP` inputs (as the budget's config does) and per
-output channel (the group size patched past every input count).
+output channel, each with f32 scales (as the budget's) and f16 ones.
 
 First it prints what each graph compresses: per weight-reading op (``MatMul``, ``Gather``), the
 weight's integer type, whether its scale is per channel or per group, the scale's and zero
@@ -37,7 +37,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 
@@ -178,10 +177,12 @@ def main() -> None:
     theirs = core.read_model(work / "optimum" / "openvino_model.xml")
     exported = export_whole(model)
     groups = weights.compress_int8(exported.model)
-    with mock.patch.object(weights, "INT8_GROUP", 1 << 30):
-        channels = weights.compress_int8(exported.model)
+    channels = weights.compress_int8(exported.model, group=None)
+    half = weights.compress_int8(exported.model, half_scales=True)
+    half_channels = weights.compress_int8(exported.model, group=None, half_scales=True)
     for name, graph in (("optimum-intel int8", theirs), ("tunetree int8 groups", groups),
-                        ("tunetree int8 per channel", channels)):  # fmt: skip
+                        ("tunetree int8 per channel", channels),
+                        ("tunetree int8 groups, f16 scales", half)):  # fmt: skip
         print(f"{name}:", *describe(graph), sep="\n", flush=True)
     if args.inspect:
         return
@@ -193,6 +194,8 @@ def main() -> None:
     ours = {
         "tunetree groups, f32, f16 cache (the budget's)": (groups, settings("f32", "f16")),
         "tunetree per channel, f32, f16 cache": (channels, settings("f32", "f16")),
+        "tunetree groups f16 scales, f32, f16 cache": (half, settings("f32", "f16")),
+        "tunetree per channel f16 scales, f32, f16 cache": (half_channels, settings("f32", "f16")),
         "tunetree groups, bf16, bf16 cache": (groups, settings("bf16", "bf16")),
         "tunetree per channel, bf16, bf16 cache": (channels, settings("bf16", "bf16")),
         "tunetree per channel, bf16, u8 cache": (channels, settings("bf16", "u8")),
