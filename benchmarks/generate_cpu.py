@@ -24,7 +24,8 @@ import there). ``--no-optimum`` skips them.
 
 Each approach is timed alone in its own fresh process. This process tunes once (each tuned
 approach is saved with ``tt.save`` into the work directory, ``--work``; a run given a work
-directory that already holds the model and the ``.tt`` files reuses them instead of tuning),
+directory that already holds the model and the ``.tt`` files reuses them instead of tuning;
+``--tune-only`` stops after the tuning),
 then starts one worker per approach, one at a time, each holding only that approach: this
 file with ``--serve`` (eager, or ``tt.load`` of its ``.tt`` file) or
 ``benchmarks/optimum_intel_worker.py`` in optimum-intel's environment (one approach each). Both
@@ -495,6 +496,9 @@ def main() -> None:
         help="where the saved model and the .tt files go (a new temporary directory if not "
         "given); .tt files already there are reused, not tuned again",
     )
+    parser.add_argument(
+        "--tune-only", action="store_true", help="tune and save into --work, time nothing"
+    )
     parser.add_argument("--serve", metavar="REQUEST", help=argparse.SUPPRESS)  # a worker
     args = parser.parse_args()
     if args.serve:
@@ -519,6 +523,9 @@ def main() -> None:
     }
     tuning = [prompt(cfg.vocab_size, *shape, seed=100 + i) for i, shape in enumerate(TUNING)]
     specs, setup_s = tune(model, tuning, gen, args, work)
+    if args.tune_only:
+        print(f"tuned into {work}", {a: f"{s:.0f} s" for a, s in setup_s.items()}, flush=True)
+        return
     listed = {n: {k: v.tolist() for k, v in p.items()} for n, p in prompts.items()}
     base = {"model_dir": directory, "prompts": listed, "gen": gen}
     workers: dict[str, Worker] = {}
