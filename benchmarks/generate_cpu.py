@@ -215,8 +215,8 @@ def serve(request_path: str) -> None:
     name, checkpoint, gen = request["approach"], request.get("checkpoint"), request["gen"]
     start = time.perf_counter()
     model = transformers.AutoModelForCausalLM.from_pretrained(request["model_dir"]).eval()
-    if checkpoint:
-        model = tt.load(model, checkpoint)
+    if checkpoint:  # a plan tuned under taskset (--tune-only on one core) records one core
+        model = tt.load(model, checkpoint, ignore=("cpu.logical_cores",))
     load_s = time.perf_counter() - start
     forward = getattr(model, "forward", None)
     note = type(getattr(forward, "runner", None)).__name__ if checkpoint else ""
