@@ -3,35 +3,46 @@
 Run alone on the machine: ``python -m benchmarks.generate_cpu`` (the 12-layer d768
 Llama-style model, 134M, vocabulary 32000), ``--model qwen2-0.5b`` (a 24-layer d896
 Qwen2-style one, grouped queries, vocabulary 151936), ``--model tiny`` (2 layers d64, to
-check the script). Random weights, saved with ``save_pretrained`` to a temporary directory
+check the script). Random weights, saved with ``save_pretrained`` to the work directory
 that every approach loads; greedy, ``--tokens`` new tokens (32; ``min_new_tokens`` equal, so
 every approach generates as many), unseen prompts 1x37 and 4x61 (the second row left-padded).
 
-Approaches, in this process: eager (dynamic cache); tunetree with ``generate`` as users call
-it (``tt.auto_tune(model, prompts, call=lambda m, **x: m.generate(**x, **gen))``, dynamic
-cache, tuned on other prompts: 1x20 and 2x29); ``--static``: tunetree on a static cache
+Approaches: eager (dynamic cache); tunetree with ``generate`` as users call it
+(``tt.auto_tune(model, prompts, call=lambda m, **x: m.generate(**x, **gen))``, dynamic cache,
+tuned on other prompts: 1x20 and 2x29); ``--static``: tunetree on a static cache
 (``cache_implementation="static", disable_compile=True``); ``--budget``: tunetree under
-``AccuracyBudget(max_error=--max-error)`` (0.05 by default; changes results). In
-optimum-intel's own environment (it pins an older transformers), in a process kept alive
-beside this one (``benchmarks/optimum_intel_worker.py``): that environment's eager,
+``AccuracyBudget(max_error=--max-error)`` (0.05 by default; changes results); and
+optimum-intel's (``--optimum-approaches``): that environment's eager,
 ``OVModelForCausalLM.from_pretrained(dir, export=True)`` with the f32 hint, with the f32 hint
 and an f32 KV cache (OpenVINO's CPU plugin holds the cache in 8 bits unless told otherwise,
 whatever the hint: the script prints what each compiled model reports), with OpenVINO's
 default precision (bf16 on a CPU with bf16 units) and with 8-bit and 4-bit weight-only
-compression (NNCF's defaults). Every approach of both processes is called from one cycled
-order (:mod:`benchmarks.common.cycled`), so all are timed under the same machine state; the
-worker's calls are timed by the worker's clock and their tokens sent back as JSON to be
-compared with eager's. That environment is ``--optimum-venv`` (default
-:data:`OPTIMUM_VENV`); when it is missing the script builds it (torch 2.13.0, then
-``optimum-intel[openvino,nncf]``, then torchvision removed: it fails to import there).
-``--no-optimum`` skips it.
+compression (NNCF's defaults). optimum-intel pins an older transformers, so its approaches run
+in its own environment, ``--optimum-venv`` (default :data:`OPTIMUM_VENV`; built when missing:
+torch 2.13.0, then ``optimum-intel[openvino,nncf]``, then torchvision removed: it fails to
+import there). ``--no-optimum`` skips them.
 
-ms per new token is one whole ``generate`` call's median time over the new tokens (prefill
-included), per prompt; ratios are against eager of the same process (optimum-intel's rows
-also against its own environment's eager). The load average is printed before and after.
-``--errors`` adds each approach's teacher-forced logit error against this process's eager
-(rel_l2, the accuracy budget's default metric): every approach is fed eager's greedy tokens, so
-optimum-intel's reduced precisions are judged as tunetree's budget judges its own.
+Each approach is timed alone in its own fresh process. This process tunes once (each tuned
+approach is saved with ``tt.save`` into the work directory, ``--work``; a run given a work
+directory that already holds the model and the ``.tt`` files reuses them instead of tuning;
+``--tune-only`` stops after the tuning),
+then starts one worker per approach, one at a time, each holding only that approach: this
+file with ``--serve`` (eager, or ``tt.load`` of its ``.tt`` file) or
+``benchmarks/optimum_intel_worker.py`` in optimum-intel's environment (one approach each). Both
+answer the same protocol: one JSON line per ``generate`` asked on stdin, timed in the worker.
+The workers' calls are made from one cycled order (:mod:`benchmarks.common.cycled`: every
+round runs each approach once, the order rotating, A B C, B C A, ...), so all are timed under
+the same machine state and none always follows the same one; the tokens are compared with
+eager's (generated here).
+
+ms per new token is one whole ``generate`` call's median time over ``--rounds`` rounds, over
+the new tokens (prefill included), per prompt; ratios are against eager's worker
+(optimum-intel's rows also against its own environment's eager when that row is asked). The
+spread (fastest and slowest round) is printed below the table, and the load average before
+tuning, before timing and at the end. ``--errors`` adds each approach's teacher-forced logit
+error against eager's logits computed here (rel_l2, the accuracy budget's default metric):
+every approach is fed eager's greedy tokens, so optimum-intel's reduced precisions are judged
+as tunetree's budget judges its own.
 """
 
 from __future__ import annotations
@@ -44,6 +55,7 @@ if not __package__:  # run by path (python benchmarks/x.py): import as the bench
     __package__ = "benchmarks"
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -65,6 +77,11 @@ from .common.cycled import cycled_medians
 OPTIMUM_VENV = Path("/root/.cache/tunetree-bench/optimum-intel-venv")
 """Where optimum-intel's own environment lives (``--optimum-venv``)."""
 WORKER = Path(__file__).resolve().parent / "optimum_intel_worker.py"
+OPTIMUM_APPROACHES = (
+    "eager (optimum env)", "optimum-intel f32", "optimum-intel f32, f32 KV cache",
+    "optimum-intel default", "optimum-intel int8 weights", "optimum-intel int4 weights",
+)  # fmt: skip
+"""optimum-intel's worker's approaches, in its order (each in a worker of its own)."""
 UNSEEN = {"1x37": (1, 37), "4x61": (4, 61)}
 TUNING = [(1, 20), (2, 29)]
 
@@ -117,32 +134,22 @@ def ensure_venv(venv: Path) -> Path:
     return python
 
 
-class OptimumWorker:
-    """optimum-intel's approaches in their own environment's process, called one at a time.
+class Worker:
+    """One process that holds one approach (or several, for optimum-intel's worker given none).
 
-    Started with the request (directory, prompts, generate's keywords); each call runs one
-    ``generate`` there and returns the seconds measured there and the tokens.
+    Started on a JSON request file (the saved model's directory, the prompts as token ids and
+    masks, generate's keywords, the approaches to load); each call runs one ``generate`` there
+    and returns the seconds measured there and the tokens. The protocol is
+    ``benchmarks/optimum_intel_worker.py``'s, which :func:`serve` answers too.
     """
 
-    def __init__(
-        self, python: Path, directory: str, prompts: dict, gen: dict, only: Sequence[str] = ()
-    ) -> None:
-        request = {
-            "model_dir": directory,
-            "prompts": {n: {k: v.tolist() for k, v in p.items()} for n, p in prompts.items()},
-            "gen": gen,
-            "approaches": list(only),
-        }
+    def __init__(self, command: Sequence[str], request: dict) -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(request, f)
         self._request = f.name
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
         self._process = subprocess.Popen(
-            [str(python), str(WORKER), f.name],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
+            [*command, f.name], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
         ready = self._answer()
         self.approaches: list[str] = ready["loaded"]
@@ -150,6 +157,8 @@ class OptimumWorker:
         self.failed: dict[str, str] = ready["failed"]
         self.kv_cache: dict[str, str] = ready.get("kv_cache", {})
         """The KV cache precision each of its compiled models reports."""
+        self.notes: dict[str, str] = ready.get("notes", {})
+        """What the worker says about each loaded approach (tunetree's: its runners)."""
 
     def _answer(self) -> dict:
         """The worker's next JSON line (anything else it prints is skipped)."""
@@ -157,42 +166,91 @@ class OptimumWorker:
         for line in self._process.stdout:
             if line.startswith("{"):
                 return json.loads(line)
-        raise RuntimeError(f"optimum-intel worker ended (exit {self._process.wait()})")
+        raise RuntimeError(f"worker ended (exit {self._process.wait()})")
+
+    def _ask(self, asked: dict) -> dict:
+        assert self._process.stdin is not None
+        self._process.stdin.write(json.dumps(asked) + "\n")
+        self._process.stdin.flush()
+        return self._answer()
 
     def run(self, approach: str, prompt: str) -> tuple[float, list]:
         """One ``generate`` of ``approach`` on ``prompt`` there: its seconds and tokens."""
-        assert self._process.stdin is not None
-        self._process.stdin.write(json.dumps({"approach": approach, "prompt": prompt}) + "\n")
-        self._process.stdin.flush()
-        answer = self._answer()
+        answer = self._ask({"approach": approach, "prompt": prompt})
         return float(answer["s"]), answer["tokens"]
 
     def teacher_forced(self, approach: str, prompt: str, tokens: torch.Tensor) -> torch.Tensor:
         """``approach``'s teacher-forced logits there (see the worker's docstring)."""
         import numpy as np
 
-        assert self._process.stdin is not None
         with tempfile.TemporaryDirectory(prefix="tunetree-tf-") as work:
             out = os.path.join(work, "logits.npy")
-            asked = {"approach": approach, "prompt": prompt, "tokens": tokens.tolist(), "out": out}
-            self._process.stdin.write(json.dumps(asked) + "\n")
-            self._process.stdin.flush()
-            self._answer()
+            self._ask(
+                {"approach": approach, "prompt": prompt, "tokens": tokens.tolist(), "out": out}
+            )
             return torch.from_numpy(np.load(out))
 
     def close(self) -> None:
         """End the worker and remove its request file."""
-        if self._process.stdin is not None:
+        if self._process.stdin is not None and not self._process.stdin.closed:
             self._process.stdin.write("\n")
             self._process.stdin.close()
         self._process.wait(timeout=120)
         os.unlink(self._request)
 
 
+def serve(request_path: str) -> None:
+    """A worker of this environment: eager, or one tuned approach loaded from its ``.tt`` file.
+
+    The request names one approach, its ``checkpoint`` (none for eager) and its ``gen``
+    keywords; it answers as ``benchmarks/optimum_intel_worker.py`` does (teacher-forced logits
+    by :func:`tunetree.generation.stateful_check.teacher_forced`).
+    """
+    import numpy as np
+    import transformers
+
+    from tunetree.generation.stateful_check import teacher_forced
+
+    request = json.loads(Path(request_path).read_text())
+    name, checkpoint, gen = request["approach"], request.get("checkpoint"), request["gen"]
+    start = time.perf_counter()
+    model = transformers.AutoModelForCausalLM.from_pretrained(request["model_dir"]).eval()
+    if checkpoint:  # a plan tuned under taskset (--tune-only on one core) records one core
+        model = tt.load(model, checkpoint, ignore=("cpu.logical_cores",))
+    load_s = time.perf_counter() - start
+    forward = getattr(model, "forward", None)
+    note = type(getattr(forward, "runner", None)).__name__ if checkpoint else ""
+    ready = {"loaded": [name], "load_s": {name: load_s}, "failed": {}, "notes": {name: note}}
+    print(json.dumps(ready), flush=True)
+    prompts = {n: {k: torch.tensor(v) for k, v in p.items()} for n, p in request["prompts"].items()}
+    for line in sys.stdin:
+        if not line.strip():
+            break
+        asked = json.loads(line)
+        inputs = prompts[asked["prompt"]]
+        if "tokens" in asked:
+            logits = teacher_forced(model, inputs, torch.tensor(asked["tokens"]))
+            np.save(asked["out"], logits.float().numpy())
+            print(json.dumps({"out": asked["out"]}), flush=True)
+            continue
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(**inputs, **gen)
+        seconds = time.perf_counter() - start
+        print(json.dumps({"s": seconds, "tokens": out.tolist()}), flush=True)
+    counts = getattr(forward, "counts", None)
+    if counts is not None:
+        print(
+            f"{name}: {counts.served} forwards served, {counts.original} ran the original "
+            f"forward ({dict(counts.reasons)})",
+            file=sys.stderr,
+        )
+
+
 class Remote:
     """A worker's approach as a callable for :func:`cycled_medians`, keeping the worker's times."""
 
-    def __init__(self, worker: OptimumWorker, approach: str, prompt: str) -> None:
+    def __init__(self, worker: Worker, approach: str, prompt: str) -> None:
         self.worker, self.approach, self.prompt = worker, approach, prompt
         self.seconds: list[float] = []
 
@@ -241,12 +299,24 @@ def table(
     return format_table(headers, lines, title=f"{model}, {n} new tokens, greedy, unseen prompts")
 
 
+def spread_table(
+    spread: dict[str, dict[str, list[float]]], prompts: list[str], load_s: dict[str, float], n: int
+) -> str:
+    """Per approach and prompt: fastest and slowest round in ms per token; the worker's load."""
+    lines = [
+        [a, *(f"{1000 * min(per[p]) / n:.2f}-{1000 * max(per[p]) / n:.2f}" for p in prompts),
+         f"{load_s.get(a, float('nan')):.0f} s"]
+        for a, per in spread.items()
+    ]  # fmt: skip
+    headers = ["approach", *(f"rounds ms/token {p}" for p in prompts), "worker load"]
+    return format_table(headers, lines, title="spread over rounds (fastest-slowest), each alone")
+
+
 def forced_errors(
     model: Any,
-    approaches: dict[str, Any],
     prompts: dict[str, dict[str, torch.Tensor]],
     gen: dict,
-    worker: OptimumWorker | None,
+    workers: dict[str, Worker],
 ) -> dict[str, dict[str, float]]:
     """Per approach and prompt: the teacher-forced logits' rel_l2 against this process's eager.
 
@@ -263,11 +333,10 @@ def forced_errors(
             tokens = model.generate(**inputs, **gen)[:, inputs["input_ids"].shape[1] :]
         reference = teacher_forced(model, inputs, tokens)
         valid = torch.cat([inputs["attention_mask"], torch.ones_like(tokens[:, 1:])], 1).bool()
-        found = {a: teacher_forced(e[0] if isinstance(e, tuple) else e, inputs, tokens)
-                 for a, e in approaches.items() if a != "eager"}  # fmt: skip
-        for a in worker.approaches if worker is not None else ():
-            found[a] = worker.teacher_forced(a, name, tokens)
-        for a, logits in found.items():
+        for a, worker in workers.items():
+            if a == "eager":
+                continue
+            logits = worker.teacher_forced(a, name, tokens)
             if logits.shape != reference.shape:
                 errors.setdefault(a, {})[name] = float("nan")
                 continue
@@ -278,38 +347,124 @@ def forced_errors(
 
 def timed_rows(
     model: Any,
-    approaches: dict[str, Any],
     prompts: dict[str, dict[str, torch.Tensor]],
     gen: dict,
-    worker: OptimumWorker | None,
+    workers: dict[str, Worker],
     rounds: int,
-) -> dict[str, dict[str, tuple[float, float]]]:
-    """Per approach and prompt: median seconds of one ``generate`` and the share of eager rows.
+) -> tuple[dict[str, dict[str, tuple[float, float]]], dict[str, dict[str, list[float]]]]:
+    """Per approach and prompt: median seconds of one ``generate``, the share of eager rows.
 
-    This process's approaches (a model, or ``(model, generate's keywords)``) and the worker's
-    are called from one cycled order; the worker's calls are timed by its own clock.
+    Every approach is its own worker's; they are called from one cycled order, each timed by
+    its worker's clock (after two warm-up calls). Also returns each round's seconds.
     """
-
-    def runner(entry: Any, inputs: dict) -> Any:
-        m, kwargs = entry if isinstance(entry, tuple) else (entry, gen)
-        return lambda: m.generate(**inputs, **kwargs)
-
     rows: dict[str, dict[str, tuple[float, float]]] = {}
+    spread: dict[str, dict[str, list[float]]] = {}
     for name, inputs in prompts.items():
         with torch.no_grad():
             eager = model.generate(**inputs, **gen)
-            calls: dict[str, Any] = {a: runner(e, inputs) for a, e in approaches.items()}
-            remote: dict[str, Remote] = {}
-            if worker is not None:
-                remote = {a: Remote(worker, a, name) for a in worker.approaches}
-            tokens = {a: fn().tolist() for a, fn in calls.items()}
-            tokens.update({a: fn() for a, fn in remote.items()})
-            seconds = cycled_medians({**calls, **remote}, rounds)
-        for a, there in remote.items():  # the worker's own clock; its first call warmed up
-            seconds[a] = statistics.median(there.seconds[-rounds:])
-        for a in seconds:
-            rows.setdefault(a, {})[name] = (seconds[a], equal_share(tokens[a], eager))
-    return rows
+        remote = {a: Remote(w, a, name) for a, w in workers.items()}
+        tokens = {a: fn() for a, fn in remote.items()}
+        cycled_medians(dict(remote), rounds)  # a warm-up call each, then the cycled rounds
+        print(f"{name}: timed, load average {os.getloadavg()}", flush=True)
+        for a, there in remote.items():
+            timed = there.seconds[-rounds:]
+            rows.setdefault(a, {})[name] = (statistics.median(timed), equal_share(tokens[a], eager))
+            spread.setdefault(a, {})[name] = timed
+    return rows, spread
+
+
+def tune(
+    model: Any, tuning: list, gen: dict, args: argparse.Namespace, work: Path
+) -> tuple[dict[str, dict], dict[str, float]]:
+    """The tuned approaches, each saved once into ``work`` (reused when already there).
+
+    Returns each approach's worker request part (its ``.tt`` file and generate's keywords) and
+    the tuning seconds of those tuned in this run.
+    """
+    budget: Any = "default" if args.time_budget is None else args.time_budget
+    wanted: dict[str, tuple[dict, dict, str]] = {"tunetree usual call": (gen, {}, "usual")}
+    if args.static:
+        static = dict(gen, cache_implementation="static", disable_compile=True)
+        wanted["tunetree static-cache recipe"] = (static, {}, "static")
+    if args.budget:
+        accuracy = tt.AccuracyBudget(max_error=args.max_error)
+        name = f"tunetree AccuracyBudget({args.max_error:g})"
+        wanted[name] = (gen, {"accuracy": accuracy}, f"budget-{args.max_error:g}")
+    specs: dict[str, dict] = {}
+    setup_s: dict[str, float] = {}
+    for name, (kwargs, extra, stem) in wanted.items():
+        path = work / f"{stem}.tt"
+        specs[name] = {"checkpoint": str(path), "gen": kwargs}
+        if path.exists():
+            print(f"{name}: reusing {path} (not tuned again)", flush=True)
+            continue
+
+        def call(m: Any, _kw: dict = kwargs, **x: Any) -> Any:
+            return m.generate(**x, **_kw)
+
+        start = time.perf_counter()
+        result = tt.auto_tune(
+            model, tuning, call=call, verbose=False, time_budget=budget, cache=False, **extra
+        )
+        setup_s[name] = time.perf_counter() - start
+        print(result, flush=True)
+        tt.save(result, path)
+        del result
+        gc.collect()
+    return specs, setup_s
+
+
+def start_workers(
+    workers: dict[str, Worker],
+    failed: dict[str, str],
+    base: dict,
+    specs: dict[str, dict],
+    args: argparse.Namespace,
+) -> None:
+    """One worker per approach into ``workers``, started one at a time (each loads alone)."""
+    this = [sys.executable, str(Path(__file__).resolve()), "--serve"]
+    print("starting the workers, one at a time", flush=True)
+    workers["eager"] = Worker(this, {**base, "approach": "eager"})
+    for name, spec in specs.items():
+        workers[name] = Worker(this, {**base, "approach": name, **spec})
+    if args.no_optimum:
+        return
+    python = ensure_venv(args.optimum_venv)
+    only = [a.strip() for a in args.optimum_approaches.split(";") if a.strip()]
+    for a in only or OPTIMUM_APPROACHES:
+        worker = Worker([str(python), str(WORKER)], {**base, "approaches": [a]})
+        failed.update(worker.failed)
+        if a in worker.approaches:
+            workers[a] = worker
+        else:
+            worker.close()
+
+
+def report(
+    errors: dict[str, dict[str, float]],
+    prompts: list[str],
+    failed: dict[str, str],
+    workers: dict[str, Worker],
+) -> None:
+    """The error table (if measured), load failures, KV cache precisions, tunetree's runners."""
+    if errors:
+        print(
+            format_table(
+                ["approach", *(f"rel_l2 {p}" for p in prompts)],
+                [
+                    [a, *(f"{e.get(p, float('nan')):.4f}" for p in prompts)]
+                    for a, e in errors.items()
+                ],
+                title="teacher-forced logit error against eager (eager's tokens fed to all)",
+            )
+        )
+    for a, reason in failed.items():
+        print(f"{a}: failed to load ({reason})")
+    for a, worker in workers.items():
+        if a in worker.kv_cache:
+            print(f"{a}: KV cache held as {worker.kv_cache[a]}")
+        if worker.notes.get(a):
+            print(f"{a}: served by {worker.notes[a]}")
 
 
 def main() -> None:
@@ -334,15 +489,31 @@ def main() -> None:
         action="store_true",
         help="also every approach's teacher-forced logit error against eager (rel_l2)",
     )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=None,
+        help="where the saved model and the .tt files go (a new temporary directory if not "
+        "given); .tt files already there are reused, not tuned again",
+    )
+    parser.add_argument(
+        "--tune-only", action="store_true", help="tune and save into --work, time nothing"
+    )
+    parser.add_argument("--serve", metavar="REQUEST", help=argparse.SUPPRESS)  # a worker
     args = parser.parse_args()
+    if args.serve:
+        serve(args.serve)
+        return
     print("load average before:", os.getloadavg(), flush=True)
     import transformers
 
     torch.manual_seed(0)
     cfg = config(args.model)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
-    directory = tempfile.mkdtemp(prefix="tunetree-gen-cpu-")
-    model.save_pretrained(directory)
+    work = args.work or Path(tempfile.mkdtemp(prefix="tunetree-gen-cpu-"))
+    work.mkdir(parents=True, exist_ok=True)
+    directory = str(work / "model")
+    if not (work / "model" / "config.json").exists():
+        transformers.AutoModelForCausalLM.from_config(cfg).eval().save_pretrained(directory)
     model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     n = args.tokens
     gen = dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
@@ -351,74 +522,27 @@ def main() -> None:
         for i, (name, (batch, length)) in enumerate(UNSEEN.items())
     }
     tuning = [prompt(cfg.vocab_size, *shape, seed=100 + i) for i, shape in enumerate(TUNING)]
-
-    def call(m: Any, **x: Any) -> Any:
-        return m.generate(**x, **gen)
-
-    approaches: dict[str, Any] = {"eager": model}
-    setup_s: dict[str, float] = {}
-    budget: Any = "default" if args.time_budget is None else args.time_budget
-    start = time.perf_counter()
-    tuned = tt.auto_tune(model, tuning, call=call, verbose=False, time_budget=budget, cache=False)
-    setup_s["tunetree usual call"] = time.perf_counter() - start
-    print(tuned, flush=True)
-    approaches["tunetree usual call"] = tuned.model
-    if args.static:
-        static = dict(gen, cache_implementation="static", disable_compile=True)
-        start = time.perf_counter()
-        result = tt.auto_tune(
-            model, tuning, call=lambda m, **x: m.generate(**x, **static), verbose=False,
-            time_budget=budget, cache=False,
-        )  # fmt: skip
-        setup_s["tunetree static-cache recipe"] = time.perf_counter() - start
-        approaches["tunetree static-cache recipe"] = (result.model, static)
-    if args.budget:
-        start = time.perf_counter()
-        result = tt.auto_tune(
-            model, tuning, call=call, verbose=False, time_budget=budget, cache=False,
-            accuracy=tt.AccuracyBudget(max_error=args.max_error),
-        )  # fmt: skip
-        name = f"tunetree AccuracyBudget({args.max_error:g})"
-        setup_s[name] = time.perf_counter() - start
-        print(result, flush=True)
-        approaches[name] = result.model
-
-    worker = None
-    if not args.no_optimum:
-        only = [a.strip() for a in args.optimum_approaches.split(";") if a.strip()]
-        worker = OptimumWorker(ensure_venv(args.optimum_venv), directory, prompts, gen, only)
-        setup_s.update(worker.load_s)
-    errors: dict[str, dict[str, float]] = {}
+    specs, setup_s = tune(model, tuning, gen, args, work)
+    if args.tune_only:
+        print(f"tuned into {work}", {a: f"{s:.0f} s" for a, s in setup_s.items()}, flush=True)
+        return
+    listed = {n: {k: v.tolist() for k, v in p.items()} for n, p in prompts.items()}
+    base = {"model_dir": directory, "prompts": listed, "gen": gen}
+    workers: dict[str, Worker] = {}
+    failed: dict[str, str] = {}
     try:
-        rows = timed_rows(model, approaches, prompts, gen, worker, args.rounds)
-        if args.errors:
-            errors = forced_errors(model, approaches, prompts, gen, worker)
+        start_workers(workers, failed, base, specs, args)
+        load_s = {a: w.load_s[a] for a, w in workers.items()}
+        setup_s.update({a: s for a, s in load_s.items() if a.startswith(("optimum", "eager ("))})
+        print("load average before timing:", os.getloadavg(), flush=True)
+        rows, spread = timed_rows(model, prompts, gen, workers, args.rounds)
+        errors = forced_errors(model, prompts, gen, workers) if args.errors else {}
     finally:
-        if worker is not None:
+        for worker in workers.values():
             worker.close()
     print(table(rows, list(prompts), setup_s, n, args.model))
-    if errors:
-        print(
-            format_table(
-                ["approach", *(f"rel_l2 {p}" for p in prompts)],
-                [
-                    [a, *(f"{e.get(p, float('nan')):.4f}" for p in prompts)]
-                    for a, e in errors.items()
-                ],
-                title="teacher-forced logit error against eager (eager's tokens fed to all)",
-            )
-        )
-    for a, reason in (worker.failed if worker else {}).items():
-        print(f"{a}: failed to load ({reason})")
-    for a, precision in (worker.kv_cache if worker else {}).items():
-        print(f"{a}: KV cache held as {precision}")
-    forward = getattr(tuned.model, "forward", None)
-    counts = getattr(forward, "counts", None)
-    if counts is not None:
-        print(
-            f"tunetree usual call: {counts.served} forwards served, {counts.original} ran "
-            f"the original forward ({dict(counts.reasons)})"
-        )
+    print(spread_table(spread, list(prompts), load_s, n))
+    report(errors, list(prompts), failed, workers)
     print("load average after:", os.getloadavg(), flush=True)
 
 

@@ -3,18 +3,20 @@
 optimum-intel pins an older transformers, so it cannot share tunetree's environment: the
 benchmark runs this file with that environment's Python as a long-lived process. It reads a
 JSON request (the saved model's directory, the prompts as token ids and masks, generate's
-keywords), loads the model with ``OVModelForCausalLM.from_pretrained(dir, export=True)`` five
-ways (f32 hint; f32 hint with an f32 KV cache, since OpenVINO's CPU plugin otherwise keeps the
-cache in 8 bits whatever the hint; OpenVINO's default precision; 8-bit and 4-bit weight-only)
-beside that environment's own eager model, and prints one JSON line: the approaches loaded,
-their load times, the KV cache precision each compiled model reports, and why any failed.
-Then it serves: each line on stdin names an approach and a prompt, and it runs that
+keywords), loads the model with ``OVModelForCausalLM.from_pretrained(dir, export=True)`` the
+ways asked, among five (f32 hint; f32 hint with an f32 KV cache, since OpenVINO's CPU plugin
+otherwise keeps the cache in 8 bits whatever the hint; OpenVINO's default precision; 8-bit and
+4-bit weight-only) and that environment's own eager model, and prints one JSON line: the
+approaches loaded, their load times, the KV cache precision each compiled model reports, and
+why any failed. Then it serves: each line on stdin names an approach and a prompt, and it runs that
 ``generate`` once and answers one JSON line with the seconds it took (measured here, so the
 pipe costs nothing) and the tokens. A line that also gives ``tokens`` and ``out`` asks for the
 approach's teacher-forced logits instead (the prompt, then those tokens one step at a time,
 positions as ``generate`` passes them), written to ``out`` as a ``.npy`` file. The benchmark
-interleaves the timed calls with its own approaches' in one cycled order, so both processes are
-timed under the same machine state. An empty line ends it. It imports nothing of tunetree.
+starts one such worker per approach (the request's ``approaches``; all when empty) and calls
+every worker, its own environment's included, from one cycled order, so each approach is timed
+alone in its process under the same machine state. An empty line ends it. It imports nothing of
+tunetree.
 """
 
 from __future__ import annotations

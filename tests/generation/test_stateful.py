@@ -311,12 +311,37 @@ def test_configs_change_results_only_under_a_budget_smallest_change_first(
     assert [c.label for c in stateful_trial.configs(budget)] == [
         "openvino-stateful f32",
         "openvino-stateful bf16",
+        "openvino-stateful f32 int8-channel-weights",
         "openvino-stateful f32 int8-weights",
+        "openvino-stateful bf16 int8-channel-weights",
         "openvino-stateful bf16 int8-weights",
         "openvino-stateful f32 int4-weights",
     ]
     monkeypatch.setattr(stateful_trial, "bf16_reason", lambda: "no bf16 units")
-    assert [c.weights for c in stateful_trial.configs(budget)] == [None, "int8", "int4"]
+    assert [c.weights for c in stateful_trial.configs(budget)] == [
+        None, "int8-channel", "int8", "int4"
+    ]  # fmt: skip
+
+
+def test_eight_bit_groups_are_built_only_where_per_channel_is_over_the_budget() -> None:
+    from tunetree.generation.stateful_trial import StatefulTrial, superseded
+
+    def trial(precision: str, weights: str | None, status: str = "pending") -> StatefulTrial:
+        found = StatefulTrial(StatefulConfig(precision=precision, weights=weights))
+        found.status = status
+        return found
+
+    groups_f32, groups_bf16 = trial("f32", "int8"), trial("bf16", "int8")
+    trials = [
+        trial("f32", "int8-channel", "passed"),
+        groups_f32,
+        trial("bf16", "int8-channel", "rejected"),
+        groups_bf16,
+        trial("f32", "int4"),
+    ]
+    assert superseded(groups_f32, trials) is not None  # per channel passed at f32
+    assert superseded(groups_bf16, trials) is None  # over the budget at bf16: groups are tried
+    assert all(superseded(t, trials) is None for t in trials if t.config.weights != "int8")
 
 
 def test_only_a_results_changing_config_holds_its_cache_in_sixteen_bits() -> None:

@@ -119,3 +119,30 @@ def test_compression_leaves_the_given_model_as_it_was() -> None:
     compress_int4(model)
     compress_int8(model)
     assert _element_types(model) == before
+
+
+def test_int8_rounds_per_channel_when_no_group_is_asked() -> None:
+    rng = np.random.default_rng(4)
+    weight = rng.standard_normal((96, 192)).astype(np.float32)  # [out, in]: 3 groups of 64
+    model = _chain([(weight, True)])
+    x = rng.standard_normal((2, 192)).astype(np.float32)
+    out = _run(compress_int8(model, group=None), x)
+    np.testing.assert_allclose(out, x @ _dequantized(weight, 1, 255).T, rtol=1e-4, atol=1e-3)
+    grouped = _dequantized(weight.reshape(96, 3, 64), 2, 255).reshape(96, 192)
+    assert not np.allclose(out, x @ grouped.T, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("group", [64, None])
+def test_int8_half_scales_are_f16_constants_and_compute_the_same_weights(
+    group: int | None,
+) -> None:
+    rng = np.random.default_rng(5)
+    weight = rng.standard_normal((96, 192)).astype(np.float32)
+    model = _chain([(weight, True), (rng.standard_normal((64, 96)).astype(np.float32), True)])
+    half = compress_int8(model, group=group, half_scales=True)
+    types = _element_types(half)
+    assert types["f16"] == 2 and types["f32"] == 0  # both scales, no f32 scale left
+    x = rng.standard_normal((2, 192)).astype(np.float32)
+    full = _run(compress_int8(model, group=group), x)
+    # f16 weights (11-bit mantissas) against f32 ones: far below the 8-bit rounding itself
+    assert np.linalg.norm(_run(half, x) - full) / np.linalg.norm(full) < 2e-3

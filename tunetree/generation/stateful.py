@@ -26,7 +26,7 @@ from .weights import compress_int4, compress_int8
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("f32", "bf16")
-WEIGHTS = (None, "int8", "int4")
+WEIGHTS = (None, "int8", "int8-channel", "int4")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,8 +35,9 @@ class StatefulConfig:
 
     ``precision`` is OpenVINO's ``INFERENCE_PRECISION_HINT`` (``"f32"`` keeps results;
     ``"bf16"`` changes them and needs a CPU with bf16 units). ``weights="int8"`` compresses
-    the matmul weights to 8 bits per channel, ``"int4"`` to 4 bits per group of inputs
-    (weight-only; both change results: :mod:`tunetree.generation.weights`). ``max_length``
+    the matmul weights to 8 bits per group of inputs, ``"int8-channel"`` to 8 bits per output
+    channel (fewer bytes, a larger error), ``"int4"`` to 4 bits per group of inputs
+    (weight-only; all change results: :mod:`tunetree.generation.weights`). ``max_length``
     bounds the positions served (None: the model's ``max_position_embeddings``, and below a
     sliding window).
     """
@@ -190,6 +191,8 @@ def runner_for(exported: Exported, config: StatefulConfig) -> StatefulRunner:
     converted = exported.model
     if config.weights == "int8":
         converted = compress_int8(converted)
+    elif config.weights == "int8-channel":
+        converted = compress_int8(converted, group=None)
     elif config.weights == "int4":
         converted = compress_int4(converted)
     return StatefulRunner(converted, exported.shape, config.compile_config())

@@ -90,19 +90,36 @@ def configs(accuracy: AccuracyBudget | None) -> list[StatefulConfig]:
 
     In the order a time budget should spend on them: the smallest change of results first
     (bf16 compute, then 8-bit weights, then both), 4-bit weights, the likeliest to be over a
-    tight budget, last.
+    tight budget, last. 8-bit weights per output channel come before per group of inputs,
+    which is built only when per channel is over the budget (:func:`superseded`).
     """
     found = [StatefulConfig()]
     if accuracy is None or accuracy.max_error is None:
         return found
-    bf16 = bf16_reason() is None
-    if bf16:
-        found.append(StatefulConfig(precision="bf16"))
-    found.append(StatefulConfig(weights="int8"))
-    if bf16:
-        found.append(StatefulConfig(precision="bf16", weights="int8"))
+    precisions = ["f32", "bf16"] if bf16_reason() is None else ["f32"]
+    found += [StatefulConfig(precision=p) for p in precisions[1:]]
+    for precision in precisions:
+        found.append(StatefulConfig(precision=precision, weights="int8-channel"))
+        found.append(StatefulConfig(precision=precision, weights="int8"))
     found.append(StatefulConfig(weights="int4"))
     return found
+
+
+def superseded(trial: StatefulTrial, trials: Sequence[StatefulTrial]) -> str | None:
+    """Why ``trial`` need not be built: 8 bits per group where per channel passed, or None.
+
+    Per output channel reads fewer bytes per step than per group (no scale and zero point per
+    group); groups only buy a smaller error, which matters only when per channel is over the
+    budget.
+    """
+    config = trial.config
+    if config.weights != "int8":
+        return None
+    for other in trials:
+        same = other.config.precision == config.precision
+        if same and other.config.weights == "int8-channel" and other.status == "passed":
+            return "8-bit weights per channel passed the budget (fewer bytes than per group)"
+    return None
 
 
 def try_stateful(
@@ -146,9 +163,8 @@ def try_stateful(
     first_s: float | None = None
     references = EagerReferences(model, call)  # eager runs once for every config's check
     for trial in trials:
-        if first_s is not None and deadline is not None and deadline.left_s() < first_s:
-            trial.status = "skipped"
-            trial.reason = f"{TIME_BUDGET_ERROR} ({deadline.left_s():.0f} s left)"
+        if (why := _not_started(trial, trials, first_s, deadline)) is not None:
+            trial.status, trial.reason = "skipped", why
             continue
         started = time.perf_counter()
         _build_and_check(trial, model, exported, checked, call, accuracy, tolerances, references)
@@ -162,6 +178,18 @@ def try_stateful(
                 trial.reason = f"{TIME_BUDGET_ERROR} before it was measured"
     measure_and_choose(trials, model, measure)
     return trials
+
+
+def _not_started(
+    trial: StatefulTrial,
+    trials: Sequence[StatefulTrial],
+    first_s: float | None,
+    deadline: Deadline | None,
+) -> str | None:
+    """Why ``trial`` is skipped: too little time left for it, or :func:`superseded`."""
+    if first_s is not None and deadline is not None and deadline.left_s() < first_s:
+        return f"{TIME_BUDGET_ERROR} ({deadline.left_s():.0f} s left)"
+    return superseded(trial, trials)
 
 
 def _build_and_check(

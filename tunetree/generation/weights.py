@@ -32,11 +32,15 @@ INT8_GROUP = 64
 """Inputs that share one 8-bit scale and zero point."""
 
 
-def compress_int8(model: Any) -> Any:
-    """A copy of ``model`` with its matmul weights in 8 bits (asymmetric, per group of inputs)."""
+def compress_int8(model: Any, *, group: int | None = INT8_GROUP, half_scales: bool = False) -> Any:
+    """A copy of ``model`` with its matmul weights in 8 bits (asymmetric, per group of inputs).
+
+    ``group=None`` rounds per output channel; ``half_scales`` keeps the scales in f16 (the
+    weight is decompressed in f16, then converted to f32), half their bytes.
+    """
     model = model.clone()
     for op, weight, axis in list(_weight_matmuls(model)):
-        op.input(1).replace_source_output(_int8(weight, axis))
+        op.input(1).replace_source_output(_int8(weight, axis, group, half_scales))
     model.validate_nodes_and_infer_types()
     return model
 
@@ -83,28 +87,31 @@ def _quantize(weight: np.ndarray, axis: int, levels: int) -> tuple[np.ndarray, .
     return quantized, zero.astype(np.uint8), scale
 
 
-def _decompressed(quantized: Any, zero: Any, scale: np.ndarray) -> Any:
-    """``(quantized - zero) * scale`` in f32 from integer constants: the decompression pattern."""
+def _decompressed(quantized: Any, zero: Any, scale: np.ndarray, half: bool = False) -> Any:
+    """``(quantized - zero) * scale`` in f32 from integer constants: the decompression pattern.
+
+    With ``half``, computed in f16 from an f16 scale and then converted to f32.
+    """
     import openvino
     from openvino import opset13
 
-    return opset13.multiply(
-        opset13.subtract(
-            opset13.convert(quantized, openvino.Type.f32),
-            opset13.convert(zero, openvino.Type.f32),
-        ),
-        opset13.constant(scale),
+    kind = openvino.Type.f16 if half else openvino.Type.f32
+    node = opset13.multiply(
+        opset13.subtract(opset13.convert(quantized, kind), opset13.convert(zero, kind)),
+        opset13.constant(scale.astype(np.float16) if half else scale),
     )
+    return opset13.convert(node, openvino.Type.f32) if half else node
 
 
-def _int8(weight: np.ndarray, axis: int) -> Any:
-    """The decompression subgraph of ``weight`` in 8 bits per :data:`INT8_GROUP` inputs."""
+def _int8(weight: np.ndarray, axis: int, group: int | None = INT8_GROUP, half: bool = False) -> Any:
+    """The decompression subgraph of ``weight`` in 8 bits per ``group`` inputs (or channel)."""
     from openvino import opset13
 
-    if weight.shape[axis] % INT8_GROUP:
+    if group is None or weight.shape[axis] % group:
         quantized, zero, scale = _quantize(weight, axis, 255)
-        return _decompressed(opset13.constant(quantized), opset13.constant(zero), scale).output(0)
-    return _grouped(weight, axis, INT8_GROUP, 255, opset13.constant)
+        constants = opset13.constant(quantized), opset13.constant(zero)
+        return _decompressed(*constants, scale, half).output(0)
+    return _grouped(weight, axis, group, 255, opset13.constant, half)
 
 
 def _int4(weight: np.ndarray, axis: int, group: int) -> Any:
@@ -113,7 +120,12 @@ def _int4(weight: np.ndarray, axis: int, group: int) -> Any:
 
 
 def _grouped(
-    weight: np.ndarray, axis: int, group: int, levels: int, constant: Callable[[Any], Any]
+    weight: np.ndarray,
+    axis: int,
+    group: int,
+    levels: int,
+    constant: Callable[[Any], Any],
+    half: bool = False,
 ) -> Any:
     """``weight`` rounded to ``levels`` per ``group`` inputs along ``axis``, decompressed."""
     from openvino import opset13
@@ -126,7 +138,7 @@ def _grouped(
         grouped = weight.reshape(rows // group, group, cols)
         reduced = 1
     quantized, zero, scale = _quantize(grouped, reduced, levels)
-    decompressed = _decompressed(constant(quantized), constant(zero), scale)
+    decompressed = _decompressed(constant(quantized), constant(zero), scale, half)
     return opset13.reshape(decompressed, np.array([rows, cols], dtype=np.int64), False).output(0)
 
 
