@@ -167,6 +167,18 @@ class FlatInputs:
         return cls(paths, tuple(names), dtypes, shapes)
 
 
+def flatten_output(output: Any) -> tuple[list[Any], Any]:
+    """An output's leaves and spec as every output record of a flat graph takes them.
+
+    A cache layer's position is a carrier tensor whether or not the keys' length repeats it
+    (:func:`.stateful.carrying_positions`): one record serves a range on both sides of a
+    sliding window, where below it the position mirrors the keys' length and past it travels
+    apart.
+    """
+    with carrying_positions():
+        return flatten(output)
+
+
 @dataclasses.dataclass(frozen=True)
 class FlatOutputs:
     """Eager's output structure, so that the graph's flat outputs can be rebuilt into it.
@@ -186,12 +198,9 @@ class FlatOutputs:
     def of(cls, output: Any) -> FlatOutputs:
         """The record of eager's output ``output``.
 
-        A cache layer's position is a carrier tensor here whether or not the keys' length
-        repeats it (:func:`.stateful.carrying_positions`): one record serves a range on both
-        sides of a sliding window.
+        Flattened by :func:`flatten_output`.
         """
-        with carrying_positions():
-            leaves, spec = flatten(output)
+        leaves, spec = flatten_output(output)
         positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor))
         tensors = [leaves[i] for i in positions]
         template = tuple(None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves)
@@ -418,8 +427,7 @@ def learn_output_spec(module: nn.Module, key: GraphKey, device: torch.device) ->
             "could not learn the saved runner's output structure by running the module on "
             f"fake tensors shaped like its graph: {type(exc).__name__}: {str(exc)[:300]}"
         ) from exc
-    with carrying_positions():  # as FlatOutputs.of records it
-        return flatten(run.output)[1]
+    return flatten_output(run.output)[1]
 
 
 class FlatModule(nn.Module):
@@ -451,8 +459,7 @@ class FlatModule(nn.Module):
             leaves[position] = tensor
         args, kwargs = unflatten(leaves, self.in_spec)
         output = original_forward(self.module)(*args, **kwargs)
-        with carrying_positions():  # as FlatOutputs.of records it
-            out_leaves, _ = flatten(output)
+        out_leaves, _ = flatten_output(output)
         return tuple(out_leaves[i] for i in self.output_positions)
 
 
@@ -506,8 +513,7 @@ class FlatGraph:
 
 
 def _varying_axes(graph: Graph, outputs: FlatOutputs) -> tuple[tuple[int, ...], ...]:
-    with carrying_positions():  # as FlatOutputs.of records them
-        flat = [flatten(out)[0] for out in graph.outputs]
+    flat = [flatten_output(out)[0] for out in graph.outputs]
     shapes = [[tuple(leaves[i].shape) for i in outputs.positions] for leaves in flat]
     return tuple(
         tuple(
