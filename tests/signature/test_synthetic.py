@@ -93,3 +93,20 @@ def test_a_sliding_window_layer_below_its_window_is_rebuilt_with_its_position() 
     rebuilt = call.kwargs["past_key_values"].layers[0]
     assert rebuilt.keys.shape == (2, 2, 9, 8)
     assert rebuilt.cumulative_length == 9 and rebuilt.sliding_window == 16
+
+
+def test_a_derived_attribute_rebuilds_only_as_its_layer_keys_it() -> None:
+    """A saved ``axis: ...`` text is read back only where the attribute is keyed so (the
+    inverse of ``hf.key_value``); a text naming another tensor or axis is refused."""
+    from tunetree.hf import BELOW_CAPACITY, derived_value
+
+    keys = torch.zeros(2, 2, 9, 8)
+    dynamic = {"keys": keys, "values": keys}
+    assert derived_value(dynamic, "cumulative_length", "axis: keys[-2]") == 9
+    assert derived_value(dynamic, "cumulative_length", str(BELOW_CAPACITY)) == 0
+    assert derived_value(dynamic, "head_dim", "axis: keys[-1]") == 8
+    assert derived_value(dynamic, "cumulative_length", "axis: values[0]") is None
+    assert derived_value(dynamic, "cumulative_length", "axis: keys[7]") is None
+    assert derived_value(dynamic, "head_dim", str(BELOW_CAPACITY)) is None
+    static = {**dynamic, "max_cache_len": 16}
+    assert derived_value(static, "cumulative_length", "axis: keys[-2]") is None

@@ -87,11 +87,21 @@ def _is_size(value: Any) -> bool:
     return _is_int(value) or isinstance(value, torch.SymInt)
 
 
-def mirrored_axis(attributes: dict[str, Any], name: str) -> tuple[str, int] | None:
-    """The (tensor attribute, axis) whose size the int ``attributes[name]`` repeats, or None."""
+def _mirror_of(attributes: dict[str, Any], name: str) -> tuple[str, int] | None:
+    """The (tensor attribute, axis) the attribute ``name`` may repeat the size of, or None."""
     where = MIRRORED.get(name)
     if where is None and name in POSITIONS and CAPACITY not in attributes:
         where = ("keys", -2)  # a dynamic sliding-window layer's length, before the window fills
+    return where
+
+
+def _axis_key(where: tuple[str, int]) -> Derived:
+    return Derived("axis", f"{where[0]}[{where[1]}]")
+
+
+def mirrored_axis(attributes: dict[str, Any], name: str) -> tuple[str, int] | None:
+    """The (tensor attribute, axis) whose size the int ``attributes[name]`` repeats, or None."""
+    where = _mirror_of(attributes, name)
     if where is None:
         return None
     value = attributes.get(name)
@@ -192,8 +202,26 @@ def key_value(attributes: dict[str, Any], name: str) -> Any:
         return BELOW_CAPACITY
     where = mirrored_axis(attributes, name)
     if where is not None:
-        return Derived("axis", f"{where[0]}[{where[1]}]")
+        return _axis_key(where)
     return value
+
+
+def derived_value(attributes: dict[str, Any], name: str, key: str) -> int | None:
+    """The int :func:`key_value` keyed as the :class:`Derived` text ``key``, on rebuilt data.
+
+    ``attributes`` are a rebuilt layer's other attributes (its tensors among them). A
+    position below capacity is 0 (any position inside it does); a mirrored size is its
+    tensor's size. None where ``name`` is never keyed as ``key`` (a hostile or foreign key).
+    """
+    if key == str(BELOW_CAPACITY):
+        return 0 if name in POSITIONS else None
+    where = _mirror_of(attributes, name)
+    if where is None or key != str(_axis_key(where)):
+        return None
+    tensor = attributes.get(where[0])
+    if not isinstance(tensor, torch.Tensor) or not -tensor.dim() <= where[1] < tensor.dim():
+        return None
+    return int(tensor.shape[where[1]])
 
 
 def mirrored_names(attributes: dict[str, Any]) -> tuple[str, ...]:

@@ -12,7 +12,6 @@ method of such an object runs here (it is made with ``object.__new__``).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +19,6 @@ import torch
 
 from ..errors import BackendError
 from ..hf import (
-    BELOW_CAPACITY,
     CACHE_CLASSES_MODULE,
     INERT_CACHE_CLASSES,
     MAX_CACHE_ATTRIBUTES,
@@ -28,6 +26,7 @@ from ..hf import (
     carried_value,
     check_attribute_name,
     config_size_limit,
+    derived_value,
     inert_cache_class,
     is_position_carrier,
 )
@@ -294,29 +293,13 @@ class _Maker:
                 value = self.constant("int", int(carried_value(value)), in_cache=True)
             obj.__dict__[attribute] = value
         for attribute, text in derived:
-            obj.__dict__[attribute] = _derived_value(obj.__dict__, attribute, text)
+            value = derived_value(obj.__dict__, attribute, text) if isinstance(text, str) else None
+            if value is None:
+                raise BackendError(
+                    f"cannot rebuild a saved cache attribute {attribute!r} from {text!r:.60}"
+                )
+            obj.__dict__[attribute] = value
         return obj
-
-
-_DERIVED_AXIS = re.compile(r"axis: ([A-Za-z_][A-Za-z0-9_]{0,63})\[(-?[0-9])\]")
-
-
-def _derived_value(attributes: dict[str, Any], name: str, text: Any) -> int:
-    """The int a saved cache object's keyed-by-what-it-is attribute stands for.
-
-    ``axis: keys[-2]`` (a size the layer's tensor repeats, :class:`.hf.positions.Derived`) is
-    that tensor's size; ``position: below capacity`` is a position inside it (0 does).
-    """
-    if text == str(BELOW_CAPACITY) and name in POSITIONS:
-        return 0
-    match = _DERIVED_AXIS.fullmatch(text) if isinstance(text, str) else None
-    tensor = attributes.get(match.group(1)) if match else None
-    if match is None or not isinstance(tensor, torch.Tensor):
-        raise BackendError(f"cannot rebuild a saved cache attribute {name!r} from {text!r:.60}")
-    axis = int(match.group(2))
-    if not -tensor.dim() <= axis < tensor.dim():
-        raise BackendError(f"a saved cache attribute {name!r} names an axis its tensor lacks")
-    return int(tensor.shape[axis])
 
 
 def _pairs(items: tuple[Any, ...]) -> list[tuple[Any, Any]]:
