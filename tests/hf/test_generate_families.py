@@ -19,9 +19,8 @@ import torch
 from torch import nn
 
 import tunetree as tt
+from tests.models.conformance import original_calls
 from tunetree.candidates.rows import Status
-from tunetree.runtime.wrap import dispatcher_of
-from tunetree.signature.modules import module_paths
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("onnxruntime")
@@ -79,13 +78,6 @@ def generate(model: Any, **inputs: Any) -> torch.Tensor:
         return model.generate(**inputs, **GEN)
 
 
-def originals(model: nn.Module) -> int:
-    """Calls any tuned module of ``model`` handed to its original forward so far."""
-    return sum(
-        d.fallback_calls for _, m in module_paths(model) if (d := dispatcher_of(m)) is not None
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_unseen_prompts_inside_the_tuned_range_never_run_the_original_forward(
@@ -104,11 +96,11 @@ def test_unseen_prompts_inside_the_tuned_range_never_run_the_original_forward(
     )
     assert result.graphs and all(g.winner is not None for g in result.graphs), result.table()
     tuned = result.model
-    before = originals(tuned)
+    before = original_calls(tuned)
     for shape in INSIDE:
         unseen = prompt(*shape)
         assert torch.equal(generate(tuned, **unseen), generate(model, **unseen)), shape
-    assert originals(tuned) == before, result.table()
+    assert original_calls(tuned) == before, result.table()
 
 
 def speecht5() -> nn.Module:
@@ -154,10 +146,10 @@ def test_speecht5_speech_to_text_generate_is_served_with_eagers_tokens() -> None
     )
     assert result.graphs and all(g.winner is not None for g in result.graphs), result.table()
     tuned = result.model
-    before = originals(tuned)
+    before = original_calls(tuned)
     for unseen in (speech(2, 1800, 7), speech(3, 2200, 8)):
         assert torch.equal(speech_generate(tuned, **unseen), speech_generate(model, **unseen))
-    assert originals(tuned) == before, result.table()
+    assert original_calls(tuned) == before, result.table()
 
 
 PAST = 8 + 3  # context length + the largest lag
@@ -212,7 +204,7 @@ def test_time_series_transformer_with_a_normal_head_is_served_whole_by_onnxrunti
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-4, atol=1e-4)
         for a, b in zip(got.params, want.params, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-    assert originals(tuned) == 0, result.table()
+    assert original_calls(tuned) == 0, result.table()
 
 
 @pytest.mark.slow

@@ -16,26 +16,16 @@ import torch
 from torch import nn
 
 import tunetree as tt
+from tests.hf.test_generation_round_trip import VOCAB, mamba, prompt
+from tests.models.conformance import original_calls
 from tunetree.backends import selective_scan
 from tunetree.backends.export_context import exporting
 from tunetree.backends.selective_scan import CHUNK, SCAN_NAME, chunked_scan
-from tunetree.runtime.wrap import dispatcher_of
-from tunetree.signature.modules import module_paths
 
 transformers = pytest.importorskip("transformers")
 modeling_mamba = pytest.importorskip("transformers.models.mamba.modeling_mamba")
 
-VOCAB = 300
 GEN = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
-
-
-def mamba() -> nn.Module:
-    torch.manual_seed(0)
-    config = transformers.MambaConfig(
-        vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=2, conv_kernel=4,
-        expand=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
-    return transformers.MambaForCausalLM(config).eval()
 
 
 def loop(decay_log: torch.Tensor, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,23 +141,9 @@ def test_only_the_exporting_thread_scans_without_the_loop(monkeypatch: pytest.Mo
     assert torch.equal(other[0], want)
 
 
-def prompt(batch: int, length: int, seed: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    mask = torch.ones(batch, length, dtype=torch.long)
-    mask[1, : length // 3] = 0  # a left-padded row
-    ids = torch.randint(3, VOCAB, (batch, length), generator=g) * mask
-    return {"input_ids": ids, "attention_mask": mask}
-
-
 def generate(model: Any, **inputs: Any) -> torch.Tensor:
     with torch.no_grad():
         return model.generate(**inputs, **GEN)
-
-
-def originals(model: nn.Module) -> int:
-    return sum(
-        d.fallback_calls for _, m in module_paths(model) if (d := dispatcher_of(m)) is not None
-    )
 
 
 def jamba() -> nn.Module:
@@ -211,11 +187,11 @@ def test_unseen_prompt_lengths_inside_the_range_are_served_by_a_runner(case: str
     )
     assert result.graphs and all(g.winner is not None for g in result.graphs), result.table()
     tuned = result.model
-    before = originals(tuned)
+    before = original_calls(tuned)
     for shape in [(2, 14, 7), (3, 18, 8), (2, 13, 9)]:
         unseen = prompt(*shape)
         assert torch.equal(generate(tuned, **unseen), generate(model, **unseen)), shape
-    assert originals(tuned) == before, result.table()
+    assert original_calls(tuned) == before, result.table()
 
 
 @pytest.mark.slow
@@ -240,11 +216,11 @@ def test_a_cacheless_mamba_forward_is_served_at_unseen_lengths() -> None:
     )
     assert result.graphs and all(g.winner is not None for g in result.graphs), result.table()
     tuned = result.model
-    before = originals(tuned)
+    before = original_calls(tuned)
     for batch, length in [(2, 33), (3, 17)]:
         unseen = call(batch, length)
         with torch.no_grad():
             got = tuned(**unseen).last_hidden_state
             want = model(**unseen).last_hidden_state
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-    assert originals(tuned) == before, result.table()
+    assert original_calls(tuned) == before, result.table()

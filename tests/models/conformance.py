@@ -76,7 +76,8 @@ class _Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _fallbacks(model: Any) -> int:
+def original_calls(model: Any) -> int:
+    """Calls any tuned module of ``model`` handed to its original forward so far."""
     return sum(
         d.fallback_calls for _, m in module_paths(model) if (d := dispatcher_of(m)) is not None
     )
@@ -223,7 +224,7 @@ class _Calls:
 def _check_plan(row: ZooRow, tuned: Any, depth: int, calls: _Calls) -> None:
     """The unseen calls on the plan of ``depth``: eager's results, and fallbacks only outside."""
     problems = len(row.problems)
-    before = _fallbacks(tuned)
+    before = original_calls(tuned)
     inside, expected = calls.inside, calls.expected
     warnings = _Warnings()
     logging.getLogger("tunetree.runtime.wrap").addHandler(warnings)
@@ -236,12 +237,12 @@ def _check_plan(row: ZooRow, tuned: Any, depth: int, calls: _Calls) -> None:
             "unseen call inside the ranges",
             calls.family,
         )
-        fell_back = _fallbacks(tuned) - before
+        fell_back = original_calls(tuned) - before
         row.fallbacks_inside += fell_back
         if fell_back:
             row.problems.append(f"{fell_back} calls inside the ranges fell back")
         warnings.messages.clear()
-        inside_total = _fallbacks(tuned)
+        inside_total = original_calls(tuned)
         _check_calls(
             row,
             tuned,
@@ -251,7 +252,7 @@ def _check_plan(row: ZooRow, tuned: Any, depth: int, calls: _Calls) -> None:
             calls.family,
         )
         row.fallback_warnings += len(warnings.messages)
-        if _fallbacks(tuned) == inside_total:
+        if original_calls(tuned) == inside_total:
             row.problems.append("the call outside the ranges did not run the original forward")
         elif not warnings.messages:
             row.problems.append("the call outside the ranges fell back without a warning")
