@@ -42,6 +42,7 @@ import numpy as np
 
 from ..common.cycled import cycled_medians
 from ..generate_cpu import OPTIMUM_VENV, UNSEEN, config, ensure_venv, prompt
+from .optimum_step_parity import feed
 
 EXPORT = (
     "import sys; from optimum.intel import OVModelForCausalLM, OVWeightQuantizationConfig; "
@@ -116,20 +117,6 @@ def describe(model: Any) -> list[str]:
     ]
 
 
-def _feed(ids: np.ndarray, total: int, beam: bool) -> dict[str, np.ndarray]:
-    batch, length = ids.shape
-    feed = {
-        "input_ids": ids,
-        "attention_mask": np.ones((batch, total), np.int64),
-        "position_ids": np.arange(total - length, total, dtype=np.int64)[None].repeat(batch, 0),
-    }
-    if beam:
-        feed["beam_idx"] = np.arange(batch, dtype=np.int32)
-    else:
-        feed["logit_positions"] = np.array([length - 1], dtype=np.int64)
-    return feed
-
-
 def _generate(
     compiled: Any, beam: bool, batch: int, length: int, steps: int, vocab: int
 ) -> tuple[float, float]:
@@ -138,10 +125,10 @@ def _generate(
     request.reset_state()
     ids = np.random.default_rng(0).integers(3, vocab, (batch, length))
     start = time.perf_counter()
-    request.infer(_feed(ids, length, beam))
+    request.infer(feed(ids, length, beam))
     prefill = time.perf_counter() - start
     for step in range(steps):
-        request.infer(_feed(np.full((batch, 1), 5), length + 1 + step, beam))
+        request.infer(feed(np.full((batch, 1), 5), length + 1 + step, beam))
     return prefill, time.perf_counter() - start
 
 

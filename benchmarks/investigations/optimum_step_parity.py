@@ -53,7 +53,7 @@ EXPORT = (
 WHO = ("tunetree", "optimum-intel")
 
 
-def _feed(ids: np.ndarray, total: int, beam: bool) -> dict[str, np.ndarray]:
+def feed(ids: np.ndarray, total: int, beam: bool) -> dict[str, np.ndarray]:
     batch, length = ids.shape
     feed = {
         "input_ids": ids,
@@ -71,10 +71,10 @@ def _decode(compiled: Any, beam: bool, steps: int, times: list[float]) -> None:
     request = compiled.create_infer_request()
     request.reset_state()
     prompt = np.random.default_rng(0).integers(3, 32000, (1, 37))
-    request.infer(_feed(prompt, 37, beam))
+    request.infer(feed(prompt, 37, beam))
     for step in range(steps):
         start = time.perf_counter()
-        request.infer(_feed(np.array([[5]]), 38 + step, beam))
+        request.infer(feed(np.array([[5]]), 38 + step, beam))
         times.append(time.perf_counter() - start)
 
 
@@ -110,10 +110,10 @@ def _profile(compiled: Any, beam: bool, steps: int) -> dict[str, tuple[float, in
     """Per executed node type: ms and node count of the decode step of median total time."""
     request = compiled.create_infer_request()
     request.reset_state()
-    request.infer(_feed(np.random.default_rng(0).integers(3, 32000, (1, 37)), 37, beam))
+    request.infer(feed(np.random.default_rng(0).integers(3, 32000, (1, 37)), 37, beam))
     found = []
     for step in range(steps):
-        request.infer(_feed(np.array([[5]]), 38 + step, beam))
+        request.infer(feed(np.array([[5]]), 38 + step, beam))
         per_type: dict[str, tuple[float, int]] = {}
         for info in request.profiling_info:
             if info.status.name != "EXECUTED":
