@@ -42,7 +42,8 @@ from .export_context import (
 from .files import artifact_file
 from .flat import FlatGraph, FlatInputs, FlatOutputs, check_saved_io, saved_outputs, used_inputs
 from .packages import not_installed_reason
-from .ranges import AxisBounds, AxisDims, axis_dims, export_dynamic_shapes, narrowed_to_artifact
+from .ranged_export import export_ranged
+from .ranges import AxisBounds, AxisDims, axis_dims, narrowed_to_artifact
 from .safe_config import check_choice, check_count, check_fields, check_pattern, check_scalar
 from .value_dependence import ValueDependentError, data_dependent_reason, traced_values_checked
 
@@ -542,9 +543,7 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
         quiet(),
     ):
         try:
-            exported = torch.export.export(
-                flat.module, example, dynamic_shapes=export_dynamic_shapes(flat.key)
-            )
+            exported = export_ranged(flat.module, example, flat.key)
             return openvino.convert_model(exported), exported
         except Exception as export_error:
             reason = data_dependent_reason(export_error)
