@@ -17,6 +17,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("openvino")
 
+import tunetree as tt  # noqa: E402
+from tests.models.conformance import original_calls  # noqa: E402
 from tunetree.errors import BackendError  # noqa: E402
 from tunetree.generation.stateful import stateful_model  # noqa: E402
 
@@ -84,6 +86,43 @@ def test_unseen_prompts_generate_eagers_tokens_without_the_original_forward(fami
             got = tuned.generate(**prompt, **GEN)
         assert torch.equal(got, expected), (batch, length)
     assert tuned.forward.counts.original == before, tuned.forward.counts.reasons
+
+
+def _all_original_calls(model: torch.nn.Module) -> tuple[int, int]:
+    """Calls run by the original forward (the stateful forward's and the tuned graphs'), and
+    calls some tuned runner served (0, 0 for a model auto_tune left untuned)."""
+    counts = getattr(model.forward, "counts", None)
+    original = original_calls(model) + (counts.original if counts is not None else 0)
+    return original, counts.served if counts is not None else 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_auto_tune_serves_unseen_prompts_inside_its_batches_without_the_original_forward(
+    family: str,
+) -> None:
+    """The probe's own call: ``auto_tune`` on generate (depth 1 at most), then unseen prompts
+    inside the tuned batches. Before ``auto_tune`` tried the stateful runner, Phi and Qwen3-MoE
+    were tuned per graph and these prompts ran steps in the original forward."""
+    torch.manual_seed(0)
+    model = FAMILIES[family]().eval()
+
+    def generate(m: torch.nn.Module, **x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return m.generate(**x, **GEN)
+
+    tuning = [_prompt(2, 12, 1), _prompt(3, 20, 2), _prompt(2, 16, 3)]
+    result = tt.auto_tune(
+        model, tuning, call=generate, max_depth=1, time_budget=60, cache=False, verbose=False
+    )
+    tuned = result.model
+    original, served = _all_original_calls(tuned)
+    for batch, length, seed in [(2, 14, 7), (3, 18, 8)]:
+        prompt = _prompt(batch, length, seed)
+        assert torch.equal(generate(tuned, **prompt), generate(model, **prompt)), (batch, length)
+    after, served_after = _all_original_calls(tuned)
+    assert after == original, str(result)
+    assert served_after > served, str(result)  # served whole, not left untuned
 
 
 def test_a_hybrid_cache_is_refused_with_its_reason() -> None:

@@ -78,18 +78,14 @@ def generate(model: Any, **inputs: Any) -> torch.Tensor:
         return model.generate(**inputs, **GEN)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_unseen_prompts_inside_the_tuned_range_never_run_the_original_forward(
-    family: str,
-) -> None:
+def _served_inside_the_range(family: str, backends: list[tt.backends.Backend]) -> None:
     torch.manual_seed(0)
     model = FAMILIES[family]().eval()
     result = tt.tune(
         model,
         [prompt(*shape) for shape in TUNING],
         call=generate,
-        strategy=tt.HighestThroughputStrategy([tt.backends.Eager(), tt.backends.OnnxRuntime()]),
+        strategy=tt.HighestThroughputStrategy(backends),
         measure_config=tt.MeasureConfig.quick(),
         cache=False,
         verbose=False,
@@ -101,6 +97,32 @@ def test_unseen_prompts_inside_the_tuned_range_never_run_the_original_forward(
         unseen = prompt(*shape)
         assert torch.equal(generate(tuned, **unseen), generate(model, **unseen)), shape
     assert original_calls(tuned) == before, result.table()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_unseen_prompts_inside_the_tuned_range_never_run_the_original_forward(
+    family: str,
+) -> None:
+    _served_inside_the_range(family, [tt.backends.Eager(), tt.backends.OnnxRuntime()])
+
+
+LED_ENCODER = pytest.mark.xfail(
+    strict=True,
+    reason="LED's encoder does not export over a length range: its config does not declare "
+    "onnx_export, so exporters trace the as_strided chunking (value-dependent at "
+    "modeling_led.py:350); with the flag set, the build is still value-dependent",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "family", [pytest.param(f, marks=LED_ENCODER) if f == "led" else f for f in FAMILIES]
+)
+def test_onnxruntime_alone_serves_unseen_prompts_inside_the_tuned_range(family: str) -> None:
+    """Without eager among the candidates, an export that fixed a length (a Python loop over
+    positions, sizes computed as tensors) cannot hide behind eager winning its graph."""
+    _served_inside_the_range(family, [tt.backends.OnnxRuntime()])
 
 
 def speecht5() -> nn.Module:
