@@ -85,15 +85,17 @@ def raised_to_ceiling(
     takes every length up to ``window - 1`` with the same code, the step that fills the
     window included, so its keys' range reaches up to that; axes that move with them call for
     call (one size sequence plus a constant, seen at three sizes or more: the attention mask,
-    a full-attention layer's keys) reach up as far. Without it the step that fills the window
+    a full-attention layer's keys) reach up as far; the keys too must have been seen at three
+    sizes, else the axes moving with them are not known and a probe at the raised end would
+    pair the keys with a mask of another length. Without it the step that fills the window
     lay outside every range unless a tuning call happened to make it. The candidates are
     checked at the widened range's ends like any other.
     """
     raised: dict[tuple[int, ...], int] = {}
     for sizes, refs in groups.items():
         ceiling = min((ceilings[ref] for ref in refs if ref in ceilings), default=None)
-        if ceiling is None or max(sizes) >= ceiling:
-            continue
+        if ceiling is None or max(sizes) >= ceiling or len(set(sizes)) < 3:
+            continue  # at two sizes the mask's link to the keys may not be told from chance
         above = ceiling - max(sizes)
         for other in groups:
             offsets = {b - a for a, b in zip(sizes, other, strict=True)}
