@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +22,13 @@ from ..errors import InvalidInputError
 from ..hf import ObjectState, from_data, to_data
 from .graph import Dim, Graph, GraphKey, Sample, TensorSpec, as_samples, resize_axis
 from .parking import park_outputs
-from .windows import carried_floors, lowered_to_floor, raised_to_ceiling, window_ceilings
+from .windows import (
+    carried_floors,
+    filled_windows,
+    lowered_to_floor,
+    raised_to_ceiling,
+    window_ceilings,
+)
 
 AxisRef = tuple[int, int]
 """(index of a tensor leaf in :meth:`GraphKey.tensor_specs` order, axis)."""
@@ -138,6 +144,7 @@ def ranged_key(
     *,
     followed: Sequence[RootDim] = (),
     origins: Sequence[int] = (),
+    filled: Collection[int] = (),
 ) -> GraphKey:
     """The key of one graph serving every exact key in ``keys`` (which share a pattern).
 
@@ -152,6 +159,9 @@ def ranged_key(
     (a Llama layer gets no mask for an unpadded batch of 1 and a mask for padded batches)
     then serves every size the root serves, not only the sizes its own pattern happened to
     see: its candidates are checked on probes at the widened range's ends like any other.
+
+    ``filled`` are the sliding windows that some recorded call of the module had filled: the
+    keys of such a window below it reach up to ``window - 1`` (:mod:`.windows`).
     """
     if not keys:
         raise ValueError("ranged_key needs at least one key")
@@ -171,7 +181,7 @@ def ranged_key(
     taken = {d.name for d in declared.values()}
     known_names = dict(known)
     lowered = lowered_to_floor(groups, carried_floors(keys[0]))
-    raised = raised_to_ceiling(groups, window_ceilings(keys[0]))
+    raised = raised_to_ceiling(groups, window_ceilings(keys[0], filled))
     for sizes, refs in groups.items():
         root = next(
             (
@@ -290,6 +300,9 @@ def group_graphs(
         before = totals.get(group, (0, 0.0))
         totals[group] = (before[0] + count, before[1] + seconds)
     known = list(known)
+    # the windows some call of the module went past (its sliding windows' keys reach up)
+    seen = [s.key for s, _ in calls] + [k for keys in shapes_only.values() for k in keys]
+    filled = filled_windows(seen)
     graphs: dict[GraphKey, Graph] = {}
     for group, members in groups.items():
         described_keys = list(dict.fromkeys(shapes_only.get(group, [])))
@@ -303,6 +316,7 @@ def group_graphs(
                 known,
                 followed=followed,
                 origins=group_origins.get(group, []),
+                filled=filled,
             )
             if dynamic
             else exact_keys[0]

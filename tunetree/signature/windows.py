@@ -13,7 +13,7 @@ widens the ranges; the candidates are checked at the widened ends like at any ot
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from ..hf import CARRIER_DTYPE, POSITIONS, Derived
@@ -36,18 +36,28 @@ def carried_floors(key: GraphKey) -> dict[int, int]:
     return floors
 
 
-def window_ceilings(key: GraphKey) -> dict[AxisRef, int]:
+def window_ceilings(key: GraphKey, filled: Collection[int]) -> dict[AxisRef, int]:
     """Axes of a sliding window's keys and values below the window, with their ceiling.
 
     ``(leaf, axis)`` (``tensor_specs`` order) of the length axis of each dynamic
     sliding-window layer whose position is still its keys' length, mapped to the most such a
     layer holds: ``window - 1``. Every step up to the one that fills the window takes the
     same branches (:mod:`tunetree.hf.positions`), so a range over them may reach up to it.
+
+    Only windows in ``filled`` (:func:`filled_windows` of the module's recorded calls):
+    where no recorded call went past a window (Gemma2's and Mistral's are 4096 positions
+    long), steps past it have no graph anyway, and a probe at ``window - 1`` would hold a
+    cache longer than any call the user made.
     """
     ceilings: dict[AxisRef, int] = {}
     _find_windows(key.args, [0], ceilings)
     _find_windows(key.kwargs, [0], ceilings)
-    return ceilings
+    return {ref: c for ref, c in ceilings.items() if c + 1 in filled}
+
+
+def filled_windows(keys: Iterable[GraphKey]) -> frozenset[int]:
+    """The windows of the sliding-window layers that some of ``keys`` holds past its window."""
+    return frozenset(w for key in keys for w in carried_floors(key).values())
 
 
 def lowered_to_floor(
