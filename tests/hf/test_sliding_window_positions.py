@@ -22,6 +22,7 @@ from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.graph import GraphKey, Sample, flatten, unflatten
 from tunetree.signature.shapes import ranged_key
 from tunetree.signature.synthetic import call_from_key
+from tunetree.signature.windows import filled_windows, window_ceilings
 
 transformers = pytest.importorskip("transformers")
 cache_utils = pytest.importorskip("transformers.cache_utils")
@@ -125,3 +126,29 @@ def test_decode_steps_past_the_window_are_one_graph_serving_unseen_positions() -
     for p, want in zip(unseen, expected, strict=True):
         assert torch.equal(generate(result.model, **p), want)
     assert dispatcher_of(result.model).fallback_calls == 0  # every unseen step was served
+
+
+def test_the_range_of_keys_below_the_window_reaches_up_to_the_step_that_fills_it() -> None:
+    def below(position: int) -> Any:
+        layer = cache_utils.DynamicSlidingWindowLayer(sliding_window=2 * WINDOW)
+        layer.update(torch.randn(1, 2, position, 3), torch.randn(1, 2, position, 3))
+        return layer
+
+    samples = [Sample((below(p), mask_of(below(p))), {}) for p in (2, 3, 5)]
+    keys = [s.key for s in samples]
+    past = GraphKey.of((layer_at(WINDOW + 1),), {})  # a call past a window of 4
+    assert filled_windows([*keys, past]) == {WINDOW} and not filled_windows(keys)
+    key = ranged_key(keys, filled={2 * WINDOW})
+    # keys and values up to window - 1 (the step that fills the window), the mask one more
+    assert {str(d) for d in key.dims().values()} == {"dim 2..7", "seq 3..8"}
+    # where no recorded call went past this window, or the keys were seen at two sizes only
+    # (the mask's link to them is not known), nothing is raised
+    unraised = ranged_key(keys, filled={WINDOW})
+    assert {str(d) for d in unraised.dims().values()} == {"dim 2..5", "seq 3..6"}
+    unraised = ranged_key(keys[:2], filled={2 * WINDOW})
+    assert {str(d) for d in unraised.dims().values()} == {"dim 2..3", "seq 3..4"}
+    # past the window (a carrier) there is no such ceiling, nor on a layer without a window
+    assert not window_ceilings(past, {WINDOW})
+    full = cache_utils.DynamicLayer()
+    full.update(torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3))
+    assert not window_ceilings(GraphKey.of((full,), {}), {WINDOW, 2 * WINDOW})

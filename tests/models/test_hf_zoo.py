@@ -24,11 +24,6 @@ FAST = sorted(name for name, family in FAMILIES.items() if family.fast)
 KNOWN_FALLBACKS = {
     "swin": "passes its feature map's (height, width) to its stages as Python ints, so at depth 1 "
     "every image size is a graph of its own: unseen sizes run the original forward (correctly)",
-    "gemma2-generate": "the one decode step that fills a sliding window (position window - 1) "
-    "is a graph of its own: it takes the layer's keys at their growing length but returns "
-    "them at the window's, with the position carried apart; only a tuning call that crosses "
-    "the window records it, so an unseen prompt that crosses it runs that one step in the "
-    "original forward (correctly). Every step past the window is one ranged graph.",
 }
 """Families whose unseen calls inside the root's ranges may fall back, and why."""
 

@@ -24,6 +24,9 @@ So a signature reads them as what they are:
   like over any axis, an exporter sees the position as a symbolic size and computes the
   mask from it, and a runner's output carries the advanced position back the same way
   (:func:`carried_position`). Without it each step past the window was a graph of its own.
+  Below the window the position is the keys' length, which never exceeds ``window - 1``:
+  every step up to the one that fills the window takes the same branches, so a range over
+  them may reach up to it (``tunetree.signature.windows``).
 
 Nothing here imports ``transformers``; attributes are found by name on cache objects.
 """

@@ -21,8 +21,6 @@ import torch.utils._pytree as pytree
 
 from ..errors import InvalidInputError
 from ..hf import (
-    CARRIER_DTYPE,
-    POSITIONS,
     Derived,
     contains_cache,
     from_data,
@@ -257,18 +255,6 @@ class GraphKey:
         _collect_specs(self.kwargs, found)
         return found
 
-    def carried_floors(self) -> dict[int, int]:
-        """Tensor leaves (``tensor_specs`` order) that carry a sliding window's position.
-
-        Each maps to the smallest position it can carry: the layer's window
-        (:mod:`tunetree.hf.positions`). Positions past the window take the same branches, so
-        a range over them may reach down to it.
-        """
-        floors: dict[int, int] = {}
-        _find_carriers(self.args, [0], floors)
-        _find_carriers(self.kwargs, [0], floors)
-        return floors
-
     def pattern(self) -> GraphKey:
         """This key with every tensor's sizes left out (dtype and rank kept).
 
@@ -419,33 +405,6 @@ def _collect_specs(sig: Any, found: list[TensorSpec]) -> None:
     elif isinstance(sig, tuple) and not (len(sig) == 3 and sig[0] in ("const", "object")):
         for part in sig:
             _collect_specs(part, found)
-
-
-def _find_carriers(sig: Any, counter: list[int], floors: dict[int, int]) -> None:
-    """Walk ``sig`` as :func:`_collect_specs` does, noting each position carrier's leaf."""
-    if isinstance(sig, TensorSpec):
-        counter[0] += 1
-        return
-    if not isinstance(sig, tuple) or (len(sig) == 3 and sig[0] in ("const", "object")):
-        return
-    if len(sig) == 3 and sig[0] == "data" and isinstance(sig[2], tuple):
-        attributes = [a for a in sig[2] if isinstance(a, tuple) and len(a) == 2]
-        window = dict(attributes).get("sliding_window")
-        for name, value in attributes:
-            if (
-                name in POSITIONS
-                and isinstance(value, TensorSpec)
-                and value.dtype == dtype_name(CARRIER_DTYPE)
-                and len(value.shape) == 2
-                and value.shape[0] == 0
-                and isinstance(window, tuple)
-                and window[:2] == ("const", "int")
-            ):
-                floors[counter[0]] = window[2]
-            _find_carriers(value, counter, floors)
-        return
-    for part in sig:
-        _find_carriers(part, counter, floors)
 
 
 def _strip_sizes(sig: Any) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,6 +22,13 @@ from ..errors import InvalidInputError
 from ..hf import ObjectState, from_data, to_data
 from .graph import Dim, Graph, GraphKey, Sample, TensorSpec, as_samples, resize_axis
 from .parking import park_outputs
+from .windows import (
+    carried_floors,
+    filled_windows,
+    lowered_to_floor,
+    raised_to_ceiling,
+    window_ceilings,
+)
 
 AxisRef = tuple[int, int]
 """(index of a tensor leaf in :meth:`GraphKey.tensor_specs` order, axis)."""
@@ -137,6 +144,7 @@ def ranged_key(
     *,
     followed: Sequence[RootDim] = (),
     origins: Sequence[int] = (),
+    filled: Collection[int] = (),
 ) -> GraphKey:
     """The key of one graph serving every exact key in ``keys`` (which share a pattern).
 
@@ -151,6 +159,9 @@ def ranged_key(
     (a Llama layer gets no mask for an unpadded batch of 1 and a mask for padded batches)
     then serves every size the root serves, not only the sizes its own pattern happened to
     see: its candidates are checked on probes at the widened range's ends like any other.
+
+    ``filled`` are the sliding windows that some recorded call of the module had filled: the
+    keys of such a window below it reach up to ``window - 1`` (:mod:`.windows`).
     """
     if not keys:
         raise ValueError("ranged_key needs at least one key")
@@ -169,7 +180,8 @@ def ranged_key(
     dims = dict(declared)
     taken = {d.name for d in declared.values()}
     known_names = dict(known)
-    lowered = _lowered_to_floor(groups, keys[0].carried_floors())
+    lowered = lowered_to_floor(groups, carried_floors(keys[0]))
+    raised = raised_to_ceiling(groups, window_ceilings(keys[0], filled))
     for sizes, refs in groups.items():
         root = next(
             (
@@ -188,37 +200,12 @@ def ranged_key(
                 name = _fresh_name(refs, taken)
             low, high = min(sizes), max(sizes)
             low = max(low - lowered.get(sizes, 0), min(low, 1))
+            high += raised.get(sizes, 0)
         taken.add(name)
         dim = Dim(name, low, high)
         for ref in refs:
             dims[ref] = dim
     return _with_dims(keys[0], dims)
-
-
-def _lowered_to_floor(
-    groups: Mapping[tuple[int, ...], list[AxisRef]], floors: Mapping[int, int]
-) -> dict[tuple[int, ...], int]:
-    """How far each group of axes reaches below its smallest size, for carried positions.
-
-    A sliding window's carried position (:meth:`~.graph.GraphKey.carried_floors`) past the
-    window takes every value from the window up with the same code, so its range reaches
-    down to the window; axes that move with it call for call (one size sequence plus a
-    constant, seen at three sizes or more: the attention mask, a full-attention layer's keys)
-    reach down as far. The candidates are checked at the widened range's ends like any other.
-    """
-    lowered: dict[tuple[int, ...], int] = {}
-    for sizes, refs in groups.items():
-        floor = min(
-            (floors[leaf] for leaf, axis in refs if axis == 1 and leaf in floors), default=None
-        )
-        if floor is None or min(sizes) <= floor:
-            continue
-        below = min(sizes) - floor
-        for other in groups:
-            offsets = {b - a for a, b in zip(sizes, other, strict=True)}
-            if other == sizes or (len(offsets) == 1 and len(set(other)) >= 3):
-                lowered[other] = max(lowered.get(other, 0), below)
-    return lowered
 
 
 def _check_declared(specs: list[list[TensorSpec]], declared: Mapping[AxisRef, Dim]) -> None:
@@ -313,6 +300,9 @@ def group_graphs(
         before = totals.get(group, (0, 0.0))
         totals[group] = (before[0] + count, before[1] + seconds)
     known = list(known)
+    # the windows some call of the module went past (its sliding windows' keys reach up)
+    seen = [s.key for s, _ in calls] + [k for keys in shapes_only.values() for k in keys]
+    filled = filled_windows(seen)
     graphs: dict[GraphKey, Graph] = {}
     for group, members in groups.items():
         described_keys = list(dict.fromkeys(shapes_only.get(group, [])))
@@ -326,6 +316,7 @@ def group_graphs(
                 known,
                 followed=followed,
                 origins=group_origins.get(group, []),
+                filled=filled,
             )
             if dynamic
             else exact_keys[0]
