@@ -22,7 +22,7 @@ from tunetree.runtime.wrap import dispatcher_of
 from tunetree.signature.graph import GraphKey, Sample, flatten, unflatten
 from tunetree.signature.shapes import ranged_key
 from tunetree.signature.synthetic import call_from_key
-from tunetree.signature.windows import filled_windows, window_ceilings
+from tunetree.signature.windows import carried_floors, filled_windows, window_ceilings
 
 transformers = pytest.importorskip("transformers")
 cache_utils = pytest.importorskip("transformers.cache_utils")
@@ -152,3 +152,19 @@ def test_the_range_of_keys_below_the_window_reaches_up_to_the_step_that_fills_it
     full = cache_utils.DynamicLayer()
     full.update(torch.randn(1, 2, 3, 3), torch.randn(1, 2, 3, 3))
     assert not window_ceilings(GraphKey.of((full,), {}), {WINDOW, 2 * WINDOW})
+
+
+def test_a_layer_passed_by_keyword_after_a_tensor_is_found_at_its_tensor_specs_index() -> None:
+    """A decoder layer's call: hidden states first, the cache by keyword. Leaves are counted
+    over the args and then the kwargs, as ``tensor_specs`` orders them (the kwargs were
+    counted from 0, which named the hidden states as the carrier)."""
+    hidden = torch.randn(1, 1, 3)
+    past = GraphKey.of((hidden,), {"past_key_values": layer_at(WINDOW + 3)})
+    ((leaf, floor),) = carried_floors(past).items()
+    assert floor == WINDOW and past.tensor_specs()[leaf].shape == (0, WINDOW + 3)
+    below = cache_utils.DynamicSlidingWindowLayer(sliding_window=2 * WINDOW)
+    below.update(torch.randn(1, 2, 5, 3), torch.randn(1, 2, 5, 3))
+    key = GraphKey.of((hidden,), {"past_key_values": below})
+    ceilings = window_ceilings(key, {2 * WINDOW})
+    assert ceilings and all(key.tensor_specs()[leaf].shape == (1, 2, 5, 3) for leaf, _ in ceilings)
+    assert set(ceilings.values()) == {2 * WINDOW - 1}

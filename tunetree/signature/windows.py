@@ -13,7 +13,7 @@ widens the ranges; the candidates are checked at the widened ends like at any ot
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from ..hf import CARRIER_DTYPE, POSITIONS, Derived
@@ -31,8 +31,21 @@ def carried_floors(key: GraphKey) -> dict[int, int]:
     a range over them may reach down to it.
     """
     floors: dict[int, int] = {}
-    _find_carriers(key.args, [0], floors)
-    _find_carriers(key.kwargs, [0], floors)
+
+    def visit(attributes: Mapping[str, Any], name: str, value: Any, leaf: int) -> None:
+        window = attributes.get("sliding_window")
+        if (
+            name in POSITIONS
+            and isinstance(value, TensorSpec)
+            and value.dtype == dtype_name(CARRIER_DTYPE)
+            and len(value.shape) == 2
+            and value.shape[0] == 0
+            and isinstance(window, tuple)
+            and window[:2] == ("const", "int")
+        ):
+            floors[leaf] = window[2]
+
+    _walk_layers(key, visit)
     return floors
 
 
@@ -50,8 +63,18 @@ def window_ceilings(key: GraphKey, filled: Collection[int]) -> dict[AxisRef, int
     cache longer than any call the user made.
     """
     ceilings: dict[AxisRef, int] = {}
-    _find_windows(key.args, [0], ceilings)
-    _find_windows(key.kwargs, [0], ceilings)
+
+    def visit(attributes: Mapping[str, Any], name: str, value: Any, leaf: int) -> None:
+        ceiling = _window_ceiling(attributes)
+        if (
+            ceiling is not None
+            and name in ("keys", "values")
+            and isinstance(value, TensorSpec)
+            and len(value.shape) >= 2
+        ):
+            ceilings[(leaf, len(value.shape) - 2)] = ceiling
+
+    _walk_layers(key, visit)
     return {ref: c for ref, c in ceilings.items() if c + 1 in filled}
 
 
@@ -114,61 +137,38 @@ def raised_to_ceiling(
     return raised
 
 
-def _find_carriers(sig: Any, counter: list[int], floors: dict[int, int]) -> None:
-    """Walk ``sig`` leaf by leaf as ``tensor_specs`` does, noting each position carrier's leaf."""
-    if isinstance(sig, TensorSpec):
-        counter[0] += 1
-        return
-    if not isinstance(sig, tuple) or (len(sig) == 3 and sig[0] in ("const", "object")):
-        return
-    if len(sig) == 3 and sig[0] == "data" and isinstance(sig[2], tuple):
-        attributes = [a for a in sig[2] if isinstance(a, tuple) and len(a) == 2]
-        window = dict(attributes).get("sliding_window")
-        for name, value in attributes:
-            if (
-                name in POSITIONS
-                and isinstance(value, TensorSpec)
-                and value.dtype == dtype_name(CARRIER_DTYPE)
-                and len(value.shape) == 2
-                and value.shape[0] == 0
-                and isinstance(window, tuple)
-                and window[:2] == ("const", "int")
-            ):
-                floors[counter[0]] = window[2]
-            _find_carriers(value, counter, floors)
-        return
-    for part in sig:
-        _find_carriers(part, counter, floors)
+def _walk_layers(key: GraphKey, visit: Callable[[Mapping[str, Any], str, Any, int], None]) -> None:
+    """Call ``visit(attributes, name, value, leaf)`` for each attribute of each data record.
+
+    ``leaf`` is the index, in ``tensor_specs`` order (args, then kwargs), of the next tensor
+    leaf at that point: the attribute's own when it is a tensor.
+    """
+    counter = [0]
+
+    def walk(sig: Any) -> None:
+        if isinstance(sig, TensorSpec):
+            counter[0] += 1
+            return
+        if not isinstance(sig, tuple) or (len(sig) == 3 and sig[0] in ("const", "object")):
+            return
+        if len(sig) == 3 and sig[0] == "data" and isinstance(sig[2], tuple):
+            pairs = [a for a in sig[2] if isinstance(a, tuple) and len(a) == 2]
+            attributes = dict(pairs)
+            for name, value in pairs:
+                visit(attributes, name, value, counter[0])
+                walk(value)
+            return
+        for part in sig:
+            walk(part)
+
+    walk(key.args)
+    walk(key.kwargs)
 
 
 MIRRORED_POSITION = ("const", "derived", str(Derived("axis", "keys[-2]")))
 """How a key holds a dynamic layer's position that its keys' length repeats."""
 NOT_RECORDING = ("const", "bool", False)
 """A sliding-window layer's ``record_past`` when it keeps ``window - 1`` positions at most."""
-
-
-def _find_windows(sig: Any, counter: list[int], ceilings: dict[AxisRef, int]) -> None:
-    """Walk ``sig`` leaf by leaf as ``tensor_specs`` does, noting :func:`window_ceilings`."""
-    if isinstance(sig, TensorSpec):
-        counter[0] += 1
-        return
-    if not isinstance(sig, tuple) or (len(sig) == 3 and sig[0] in ("const", "object")):
-        return
-    if len(sig) == 3 and sig[0] == "data" and isinstance(sig[2], tuple):
-        attributes = dict(a for a in sig[2] if isinstance(a, tuple) and len(a) == 2)
-        ceiling = _window_ceiling(attributes)
-        for name, value in attributes.items():
-            if (
-                ceiling is not None
-                and name in ("keys", "values")
-                and isinstance(value, TensorSpec)
-                and len(value.shape) >= 2
-            ):
-                ceilings[(counter[0], len(value.shape) - 2)] = ceiling
-            _find_windows(value, counter, ceilings)
-        return
-    for part in sig:
-        _find_windows(part, counter, ceilings)
 
 
 def _window_ceiling(attributes: Mapping[str, Any]) -> int | None:
