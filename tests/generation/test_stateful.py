@@ -374,3 +374,15 @@ def test_eight_bits_per_channel_keep_f16_scales_as_nncf_writes_them_groups_f32()
     assert scales("int8-channel") == {"f16"}
     assert scales("int8") == {"f32"}  # groups, chosen where the error is near the budget
     assert scales(None) == {"f32"} and compressed(model, None) is model
+
+
+def test_the_runners_logits_are_its_own_not_the_requests_output_memory() -> None:
+    twin = stateful_model(_model("llama"))
+    runner = twin.__dict__["forward"].runner
+    ids = _prompt(1, 5)["input_ids"]
+    runner.reset()
+    first = runner.run(ids, torch.ones_like(ids), torch.arange(5)[None], 1)
+    kept = first.clone()
+    second = runner.run(ids[:, :1], torch.ones(1, 6, dtype=torch.long), torch.tensor([[5]]), 1)
+    assert not torch.equal(first, second)  # the request's output changed...
+    assert torch.equal(first, kept)  # ...and the logits returned before did not
