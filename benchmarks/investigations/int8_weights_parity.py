@@ -5,8 +5,8 @@ model of :mod:`benchmarks.generate_cpu`, random weights; ``--model qwen2-0.5b``)
 exports the saved model with ``OVWeightQuantizationConfig(bits=8)`` in its own environment
 (saved as IR, not compiled); tunetree's stateful export of the same weights is made here and
 compressed by :func:`tunetree.generation.weights.compress_int8`, in groups of
-:data:`~tunetree.generation.weights.INT8_GROUP` inputs (as the budget's config does) and per
-output channel, each with f32 scales (as the budget's) and f16 ones.
+:data:`~tunetree.generation.weights.INT8_GROUP` inputs and per output channel, each with f32
+scales and f16 ones (the budget's per-channel config: f16 scales, f32 compute, f16 cache).
 
 First it prints what each graph compresses: per weight-reading op (``MatMul``, ``Gather``), the
 weight's integer type, whether its scale is per channel or per group, the scale's and zero
@@ -169,7 +169,9 @@ def main() -> None:
     half_channels = weights.compress_int8(exported.model, group=None, half_scales=True)
     for name, graph in (("optimum-intel int8", theirs), ("tunetree int8 groups", groups),
                         ("tunetree int8 per channel", channels),
-                        ("tunetree int8 groups, f16 scales", half)):  # fmt: skip
+                        ("tunetree int8 groups, f16 scales", half),
+                        ("tunetree int8 per channel, f16 scales (the budget's)",
+                         half_channels)):  # fmt: skip
         print(f"{name}:", *describe(graph), sep="\n", flush=True)
     if args.inspect:
         return
@@ -179,10 +181,18 @@ def main() -> None:
         return {**latency, "INFERENCE_PRECISION_HINT": hint, "KV_CACHE_PRECISION": cache}
 
     ours = {
-        "tunetree groups, f32, f16 cache (the budget's)": (groups, settings("f32", "f16")),
+        "tunetree groups, f32, f16 cache": (groups, settings("f32", "f16")),
         "tunetree per channel, f32, f16 cache": (channels, settings("f32", "f16")),
         "tunetree groups f16 scales, f32, f16 cache": (half, settings("f32", "f16")),
-        "tunetree per channel f16 scales, f32, f16 cache": (half_channels, settings("f32", "f16")),
+        "tunetree per channel f16 scales, f32, f16 cache (the budget's)": (
+            half_channels,
+            settings("f32", "f16"),
+        ),
+        "tunetree per channel f16 scales, f32, u8 cache": (half_channels, settings("f32", "u8")),
+        "tunetree per channel f16 scales, bf16, u8 cache": (
+            half_channels,
+            settings("bf16", "u8"),
+        ),
         "tunetree groups, bf16, bf16 cache": (groups, settings("bf16", "bf16")),
         "tunetree per channel, bf16, bf16 cache": (channels, settings("bf16", "bf16")),
         "tunetree per channel, bf16, u8 cache": (channels, settings("bf16", "u8")),

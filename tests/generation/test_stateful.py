@@ -351,3 +351,38 @@ def test_only_a_results_changing_config_holds_its_cache_in_sixteen_bits() -> Non
     assert cache() == "f32"  # the default: OpenVINO's own default (u8) would change results
     assert cache(weights="int8") == cache(weights="int4") == "f16"
     assert cache(precision="bf16") == cache(precision="bf16", weights="int8") == "bf16"
+
+
+def test_eight_bits_per_channel_keep_f16_scales_as_nncf_writes_them_groups_f32() -> None:
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13
+
+    from tunetree.generation.stateful import compressed
+
+    weight = np.random.default_rng(0).standard_normal((96, 192)).astype(np.float32)
+    x = opset13.parameter([2, 192], np.float32, name="x")
+    model = ov.Model([opset13.matmul(x, opset13.constant(weight), False, True)], [x])
+
+    def scales(weights: str | None) -> set[str]:
+        return {
+            op.get_element_type().get_type_name()
+            for op in compressed(model, weights).get_ordered_ops()
+            if op.get_type_name() == "Constant" and op.get_element_type().is_real()
+        }
+
+    assert scales("int8-channel") == {"f16"}
+    assert scales("int8") == {"f32"}  # groups, chosen where the error is near the budget
+    assert scales(None) == {"f32"} and compressed(model, None) is model
+
+
+def test_the_runners_logits_are_its_own_not_the_requests_output_memory() -> None:
+    twin = stateful_model(_model("llama"))
+    runner = twin.__dict__["forward"].runner
+    ids = _prompt(1, 5)["input_ids"]
+    runner.reset()
+    first = runner.run(ids, torch.ones_like(ids), torch.arange(5)[None], 1)
+    kept = first.clone()
+    second = runner.run(ids[:, :1], torch.ones(1, 6, dtype=torch.long), torch.tensor([[5]]), 1)
+    assert not torch.equal(first, second)  # the request's output changed...
+    assert torch.equal(first, kept)  # ...and the logits returned before did not

@@ -36,7 +36,7 @@ class StatefulConfig:
     ``precision`` is OpenVINO's ``INFERENCE_PRECISION_HINT`` (``"f32"`` keeps results;
     ``"bf16"`` changes them and needs a CPU with bf16 units). ``weights="int8"`` compresses
     the matmul weights to 8 bits per group of inputs, ``"int8-channel"`` to 8 bits per output
-    channel (fewer bytes, a larger error), ``"int4"`` to 4 bits per group of inputs
+    channel with f16 scales (fewer bytes, a larger error), ``"int4"`` to 4 bits per group of inputs
     (weight-only; all change results: :mod:`tunetree.generation.weights`). ``max_length``
     bounds the positions served (None: the model's ``max_position_embeddings``, and below a
     sliding window).
@@ -186,15 +186,26 @@ def export_whole(model: nn.Module) -> Exported:
     return Exported(export_stateful(model, shape), shape, output_type)
 
 
+def compressed(model: Any, weights: str | None) -> Any:
+    """``model`` with its matmul weights compressed as ``weights`` says (a copy), or itself.
+
+    8 bits per output channel keeps its scales in f16, as NNCF writes them: half their bytes,
+    the same error (the scales are rounded to 11 bits, the weights to 8), still fused into
+    compressed matmuls by the CPU plugin. Groups keep f32 scales: their error is the one the
+    budget needs when per channel is over it, and f16 scales would add to it.
+    """
+    if weights == "int8":
+        return compress_int8(model)
+    if weights == "int8-channel":
+        return compress_int8(model, group=None, half_scales=True)
+    if weights == "int4":
+        return compress_int4(model)
+    return model
+
+
 def runner_for(exported: Exported, config: StatefulConfig) -> StatefulRunner:
     """The runner of ``config``: weights compressed if asked (on a copy), then compiled."""
-    converted = exported.model
-    if config.weights == "int8":
-        converted = compress_int8(converted)
-    elif config.weights == "int8-channel":
-        converted = compress_int8(converted, group=None)
-    elif config.weights == "int4":
-        converted = compress_int4(converted)
+    converted = compressed(exported.model, config.weights)
     return StatefulRunner(converted, exported.shape, config.compile_config())
 
 

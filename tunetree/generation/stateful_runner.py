@@ -37,6 +37,11 @@ class StatefulRunner:
                 f"and value of {shape.layers} layers"
             )
         self.states = [states[i] for i in range(2 * shape.layers)]
+        names = [port.get_names() for port in self.compiled.inputs]
+        self._inputs = [next(i for i, n in enumerate(names) if name in n) for name in INPUTS]
+        outputs = [port.get_names() for port in self.compiled.outputs]
+        self._logits = next(i for i, n in enumerate(outputs) if LOGITS in n)
+        self._fed: list[np.ndarray] = []
         self.holder = Holder()
         self.length = 0
         self.batch = 0
@@ -65,24 +70,27 @@ class StatefulRunner:
         """One forward on the state: appends ``ids``' positions; returns the logits.
 
         ``keep`` is transformers' ``logits_to_keep``: the logits of the last ``keep``
-        positions only (0: all of them).
+        positions only (0: all of them). The inputs are set on the request as tensors over the
+        arrays' memory (no copy, no lookup by name) and the logits copied out of its output:
+        a decode step's own cost is its kernels, not the binding's dispatch.
         """
+        import openvino
+
         length = int(ids.shape[1])
         kept = np.arange(max(length - keep, 0) if keep else 0, length, dtype=np.int64)
-        arrays = [
-            np.ascontiguousarray(t.detach().to("cpu", torch.int64).numpy())
-            for t in (ids, mask, positions)
-        ]
+        arrays = [_int64(t) for t in (ids, mask, positions)]
         arrays.append(kept)
+        self._fed = arrays  # the request reads their memory: alive until the next call
         try:
-            result = self.request.infer(
-                dict(zip(INPUTS, arrays, strict=True)), share_inputs=True, share_outputs=False
-            )
+            for index, array in zip(self._inputs, arrays, strict=True):
+                self.request.set_input_tensor(index, openvino.Tensor(array, shared_memory=True))
+            self.request.infer()
         except RuntimeError as exc:
             raise BackendError(f"OpenVINO refused the call: {str(exc).strip()[:300]}") from exc
-        self.length += int(ids.shape[1])
+        self.length += length
         self.batch = int(ids.shape[0])
-        return torch.from_numpy(np.asarray(result[LOGITS]))
+        logits = self.request.get_output_tensor(self._logits).data
+        return torch.from_numpy(np.array(logits, copy=True))
 
     def read(self) -> list[torch.Tensor]:
         """Copies of the state's tensors: keys and values per layer."""
@@ -97,3 +105,8 @@ class StatefulRunner:
     def owns(self, state: HeldState | None) -> bool:
         """Whether ``state`` is the live cache of this runner's state."""
         return state is not None and state is self.holder.current()
+
+
+def _int64(tensor: torch.Tensor) -> np.ndarray:
+    """``tensor`` as a C-contiguous int64 array on the CPU (its own memory when it is one)."""
+    return np.ascontiguousarray(tensor.detach().to("cpu", torch.int64).numpy())

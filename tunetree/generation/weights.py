@@ -2,8 +2,9 @@
 
 Every ``MatMul`` whose weight is a float constant (at least :data:`MIN_ELEMENTS` of them) gets
 its weight as unsigned integers with a zero point and a scale, decompressed in the graph
-(``Constant(u8|u4) -> Convert -> Subtract -> Multiply [-> Reshape]``): the pattern OpenVINO's
-CPU plugin runs as compressed-weight matmuls, the one weight-compression tools write.
+(``Constant(u8|u4) -> Convert -> Subtract -> Multiply [-> Reshape]``, with f16 scales
+``... -> Multiply [-> Reshape] -> Convert(f32)``): the patterns OpenVINO's CPU plugin runs as
+compressed-weight matmuls, the ones weight-compression tools (NNCF) write.
 
 - ``int8``: 8 bits in groups of :data:`INT8_GROUP` inputs, a scale and zero point per group
   (per output channel where the inputs do not divide into groups). Groups keep a 0.5B model's
@@ -36,7 +37,7 @@ def compress_int8(model: Any, *, group: int | None = INT8_GROUP, half_scales: bo
     """A copy of ``model`` with its matmul weights in 8 bits (asymmetric, per group of inputs).
 
     ``group=None`` rounds per output channel; ``half_scales`` keeps the scales in f16 (the
-    weight is decompressed in f16, then converted to f32), half their bytes.
+    weight is decompressed in f16, then converted to f32, as NNCF does), half their bytes.
     """
     model = model.clone()
     for op, weight, axis in list(_weight_matmuls(model)):
@@ -87,10 +88,15 @@ def _quantize(weight: np.ndarray, axis: int, levels: int) -> tuple[np.ndarray, .
     return quantized, zero.astype(np.uint8), scale
 
 
-def _decompressed(quantized: Any, zero: Any, scale: np.ndarray, half: bool = False) -> Any:
+def _decompressed(
+    quantized: Any, zero: Any, scale: np.ndarray, half: bool = False, shape: Any = None
+) -> Any:
     """``(quantized - zero) * scale`` in f32 from integer constants: the decompression pattern.
 
-    With ``half``, computed in f16 from an f16 scale and then converted to f32.
+    ``shape`` reshapes the groups to the weight's shape. With ``half``, computed in f16 from an
+    f16 scale, reshaped, and only then converted to f32: NNCF's order, the one OpenVINO's CPU
+    plugin fuses into a compressed matmul (a reshape after the convert is folded instead, the
+    matmul reading f32 weights).
     """
     import openvino
     from openvino import opset13
@@ -100,6 +106,8 @@ def _decompressed(quantized: Any, zero: Any, scale: np.ndarray, half: bool = Fal
         opset13.subtract(opset13.convert(quantized, kind), opset13.convert(zero, kind)),
         opset13.constant(scale.astype(np.float16) if half else scale),
     )
+    if shape is not None:
+        node = opset13.reshape(node, np.array(shape, dtype=np.int64), False)
     return opset13.convert(node, openvino.Type.f32) if half else node
 
 
@@ -128,8 +136,6 @@ def _grouped(
     half: bool = False,
 ) -> Any:
     """``weight`` rounded to ``levels`` per ``group`` inputs along ``axis``, decompressed."""
-    from openvino import opset13
-
     rows, cols = weight.shape
     if axis == 1:  # [out, in]: groups of inputs along the last axis
         grouped = weight.reshape(rows, cols // group, group)
@@ -138,8 +144,7 @@ def _grouped(
         grouped = weight.reshape(rows // group, group, cols)
         reduced = 1
     quantized, zero, scale = _quantize(grouped, reduced, levels)
-    decompressed = _decompressed(constant(quantized), constant(zero), scale, half)
-    return opset13.reshape(decompressed, np.array([rows, cols], dtype=np.int64), False).output(0)
+    return _decompressed(constant(quantized), constant(zero), scale, half, (rows, cols)).output(0)
 
 
 def _u4_constant(values: np.ndarray) -> Any:
