@@ -528,7 +528,8 @@ def tune(
             False none.
         dynamic_shapes: None (axes that vary across the items become ranges served by one
             runner), False (every exact shape is its own graph) or a torch.export-style nest
-            of :class:`tunetree.Dim` for the model's inputs.
+            of :class:`tunetree.Dim` for the model's inputs (with ``call``, the call's own:
+            a ``generate`` prompt's envelope).
         allow_training: Tune a model with modules in training mode (its eval behaviour; the
             runners serve eval mode only); refused otherwise.
 

@@ -276,6 +276,8 @@ class _Recorder:
         self.calls: dict[str, list[tuple[Sample, Any]]] = {}
         self.origins: dict[str, list[int]] = {}
         """Per module, the index of the root call each of its recorded calls came from."""
+        self.items: dict[str, list[int]] = {}
+        """Per module, the dataset item each of its recorded calls came from."""
         self.root_calls = 0
         self.probe_calls: dict[str, list[tuple[Sample, Any]]] = {}
         self.probing = False
@@ -367,6 +369,7 @@ class _Recorder:
             self.ledger.copied_now(tensor_bytes(copied))
             self.calls.setdefault(path, []).append((sample, copied))
             self.origins.setdefault(path, []).append(self.root_calls - 1)
+            self.items.setdefault(path, []).append(self.ledger.item)
 
     def _initialise_fresh(self, output: Any) -> None:
         """Initialise the fresh layers of this root call's copies.
@@ -472,7 +475,9 @@ def inspect(
         dynamic_shapes: None makes axes whose size varies across the calls dynamic (one graph
             serves a range of sizes); False keys every exact shape apart; a torch.export-style
             nest of :class:`tunetree.Dim` declares the root's dimensions (the root is then also
-            run, unrecorded, at the ranges' ends so every module sees them).
+            run, unrecorded, at the ranges' ends so every module sees them); with ``call`` it
+            declares the call's own inputs (a ``generate`` prompt's), and ``call`` is run at
+            the envelope's corners.
         max_record_bytes: The most all copies of calls may take (default: a quarter of the
             device's free memory).
         max_depth: Record modules down to this depth only (a tune of shallower cuts needs no
@@ -517,10 +522,12 @@ def inspect(
             total = time.perf_counter() - start
             if not recorder.records:
                 raise InvalidInputError("no module ran: check the model and the call function")
-            declared = _declared(model, recorder, dynamic_shapes)
+            declared = _declared(model, recorder, dynamic_shapes, samples, call)
             if declared:
-                _run_probes(model, recorder, declared, call)
-    recorder.group(dynamic_shapes is not False, declared)
+                _run_probes(model, recorder, declared, call, samples)
+    # With call=, the declared axes are the call's inputs (a prompt's), not the root's: the
+    # probes' calls widen every module's ranges, which are inferred from the sizes seen.
+    recorder.group(dynamic_shapes is not False, declared if call is None else {})
     ledger = recorder.ledger
     summary = RecordingSummary(
         ledger.copied,
@@ -628,39 +635,101 @@ def _first_call(model: Any, sample: Sample, call: CallFn | None) -> dict[str, st
     return counter.modules(model) if counter.parameters else {}
 
 
-def _declared(model: Any, recorder: _Recorder, spec: DynamicShapes) -> dict[AxisRef, Dim]:
-    """The root's declared dimensions, resolved against its first recorded call."""
+def _declared(
+    model: Any,
+    recorder: _Recorder,
+    spec: DynamicShapes,
+    samples: list[Sample],
+    call: CallFn | None,
+) -> dict[AxisRef, Dim]:
+    """The declared dimensions, resolved against the first call.
+
+    Without ``call`` they are the root's inputs, resolved against its first recorded call.
+    With ``call`` (``generate``, a pipeline) they are the call's own inputs (a prompt's ids
+    and mask): named as the call's keywords, or by position.
+    """
     if spec is None or spec is False:
         return {}
+    if call is not None:
+        return declared_axes(spec, samples[0])
     root_calls = recorder.calls.get("")
     if not isinstance(model, nn.Module) or not root_calls:
         raise InvalidInputError(
             "dynamic_shapes declares the inputs of the model's forward: it needs an "
-            "nn.Module called directly (not a pipeline or a call= entry point)"
+            "nn.Module called directly, or call= (whose own inputs it then declares)"
         )
     return declared_axes(spec, root_calls[0][0], recorder.binders[""].names)
 
 
 def _run_probes(
-    model: nn.Module, recorder: _Recorder, declared: dict[AxisRef, Dim], call: CallFn | None
+    model: Any,
+    recorder: _Recorder,
+    declared: dict[AxisRef, Dim],
+    call: CallFn | None,
+    samples: list[Sample],
 ) -> None:
-    """Run the root at the declared ranges' ends and an odd size in between.
+    """Run the root (or ``call``) at the declared ranges' ends and an odd size in between.
 
     So every module records the sizes it sees there; these calls are kept apart as probes.
+    With ``call`` the call's own inputs are resized (a ``generate`` of the longest prompt at
+    the largest batch, ...), so a step's cache reaches what such a prompt brings.
     """
-    root_calls = recorder.calls[""]
+    calls = [sample for sample, _ in recorder.calls[""]] if call is None else samples
     patterns: dict[GraphKey, list[Sample]] = {}
-    for sample, _ in root_calls:
+    for sample in calls:
         patterns.setdefault(sample.key.pattern(), []).append(sample)
+    bases = _call_bases(recorder, samples) if call is not None else []
     recorder.probing = True
     try:
         for group in patterns.values():
             key = ranged_key([s.key for s in group], declared)
-            base = largest(group)
-            for sizes in probe_sizes(key):
-                run_model(model, resize(base, key, sizes), call)
+            if call is None:
+                for sizes in probe_sizes(key):
+                    run_model(model, resize(largest(group), key, sizes), call)
+                continue
+            for base in (b for b in bases if any(b is s for s in group)):
+                for sizes in _corners(key):
+                    run_model(model, resize(base, key, sizes), call)
     finally:
         recorder.probing = False
+
+
+def _call_bases(recorder: _Recorder, samples: list[Sample]) -> list[Sample]:
+    """The dataset items a call's probes resize: per pattern of the root's calls, the largest.
+
+    Calls of one shape can reach the model as different graphs by their values (``generate``
+    drops an all-ones attention mask, so an unpadded prompt's steps take no mask): resizing
+    only the largest item would widen the graphs of its values alone.
+    """
+    made: dict[GraphKey, set[int]] = {}
+    root_calls = recorder.calls.get("", [])
+    for (sample, _), item in zip(root_calls, recorder.items.get("", []), strict=True):
+        made.setdefault(sample.key.pattern(), set()).add(item)
+    bases: list[Sample] = []
+    for items in made.values():
+        base = largest([samples[i] for i in sorted(items)])
+        if not any(base is b for b in bases):
+            bases.append(base)
+    return bases or [largest(samples)]
+
+
+def _corners(key: GraphKey) -> list[dict[str, int]]:
+    """:func:`~.shapes.probe_sizes`, and each dimension at its minimum, the others at their maximum.
+
+    A call's inputs reach its modules through code that may treat the smallest call apart
+    (``generate`` drops the all-ones mask of an unpadded batch of one, so that call takes
+    another graph): the shortest prompt is also probed at the largest batch, whose padded rows
+    keep its mask, so the graph of the tuning prompts reaches the shortest length too.
+    """
+    sizes = probe_sizes(key)
+    dims = key.dims()
+    for name, dim in dims.items():
+        # A size of 1 keys apart (a broadcast, a decode step's shape): 2 reaches the range's end.
+        for low in sorted({dim.min, min(2, dim.max)}):
+            corner = {n: (low if n == name else d.max) for n, d in dims.items()}
+            if corner not in sizes:
+                sizes.append(corner)
+    return sizes
 
 
 def _root_dims(
