@@ -60,15 +60,27 @@ _PRECISIONS = ("f32", "bf16", "f16")
 _HINTS = ("LATENCY", "THROUGHPUT", "CUMULATIVE_THROUGHPUT")
 
 
+TELEMETRY_CONSENT = ("intel", "openvino_telemetry")
+"""Where OpenVINO's telemetry reads its consent, under the home directory ("0": opted out)."""
+
+
 @functools.lru_cache(maxsize=1)
 def _private_dir() -> str:
     """A directory of this process for files OpenVINO writes into the home directory.
 
-    Those are telemetry files under ``~/intel``, written even with its opt-out set; the
-    directory is removed at exit.
+    Those are telemetry files under ``~/intel``; the directory is removed at exit. It holds
+    OpenVINO's own telemetry opt-out (the consent file its ``opt_in_out --opt_out`` writes):
+    with no consent file OpenVINO counts as consent, and its converter then sends events from
+    a thread pool that starts a process per event by ``fork``, beside the calling threads
+    (a tuning process with file locks and logging held hung there: a fork from a thread is
+    not safe), and tries the network from machines that may have none.
     """
     path = tempfile.mkdtemp(prefix="tunetree-openvino-home-")
     atexit.register(shutil.rmtree, path, ignore_errors=True)
+    consent = os.path.join(path, *TELEMETRY_CONSENT)
+    os.makedirs(os.path.dirname(consent), exist_ok=True)
+    with open(consent, "w") as file:
+        file.write("0")
     return path
 
 
@@ -92,12 +104,23 @@ def private_home() -> Iterator[None]:
                 os.environ[name] = value
 
 
+def load_openvino() -> Any:
+    """The ``openvino`` module, imported with the home directory private.
+
+    Importing OpenVINO starts its telemetry, which reads its consent from the home directory
+    then (see :func:`_private_dir`); a later conversion starts it again, inside
+    :func:`private_home` too.
+    """
+    with private_home():
+        import openvino
+    return openvino
+
+
 @functools.lru_cache(maxsize=1)
 def _core() -> Any:
     """One OpenVINO Core per process (it loads the device plugins)."""
+    openvino = load_openvino()
     with private_home():
-        import openvino
-
         core = openvino.Core()
         # No native log lines on the terminal: what fails comes back in the exception, which
         # the candidate's row keeps. A device that has no log level keeps its default.
@@ -532,8 +555,7 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
     tracing. A module that branches on tensor values fails here (:mod:`.value_dependence`).
     Weights are read on the host; the module's parameters stay where they were.
     """
-    import openvino
-
+    openvino = load_openvino()
     example = tuple(t.cpu() for t in flat.example)
     with (
         exporting(module),
@@ -544,14 +566,15 @@ def _convert(flat: FlatGraph, module: nn.Module) -> tuple[Any, Any]:
     ):
         try:
             exported = export_ranged(flat.module, example, flat.key)
-            return openvino.convert_model(exported), exported
+            with private_home():
+                return openvino.convert_model(exported), exported
         except Exception as export_error:
             reason = data_dependent_reason(export_error)
             if reason is not None:
                 raise ValueDependentError(reason) from export_error
             log.debug("torch.export route failed, tracing instead: %r", export_error)
             try:
-                with traced_values_checked("tracing"):
+                with traced_values_checked("tracing"), private_home():
                     model = openvino.convert_model(flat.module, example_input=example)
                 return model, None
             except ValueDependentError:

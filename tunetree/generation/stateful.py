@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..backends.openvino import load_openvino
 from ..errors import BackendError, InvalidInputError
 from .stateful_export import CacheShape, export_stateful, output_cache
 from .stateful_forward import StatefulForward
@@ -94,7 +95,7 @@ class StatefulConfig:
 def unavailable_reason(model: Any) -> str | None:
     """Why ``model`` cannot get a stateful runner, or None."""
     try:
-        import openvino  # noqa: F401
+        load_openvino()
     except ImportError:
         return "OpenVINO is not installed (pip install 'tunetree[openvino]')"
     if not isinstance(model, nn.Module) or not hasattr(model, "generate"):

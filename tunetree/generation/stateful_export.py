@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..backends.export_context import describe_error, exporting, quiet
+from ..backends.openvino import load_openvino, private_home
 from ..errors import BackendError
 from .stateful_fusion import fold_scalar_converts, gather_state_rows
 
@@ -115,8 +116,7 @@ def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
     Raises:
         BackendError: the export or the conversion failed (the reason is in the message).
     """
-    import openvino
-
+    openvino = load_openvino()
     device = torch.device("cpu")
     batch, length, past = 2, 3, 4
     ids = torch.zeros(batch, length, dtype=torch.long, device=device)
@@ -144,7 +144,8 @@ def export_stateful(model: nn.Module, shape: CacheShape) -> Any:
                 wrapper, (ids, mask, positions, kept, flat), dynamic_shapes=dims, strict=False
             )
             drop_identity_reshapes(exported)
-            converted = openvino.convert_model(exported)
+            with private_home():
+                converted = openvino.convert_model(exported)
     except Exception as exc:
         raise BackendError(f"the whole forward did not export: {describe_error(exc)}") from exc
     _make_stateful(converted, shape)
