@@ -22,6 +22,7 @@ from .._util.table import format_table
 from ..errors import InvalidInputError
 from ..hf import StaticLayers, batch_of
 from .binding import Binder
+from .envelope import declared_dims, probe_calls
 from .graph import Dim, Graph, GraphKey, Sample, as_samples, detach_clone, map_tensors, to_device
 from .modules import CallFn, module_paths, resolve_device, run_model, synchronize
 from .recording import Ledger, RecordingSummary, default_budget_bytes, tensor_bytes
@@ -29,13 +30,8 @@ from .shapes import (
     AxisRef,
     DynamicShapes,
     RootDim,
-    declared_axes,
     dim_sizes,
     group_graphs,
-    largest,
-    probe_sizes,
-    ranged_key,
-    resize,
     root_dims,
 )
 from .state import preserved_state
@@ -522,9 +518,18 @@ def inspect(
             total = time.perf_counter() - start
             if not recorder.records:
                 raise InvalidInputError("no module ran: check the model and the call function")
-            declared = _declared(model, recorder, dynamic_shapes, samples, call)
+            root_calls = [sample for sample, _ in recorder.calls.get("", [])]
+            names = recorder.binders[""].names if "" in recorder.binders else ()
+            declared = declared_dims(model, dynamic_shapes, samples, call, root_calls, names)
             if declared:
-                _run_probes(model, recorder, declared, call, samples)
+                recorder.probing = True  # recorded apart, as probes
+                try:
+                    for probe in probe_calls(
+                        declared, samples, call, root_calls, recorder.items.get("", [])
+                    ):
+                        run_model(model, probe, call)
+                finally:
+                    recorder.probing = False
     # With call=, the declared axes are the call's inputs (a prompt's), not the root's: the
     # probes' calls widen every module's ranges, which are inferred from the sizes seen.
     recorder.group(dynamic_shapes is not False, declared if call is None else {})
@@ -633,103 +638,6 @@ def _first_call(model: Any, sample: Sample, call: CallFn | None) -> dict[str, st
         run_model(model, sample, call)
         return {}
     return counter.modules(model) if counter.parameters else {}
-
-
-def _declared(
-    model: Any,
-    recorder: _Recorder,
-    spec: DynamicShapes,
-    samples: list[Sample],
-    call: CallFn | None,
-) -> dict[AxisRef, Dim]:
-    """The declared dimensions, resolved against the first call.
-
-    Without ``call`` they are the root's inputs, resolved against its first recorded call.
-    With ``call`` (``generate``, a pipeline) they are the call's own inputs (a prompt's ids
-    and mask): named as the call's keywords, or by position.
-    """
-    if spec is None or spec is False:
-        return {}
-    if call is not None:
-        return declared_axes(spec, samples[0])
-    root_calls = recorder.calls.get("")
-    if not isinstance(model, nn.Module) or not root_calls:
-        raise InvalidInputError(
-            "dynamic_shapes declares the inputs of the model's forward: it needs an "
-            "nn.Module called directly, or call= (whose own inputs it then declares)"
-        )
-    return declared_axes(spec, root_calls[0][0], recorder.binders[""].names)
-
-
-def _run_probes(
-    model: Any,
-    recorder: _Recorder,
-    declared: dict[AxisRef, Dim],
-    call: CallFn | None,
-    samples: list[Sample],
-) -> None:
-    """Run the root (or ``call``) at the declared ranges' ends and an odd size in between.
-
-    So every module records the sizes it sees there; these calls are kept apart as probes.
-    With ``call`` the call's own inputs are resized (a ``generate`` of the longest prompt at
-    the largest batch, ...), so a step's cache reaches what such a prompt brings.
-    """
-    calls = [sample for sample, _ in recorder.calls[""]] if call is None else samples
-    patterns: dict[GraphKey, list[Sample]] = {}
-    for sample in calls:
-        patterns.setdefault(sample.key.pattern(), []).append(sample)
-    bases = _call_bases(recorder, samples) if call is not None else []
-    recorder.probing = True
-    try:
-        for group in patterns.values():
-            key = ranged_key([s.key for s in group], declared)
-            if call is None:
-                for sizes in probe_sizes(key):
-                    run_model(model, resize(largest(group), key, sizes), call)
-                continue
-            for base in (b for b in bases if any(b is s for s in group)):
-                for sizes in _corners(key):
-                    run_model(model, resize(base, key, sizes), call)
-    finally:
-        recorder.probing = False
-
-
-def _call_bases(recorder: _Recorder, samples: list[Sample]) -> list[Sample]:
-    """The dataset items a call's probes resize: per pattern of the root's calls, the largest.
-
-    Calls of one shape can reach the model as different graphs by their values (``generate``
-    drops an all-ones attention mask, so an unpadded prompt's steps take no mask): resizing
-    only the largest item would widen the graphs of its values alone.
-    """
-    made: dict[GraphKey, set[int]] = {}
-    root_calls = recorder.calls.get("", [])
-    for (sample, _), item in zip(root_calls, recorder.items.get("", []), strict=True):
-        made.setdefault(sample.key.pattern(), set()).add(item)
-    bases: list[Sample] = []
-    for items in made.values():
-        base = largest([samples[i] for i in sorted(items)])
-        if not any(base is b for b in bases):
-            bases.append(base)
-    return bases or [largest(samples)]
-
-
-def _corners(key: GraphKey) -> list[dict[str, int]]:
-    """:func:`~.shapes.probe_sizes`, and each dimension at its minimum, the others at their maximum.
-
-    A call's inputs reach its modules through code that may treat the smallest call apart
-    (``generate`` drops the all-ones mask of an unpadded batch of one, so that call takes
-    another graph): the shortest prompt is also probed at the largest batch, whose padded rows
-    keep its mask, so the graph of the tuning prompts reaches the shortest length too.
-    """
-    sizes = probe_sizes(key)
-    dims = key.dims()
-    for name, dim in dims.items():
-        # A size of 1 keys apart (a broadcast, a decode step's shape): 2 reaches the range's end.
-        for low in sorted({dim.min, min(2, dim.max)}):
-            corner = {n: (low if n == name else d.max) for n, d in dims.items()}
-            if corner not in sizes:
-                sizes.append(corner)
-    return sizes
 
 
 def _root_dims(
