@@ -24,8 +24,7 @@ that end like any range's.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -70,9 +69,8 @@ def generate(model: Any, settings: dict[str, Any], inputs: dict[str, Any]) -> to
         return model.generate(**inputs, **settings)
 
 
-@functools.cache
-def tuned(family: str) -> tt.TuneResult:
-    """``family`` tuned once for this module's tests (each call checks its own fallbacks)."""
+def tune(family: str) -> tt.TuneResult:
+    """``family`` tuned on its tuning prompts with ONNX Runtime."""
     build, make, settings, tuning, _ = CASES[family]
     prompts = [make(b, n, seed) for seed, (b, n) in enumerate(tuning)]
     result = tt.tune(
@@ -88,10 +86,27 @@ def tuned(family: str) -> tt.TuneResult:
     return result
 
 
-def assert_served(family: str, shapes: list[tuple[int, int]]) -> None:
+@pytest.fixture(scope="module")
+def tuned() -> Iterator[dict[str, tt.TuneResult]]:
+    """Each family tuned once for this module's tests (each test checks its own fallbacks).
+
+    A module fixture, not a process-wide cache: the results (their recorded calls) go when the
+    module's tests end, as ``tests/search/test_auto.py``'s check that a served model reaches
+    no recording needs (a global cache was reachable from any function's globals).
+    """
+    results: dict[str, tt.TuneResult] = {}
+    yield results
+    results.clear()
+
+
+def assert_served(
+    tuned: dict[str, tt.TuneResult], family: str, shapes: list[tuple[int, int]]
+) -> None:
     """Unseen prompts of ``shapes``: eager's tokens, and no call ran the original forward."""
     build, make, settings, _, _ = CASES[family]
-    result, eager = tuned(family), build()
+    if family not in tuned:
+        tuned[family] = tune(family)
+    result, eager = tuned[family], build()
     dispatcher = dispatcher_of(result.model)
     for seed, (b, n) in enumerate(shapes, start=11):
         inputs = make(b, n, seed)
@@ -103,10 +118,14 @@ def assert_served(family: str, shapes: list[tuple[int, int]]) -> None:
 
 
 @pytest.mark.parametrize("family", list(CASES))
-def test_a_prefill_range_across_the_window_serves_both_sides(family: str) -> None:
-    assert_served(family, CASES[family][4])
+def test_a_prefill_range_across_the_window_serves_both_sides(
+    tuned: dict[str, tt.TuneResult], family: str
+) -> None:
+    assert_served(tuned, family, CASES[family][4])
 
 
 @pytest.mark.parametrize("family", list(CASES))
-def test_an_unseen_prompt_crossing_the_window_runs_no_original_forward(family: str) -> None:
-    assert_served(family, CROSSING[family])
+def test_an_unseen_prompt_crossing_the_window_runs_no_original_forward(
+    tuned: dict[str, tt.TuneResult], family: str
+) -> None:
+    assert_served(tuned, family, CROSSING[family])
