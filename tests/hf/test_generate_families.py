@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import tunetree as tt
-from tests.models.conformance import original_calls
+from tests.models.conformance import assert_generates_as_eager, original_calls
 from tunetree.candidates.rows import Status
 
 transformers = pytest.importorskip("transformers")
@@ -90,13 +90,7 @@ def _served_inside_the_range(family: str, backends: list[tt.backends.Backend]) -
         cache=False,
         verbose=False,
     )
-    assert result.graphs and all(g.winner is not None for g in result.graphs), result.table()
-    tuned = result.model
-    before = original_calls(tuned)
-    for shape in INSIDE:
-        unseen = prompt(*shape)
-        assert torch.equal(generate(tuned, **unseen), generate(model, **unseen)), shape
-    assert original_calls(tuned) == before, result.table()
+    assert_generates_as_eager(result, model, generate, [prompt(*shape) for shape in INSIDE])
 
 
 @pytest.mark.slow

@@ -83,6 +83,19 @@ def original_calls(model: Any) -> int:
     )
 
 
+def assert_generates_as_eager(
+    result: tt.TuneResult, model: Any, generate: Any, prompts: list[dict[str, Any]]
+) -> None:
+    """Every graph has a winner, and on each of ``prompts`` the tuned model generates eager's
+    tokens with no call handed to the original forward."""
+    assert result.graphs and all(g.winner is not None for g in result.graphs), result.table()
+    tuned = result.model
+    before = original_calls(tuned)
+    for i, inputs in enumerate(prompts):
+        assert torch.equal(generate(tuned, **inputs), generate(model, **inputs)), i
+    assert original_calls(tuned) == before, result.table()
+
+
 def _run(model: Any, call: Call, family: Family) -> Any:
     """One call as the family's users make it: ``model(**call)`` or ``model.generate``."""
     with torch.no_grad():
