@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -111,6 +112,8 @@ def load_openvino() -> Any:
     then (see :func:`_private_dir`); a later conversion starts it again, inside
     :func:`private_home` too.
     """
+    if "openvino" in sys.modules:  # imported already: its telemetry has read its consent
+        return sys.modules["openvino"]
     with private_home():
         import openvino
     return openvino
@@ -119,8 +122,9 @@ def load_openvino() -> Any:
 @functools.lru_cache(maxsize=1)
 def _core() -> Any:
     """One OpenVINO Core per process (it loads the device plugins)."""
-    openvino = load_openvino()
     with private_home():
+        import openvino
+
         core = openvino.Core()
         # No native log lines on the terminal: what fails comes back in the exception, which
         # the candidate's row keeps. A device that has no log level keeps its default.

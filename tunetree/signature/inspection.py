@@ -272,8 +272,8 @@ class _Recorder:
         self.calls: dict[str, list[tuple[Sample, Any]]] = {}
         self.origins: dict[str, list[int]] = {}
         """Per module, the index of the root call each of its recorded calls came from."""
-        self.items: dict[str, list[int]] = {}
-        """Per module, the dataset item each of its recorded calls came from."""
+        self.root_items: list[int] = []
+        """The dataset item each root call came from (indexed as ``origins``)."""
         self.root_calls = 0
         self.probe_calls: dict[str, list[tuple[Sample, Any]]] = {}
         self.probing = False
@@ -300,6 +300,7 @@ class _Recorder:
         parent = self.stack[-1][0] if self.stack else None
         if parent is None:
             self.root_calls += 1
+            self.root_items.append(self.ledger.item)
         record = self.records.get(path)
         if record is None:
             record = ModuleRecord(path, type(module).__name__, len(self.stack), parent)
@@ -365,7 +366,6 @@ class _Recorder:
             self.ledger.copied_now(tensor_bytes(copied))
             self.calls.setdefault(path, []).append((sample, copied))
             self.origins.setdefault(path, []).append(self.root_calls - 1)
-            self.items.setdefault(path, []).append(self.ledger.item)
 
     def _initialise_fresh(self, output: Any) -> None:
         """Initialise the fresh layers of this root call's copies.
@@ -524,9 +524,8 @@ def inspect(
             if declared:
                 recorder.probing = True  # recorded apart, as probes
                 try:
-                    for probe in probe_calls(
-                        declared, samples, call, root_calls, recorder.items.get("", [])
-                    ):
+                    items = [recorder.root_items[o] for o in recorder.origins.get("", [])]
+                    for probe in probe_calls(declared, samples, call, root_calls, items):
                         run_model(model, probe, call)
                 finally:
                     recorder.probing = False
