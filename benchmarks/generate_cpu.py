@@ -39,7 +39,14 @@ ms per new token is one whole ``generate`` call's median time over ``--rounds`` 
 the new tokens (prefill included), per prompt; ratios are against eager's worker
 (optimum-intel's rows also against its own environment's eager when that row is asked). The
 spread (fastest and slowest round) is printed below the table, and the load average before
-tuning, before timing and at the end. ``--errors`` adds each approach's teacher-forced logit
+tuning, before timing and at the end. ``--processes K`` starts every worker K times over the
+run (all closed and started again after each share of the rounds; the medians are over every
+round): on the 2-core machines one process's decode steps ran 10% apart from the next one's
+of the same approach (cause not found), a difference that one worker per
+approach keeps for the whole run. ``--split`` also times each approach's one-token
+``generate`` on each prompt in the same cycled rounds, and prints it beside the decode steps'
+own ms per token (the whole call less that one, over the other new tokens), so a gap shows
+whether it is in the prefill or in the steps. ``--errors`` adds each approach's teacher-forced logit
 error against eager's logits computed here (rel_l2, the accuracy budget's default metric):
 every approach is fed eager's greedy tokens, so optimum-intel's reduced precisions are judged
 as tunetree's budget judges its own.
@@ -174,9 +181,15 @@ class Worker:
         self._process.stdin.flush()
         return self._answer()
 
-    def run(self, approach: str, prompt: str) -> tuple[float, list]:
-        """One ``generate`` of ``approach`` on ``prompt`` there: its seconds and tokens."""
-        answer = self._ask({"approach": approach, "prompt": prompt})
+    def run(self, approach: str, prompt: str, new: int | None = None) -> tuple[float, list]:
+        """One ``generate`` of ``approach`` on ``prompt`` there: its seconds and tokens.
+
+        ``new``: that many new tokens instead of the request's.
+        """
+        asked: dict[str, Any] = {"approach": approach, "prompt": prompt}
+        if new is not None:
+            asked["new"] = new
+        answer = self._ask(asked)
         return float(answer["s"]), answer["tokens"]
 
     def teacher_forced(self, approach: str, prompt: str, tokens: torch.Tensor) -> torch.Tensor:
@@ -233,9 +246,11 @@ def serve(request_path: str) -> None:
             np.save(asked["out"], logits.float().numpy())
             print(json.dumps({"out": asked["out"]}), flush=True)
             continue
+        new = asked.get("new")
+        asked_gen = gen if new is None else {**gen, "max_new_tokens": new, "min_new_tokens": new}
         start = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(**inputs, **gen)
+            out = model.generate(**inputs, **asked_gen)
         seconds = time.perf_counter() - start
         print(json.dumps({"s": seconds, "tokens": out.tolist()}), flush=True)
     counts = getattr(forward, "counts", None)
@@ -250,12 +265,12 @@ def serve(request_path: str) -> None:
 class Remote:
     """A worker's approach as a callable for :func:`cycled_medians`, keeping the worker's times."""
 
-    def __init__(self, worker: Worker, approach: str, prompt: str) -> None:
-        self.worker, self.approach, self.prompt = worker, approach, prompt
+    def __init__(self, worker: Worker, approach: str, prompt: str, new: int | None = None) -> None:
+        self.worker, self.approach, self.prompt, self.new = worker, approach, prompt, new
         self.seconds: list[float] = []
 
     def __call__(self) -> list:
-        seconds, tokens = self.worker.run(self.approach, self.prompt)
+        seconds, tokens = self.worker.run(self.approach, self.prompt, self.new)
         self.seconds.append(seconds)
         return tokens
 
@@ -351,26 +366,61 @@ def timed_rows(
     gen: dict,
     workers: dict[str, Worker],
     rounds: int,
-) -> tuple[dict[str, dict[str, tuple[float, float]]], dict[str, dict[str, list[float]]]]:
+    split: bool = False,
+) -> tuple[
+    dict[str, dict[str, tuple[float, float]]],
+    dict[str, dict[str, list[float]]],
+    dict[str, dict[str, list[float]]],
+]:
     """Per approach and prompt: median seconds of one ``generate``, the share of eager rows.
 
     Every approach is its own worker's; they are called from one cycled order, each timed by
-    its worker's clock (after two warm-up calls). Also returns each round's seconds.
+    its worker's clock (after two warm-up calls). Also returns each round's seconds, and with
+    ``split`` each round's seconds of a one-token ``generate`` (the prefill and the first
+    token's choice), timed in the same cycled order.
     """
     rows: dict[str, dict[str, tuple[float, float]]] = {}
     spread: dict[str, dict[str, list[float]]] = {}
+    first: dict[str, dict[str, list[float]]] = {}
     for name, inputs in prompts.items():
         with torch.no_grad():
             eager = model.generate(**inputs, **gen)
         remote = {a: Remote(w, a, name) for a, w in workers.items()}
         tokens = {a: fn() for a, fn in remote.items()}
-        cycled_medians(dict(remote), rounds)  # a warm-up call each, then the cycled rounds
+        ones = {f"{a} (1 token)": Remote(w, a, name, new=1) for a, w in workers.items()}
+        calls = {**remote, **(ones if split else {})}
+        cycled_medians(dict(calls), rounds)  # a warm-up call each, then the cycled rounds
         print(f"{name}: timed, load average {os.getloadavg()}", flush=True)
         for a, there in remote.items():
             timed = there.seconds[-rounds:]
             rows.setdefault(a, {})[name] = (statistics.median(timed), equal_share(tokens[a], eager))
             spread.setdefault(a, {})[name] = timed
-    return rows, spread
+            if split:
+                first.setdefault(a, {})[name] = ones[f"{a} (1 token)"].seconds[-rounds:]
+    return rows, spread, first
+
+
+def split_table(
+    spread: dict[str, dict[str, list[float]]],
+    first: dict[str, dict[str, list[float]]],
+    prompts: list[str],
+    n: int,
+) -> str:
+    """Per approach and prompt: the one-token ``generate`` (prefill) and the decode steps.
+
+    Decode ms per token is (median whole ``generate`` - median one-token ``generate``) / (n - 1).
+    """
+    lines = []
+    for a, per in first.items():
+        cells = [a]
+        for p in prompts:
+            whole, one = statistics.median(spread[a][p]), statistics.median(per[p])
+            cells += [f"{1000 * one:.1f}", f"{1000 * (whole - one) / max(1, n - 1):.2f}"]
+        lines.append(cells)
+    headers = ["approach"]
+    for p in prompts:
+        headers += [f"1-token generate ms {p}", f"decode ms/token {p}"]
+    return format_table(headers, lines, title="prefill and decode apart (--split), medians")
 
 
 def tune(
@@ -467,6 +517,26 @@ def report(
             print(f"{a}: served by {worker.notes[a]}")
 
 
+def _merge(
+    rows: dict[str, dict[str, tuple[float, float]]],
+    spread: dict[str, dict[str, list[float]]],
+    first: dict[str, dict[str, list[float]]],
+    more_rows: dict[str, dict[str, tuple[float, float]]],
+    more_spread: dict[str, dict[str, list[float]]],
+    more_first: dict[str, dict[str, list[float]]],
+) -> None:
+    """Add one generation of workers' rounds: medians over every round so far, the least share
+    of rows equal to eager's."""
+    for a, per in more_spread.items():
+        for p, seconds in per.items():
+            spread.setdefault(a, {}).setdefault(p, []).extend(seconds)
+            share = min(more_rows[a][p][1], rows.get(a, {}).get(p, (0.0, 1.0))[1])
+            rows.setdefault(a, {})[p] = (statistics.median(spread[a][p]), share)
+    for a, per in more_first.items():
+        for p, seconds in per.items():
+            first.setdefault(a, {}).setdefault(p, []).extend(seconds)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="llama-134m")
@@ -499,6 +569,17 @@ def main() -> None:
     parser.add_argument(
         "--tune-only", action="store_true", help="tune and save into --work, time nothing"
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="start every approach's worker this many times, the rounds shared among them",
+    )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="also time a one-token generate per approach: prefill and decode apart",
+    )
     parser.add_argument("--serve", metavar="REQUEST", help=argparse.SUPPRESS)  # a worker
     args = parser.parse_args()
     if args.serve:
@@ -530,18 +611,34 @@ def main() -> None:
     base = {"model_dir": directory, "prompts": listed, "gen": gen}
     workers: dict[str, Worker] = {}
     failed: dict[str, str] = {}
-    try:
-        start_workers(workers, failed, base, specs, args)
-        load_s = {a: w.load_s[a] for a, w in workers.items()}
-        setup_s.update({a: s for a, s in load_s.items() if a.startswith(("optimum", "eager ("))})
-        print("load average before timing:", os.getloadavg(), flush=True)
-        rows, spread = timed_rows(model, prompts, gen, workers, args.rounds)
-        errors = forced_errors(model, prompts, gen, workers) if args.errors else {}
-    finally:
-        for worker in workers.values():
-            worker.close()
+    rows: dict[str, dict[str, tuple[float, float]]] = {}
+    spread: dict[str, dict[str, list[float]]] = {}
+    first: dict[str, dict[str, list[float]]] = {}
+    errors: dict[str, dict[str, float]] = {}
+    load_s: dict[str, float] = {}
+    generations = max(1, min(args.processes, args.rounds))
+    for g in range(generations):
+        rounds = args.rounds // generations + (1 if g < args.rounds % generations else 0)
+        last = g == generations - 1
+        workers = {}
+        try:
+            start_workers(workers, failed, base, specs, args)
+            if g == 0:
+                load_s = {a: w.load_s[a] for a, w in workers.items()}
+                loaded = {a: s for a, s in load_s.items() if a.startswith(("optimum", "eager ("))}
+                setup_s.update(loaded)
+            print(f"load average before timing ({g + 1}/{generations}):", os.getloadavg())
+            got = timed_rows(model, prompts, gen, workers, rounds, args.split)
+            if args.errors and last:
+                errors = forced_errors(model, prompts, gen, workers)
+        finally:
+            for worker in workers.values():
+                worker.close()
+        _merge(rows, spread, first, *got)
     print(table(rows, list(prompts), setup_s, n, args.model))
     print(spread_table(spread, list(prompts), load_s, n))
+    if first:
+        print(split_table(spread, first, list(prompts), n))
     report(errors, list(prompts), failed, workers)
     print("load average after:", os.getloadavg(), flush=True)
 

@@ -10,7 +10,9 @@ otherwise keeps the cache in 8 bits whatever the hint; OpenVINO's default precis
 approaches loaded, their load times, the KV cache precision each compiled model reports, and
 why any failed. Then it serves: each line on stdin names an approach and a prompt, and it runs that
 ``generate`` once and answers one JSON line with the seconds it took (measured here, so the
-pipe costs nothing) and the tokens. A line that also gives ``tokens`` and ``out`` asks for the
+pipe costs nothing) and the tokens; a line with ``new`` asks for that many new tokens instead
+of the request's (``--split`` times the prompt's first token so). A line that also gives
+``tokens`` and ``out`` asks for the
 approach's teacher-forced logits instead (the prompt, then those tokens one step at a time,
 positions as ``generate`` passes them), written to ``out`` as a ``.npy`` file. The benchmark
 starts one such worker per approach (the request's ``approaches``; all when empty) and calls
@@ -91,9 +93,16 @@ def main() -> None:
             continue
         start = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(**inputs, **gen)
+            out = model.generate(**inputs, **_new_tokens(gen, asked.get("new")))
         seconds = time.perf_counter() - start
         print(json.dumps({"s": seconds, "tokens": out.tolist()}), flush=True)
+
+
+def _new_tokens(gen: dict, new: Any) -> dict:
+    """``gen`` asking for ``new`` new tokens instead (a line's ``new``), else ``gen`` itself."""
+    if new is None:
+        return gen
+    return {**gen, "max_new_tokens": int(new), "min_new_tokens": int(new)}
 
 
 def _teacher_forced(model: Any, inputs: dict, tokens: Any) -> Any:
