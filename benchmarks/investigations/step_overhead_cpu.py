@@ -16,6 +16,13 @@ timed calls; prints one line per process and each approach's median over its rou
 
 from __future__ import annotations
 
+if not __package__:  # run by path: import as the benchmarks package
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    __package__ = "benchmarks.investigations"
+
 import argparse
 import functools
 import json
