@@ -41,7 +41,7 @@ the new tokens (prefill included), per prompt; ratios are against eager's worker
 spread (fastest and slowest round) is printed below the table, and the load average before
 tuning, before timing and at the end. ``--processes K`` starts every worker K times over the
 run (all closed and started again after each share of the rounds; the medians are over every
-round): on the 2-core machines one process's decode steps ran 10% apart from the next one's
+round): on the 2-core machines one process's decode steps ran 10-20% apart from the next one's
 of the same approach (cause not found), a difference that one worker per
 approach keeps for the whole run. ``--split`` also times each approach's one-token
 ``generate`` on each prompt in the same cycled rounds, and prints it beside the decode steps'
@@ -80,6 +80,7 @@ import tunetree as tt
 from tunetree._util.table import format_table
 
 from .common.cycled import cycled_medians
+from .optimum_intel_worker import new_tokens
 
 OPTIMUM_VENV = Path("/root/.cache/tunetree-bench/optimum-intel-venv")
 """Where optimum-intel's own environment lives (``--optimum-venv``)."""
@@ -246,11 +247,9 @@ def serve(request_path: str) -> None:
             np.save(asked["out"], logits.float().numpy())
             print(json.dumps({"out": asked["out"]}), flush=True)
             continue
-        new = asked.get("new")
-        asked_gen = gen if new is None else {**gen, "max_new_tokens": new, "min_new_tokens": new}
         start = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(**inputs, **asked_gen)
+            out = model.generate(**inputs, **new_tokens(gen, asked.get("new")))
         seconds = time.perf_counter() - start
         print(json.dumps({"s": seconds, "tokens": out.tolist()}), flush=True)
     counts = getattr(forward, "counts", None)
@@ -387,8 +386,12 @@ def timed_rows(
             eager = model.generate(**inputs, **gen)
         remote = {a: Remote(w, a, name) for a, w in workers.items()}
         tokens = {a: fn() for a, fn in remote.items()}
-        ones = {f"{a} (1 token)": Remote(w, a, name, new=1) for a, w in workers.items()}
-        calls = {**remote, **(ones if split else {})}
+        ones = (
+            {f"{a} (1 token)": Remote(w, a, name, new=1) for a, w in workers.items()}
+            if split
+            else {}
+        )
+        calls = {**remote, **ones}
         cycled_medians(dict(calls), rounds)  # a warm-up call each, then the cycled rounds
         print(f"{name}: timed, load average {os.getloadavg()}", flush=True)
         for a, there in remote.items():
@@ -627,7 +630,9 @@ def main() -> None:
                 load_s = {a: w.load_s[a] for a, w in workers.items()}
                 loaded = {a: s for a, s in load_s.items() if a.startswith(("optimum", "eager ("))}
                 setup_s.update(loaded)
-            print(f"load average before timing ({g + 1}/{generations}):", os.getloadavg())
+            print(
+                f"load average before timing ({g + 1}/{generations}):", os.getloadavg(), flush=True
+            )
             got = timed_rows(model, prompts, gen, workers, rounds, args.split)
             if args.errors and last:
                 errors = forced_errors(model, prompts, gen, workers)

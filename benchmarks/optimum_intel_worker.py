@@ -93,12 +93,12 @@ def main() -> None:
             continue
         start = time.perf_counter()
         with torch.no_grad():
-            out = model.generate(**inputs, **_new_tokens(gen, asked.get("new")))
+            out = model.generate(**inputs, **new_tokens(gen, asked.get("new")))
         seconds = time.perf_counter() - start
         print(json.dumps({"s": seconds, "tokens": out.tolist()}), flush=True)
 
 
-def _new_tokens(gen: dict, new: Any) -> dict:
+def new_tokens(gen: dict, new: Any) -> dict:
     """``gen`` asking for ``new`` new tokens instead (a line's ``new``), else ``gen`` itself."""
     if new is None:
         return gen
