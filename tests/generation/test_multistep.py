@@ -182,6 +182,40 @@ def test_a_captured_loop_returns_eager_static_tokens_on_the_gpu(dtype: torch.dty
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_loop_outlives_an_earlier_loop_and_a_clearing_of_the_blas_workspaces() -> None:
+    """Session 23's H100 crash: a loop captured after another, that other dropped, then the
+    cuBLAS workspaces cleared (as Inductor's CUDA graph trees do on every warm-up): the later
+    loop must own its workspace, not read and write freed memory or another tensor's."""
+    import gc
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=300, hidden_size=1024, intermediate_size=3072, num_hidden_layers=2,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=64, eos_token_id=EOS,
+        max_position_embeddings=512,
+    )  # fmt: skip  # Qwen3-0.6B's widths: decode-sized matmuls that use cuBLAS's workspace
+    model = transformers.Qwen3ForCausalLM(config).eval().to("cuda", torch.bfloat16)
+    gen = dict(max_new_tokens=33, min_new_tokens=33, cache_implementation="static",
+               disable_compile=True, do_sample=False, pad_token_id=0)  # fmt: skip
+    inputs = {k: v.cuda() for k, v in prompt(2, 11, 5).items()}
+    want = eager(model, inputs, **gen)
+    first, later = served(model, 8), served(model, 32)
+    assert torch.equal(first(**inputs, **gen), want)
+    assert torch.equal(later(**inputs, **gen), want)
+    del first
+    gc.collect()
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    fillers = [torch.full((8 << 20,), 3.0, device="cuda") for _ in range(16)]  # 512 MiB
+    for _ in range(3):
+        assert torch.equal(later(**inputs, **gen), want)
+    torch.cuda.synchronize()  # an illegal access is raised here at the latest
+    assert all(bool((f == 3.0).all()) for f in fillers), "a replay wrote into another tensor"
+    assert later.counts.served == 4 and later.counts.original == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_auto_tune_on_a_gpu_serves_generate_with_the_loop_and_eagers_tokens() -> None:
     import tunetree as tt
     from tunetree.generation.near_tie import judge_tokens

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from ..backends.graph_api import drop_workspaces, graph_api, own_workspaces
+
 log = logging.getLogger(__name__)
 
 
@@ -176,17 +178,25 @@ class DecodeGraph:
         if self.token.device.type != "cuda":
             return
         snapshot = self._positions()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.no_grad(), _inductor_settings(self.compiled):
-            for _ in range(warmups):  # the first compiles Inductor's step
-                self._step()
-        torch.cuda.current_stream().wait_stream(stream)
-        self._restore(snapshot)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            for _ in range(self.shape.steps):
-                self._step()
+        api = graph_api(self.token.device)
+        # cuBLAS's workspace of the capture stream, allocated inside a capture, would live in
+        # that capture's pool and be reused by every later capture on the stream: once the
+        # first graph is dropped and the workspaces are cleared (by Inductor's CUDA graph
+        # trees, or another capture), the later graphs' matmuls wrote to freed memory (an
+        # illegal memory access on an H100). Each capture gets a workspace of its own pool.
+        with own_workspaces(api):
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream), torch.no_grad(), _inductor_settings(self.compiled):
+                for _ in range(warmups):  # the first compiles Inductor's step
+                    self._step()
+            torch.cuda.current_stream().wait_stream(stream)
+            drop_workspaces(api)  # the warm-ups' side stream's, not the capture's
+            self._restore(snapshot)
+            graph = torch.cuda.CUDAGraph()
+            with torch.no_grad(), torch.cuda.graph(graph):
+                for _ in range(self.shape.steps):
+                    self._step()
         self._restore(snapshot)
         self.graph = graph
 
