@@ -183,7 +183,7 @@ class DecodeGraph:
         # that capture's pool and be reused by every later capture on the stream: once the
         # first graph is dropped and the workspaces are cleared (by Inductor's CUDA graph
         # trees, or another capture), the later graphs' matmuls wrote to freed memory (an
-        # illegal memory access on an H100). Each capture gets a workspace of its own pool.
+        # illegal memory access). Each capture gets a workspace of its own pool.
         with own_workspaces(api):
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
