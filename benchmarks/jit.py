@@ -203,7 +203,8 @@ def child(args: argparse.Namespace) -> None:
                 "eager_calls_before": served_eager,
                 "first_call_after_swap_s": swapped,
                 "outside_calls_before": outside,
-                "builds": len(builds),
+                "builds": max(len(builds), served.builds),  # a child's builds count too
+                "builds_here": len(builds),
                 "status": served.status,
                 "reason": served.reason,
                 "phases": phases(served.result),
