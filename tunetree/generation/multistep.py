@@ -169,6 +169,9 @@ class DecodeGraph:
     def capture(self, warmups: int = 2) -> None:
         """Run the step ``warmups`` times on a side stream, then capture ``steps`` of it.
 
+        The capture's cuBLAS workspace is its own, in its graph's pool
+        (:func:`~tunetree.backends.graph_api.own_workspaces`), as a device-graph runner's is.
+
         The cache must hold a prefill (its layers initialised); the state the warm-ups and
         the capture advance is restored by the next :meth:`start`. Off CUDA nothing is
         captured and :meth:`replay` runs the steps one by one (the same computation).
@@ -179,11 +182,10 @@ class DecodeGraph:
             return
         snapshot = self._positions()
         api = graph_api(self.token.device)
-        # cuBLAS's workspace of the capture stream, allocated inside a capture, would live in
-        # that capture's pool and be reused by every later capture on the stream: once the
-        # first graph is dropped and the workspaces are cleared (by Inductor's CUDA graph
-        # trees, or another capture), the later graphs' matmuls wrote to freed memory (an
-        # illegal memory access). Each capture gets a workspace of its own pool.
+        # Every capture shares torch's capture stream: a cuBLAS workspace made inside one
+        # capture would live in that graph's pool and be reused by the later ones, which
+        # would write to freed memory once that graph is dropped and the workspaces are
+        # cleared (Inductor's CUDA graph trees clear them). So each capture makes its own.
         with own_workspaces(api):
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
