@@ -217,14 +217,10 @@ def child(args: argparse.Namespace) -> None:
 
 def fallbacks(served: Any) -> int:
     """Calls the served plan ran with the original forward (outside its ranges) so far."""
-    from tunetree.runtime.wrap import dispatcher_of
-    from tunetree.signature.modules import module_paths
+    from tunetree.live.served import Watch  # how tt.jit itself counts them
 
     result = served.result
-    if result is None:
-        return 0
-    found = (dispatcher_of(m) for _, m in module_paths(result.model))
-    return sum(d.fallback_calls for d in found if d is not None)
+    return 0 if result is None else Watch(result.model).fallbacks()
 
 
 def phases(result: Any) -> str:
